@@ -1,0 +1,94 @@
+"""Causal self-attention: grouped-query attention (DeepSeek-LLM) and multi-head latent attention (V2/V3).
+
+Both run through ``F.scaled_dot_product_attention`` so the fastest kernel of the platform is used.
+Head counts are read from the weight shapes at run time, so tensor parallelism (which shards the
+projections over heads) needs no change here.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seektrain.models.config import ModelConfig
+from seektrain.models.layers import RMSNorm, apply_rope, softmax_scale
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B,H,T,K], k [B,Hkv,T,K], v [B,Hkv,T,Kv] -> [B,T,H*Kv]."""
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return out.transpose(1, 2).flatten(2)
+
+
+class GQAttention(nn.Module):
+    """Llama-style attention with rotate-half RoPE; MHA when num_key_value_heads == num_attention_heads."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.head_dim = hd
+        self.scale = hd ** -0.5
+        self.q_proj = nn.Linear(d, cfg.num_attention_heads * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, d, bias=False)
+
+    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x_BTD.shape
+        q = self.q_proj(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin, interleaved=False), apply_rope(k, cos, sin, interleaved=False)
+        return self.o_proj(_attend(q, k, v, self.scale))
+
+
+class MLAttention(nn.Module):
+    """Multi-head latent attention: queries (optionally) and keys/values pass through low-rank latents;
+    a small decoupled key carries RoPE and is shared by all heads."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, h = cfg.hidden_size, cfg.num_attention_heads
+        self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.kv_lora_rank = cfg.kv_lora_rank
+        self.scale = softmax_scale(cfg)
+        qk = self.nope + self.rope
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(d, h * qk, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(d, cfg.q_lora_rank, bias=cfg.attention_bias)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, h * qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d, cfg.kv_lora_rank + self.rope, bias=cfg.attention_bias)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (self.nope + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(h * self.v_dim, d, bias=cfg.attention_bias)
+
+    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x_BTD.shape
+        if hasattr(self, "q_proj"):
+            q = self.q_proj(x_BTD)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BTD)))
+        q = q.view(B, T, -1, self.nope + self.rope).transpose(1, 2)
+        q_nope, q_rot = q.split([self.nope, self.rope], dim=-1)
+
+        kv_latent, k_rot = self.kv_a_proj_with_mqa(x_BTD).split([self.kv_lora_rank, self.rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(kv_latent)).view(B, T, -1, self.nope + self.v_dim)
+        k_nope, v = kv.transpose(1, 2).split([self.nope, self.v_dim], dim=-1)
+        heads = q.shape[1]
+
+        q_rot = apply_rope(q_rot, cos, sin, interleaved=True)
+        k_rot = apply_rope(k_rot.view(B, 1, T, self.rope), cos, sin, interleaved=True)
+        q = torch.cat([q_nope, q_rot], dim=-1)
+        k = torch.cat([k_nope, k_rot.expand(B, heads, T, self.rope)], dim=-1)
+        return self.o_proj(_attend(q, k, v, self.scale))
+
+
+def build_attention(cfg: ModelConfig) -> nn.Module:
+    return MLAttention(cfg) if cfg.is_mla else GQAttention(cfg)

@@ -1,0 +1,202 @@
+"""DeepSeekMoE: a router, routed experts run as one grouped GEMM, and always-on shared experts.
+
+Tokens are sorted by expert so every expert sees one contiguous slice; the experts then run as a single
+grouped matrix multiply over fused weights ``gate_up_proj [E, 2F, D]`` and ``down_proj [E, D, F]``.
+Where the platform has no grouped GEMM for the dtype, a padded batched matmul computes the same thing.
+No per-expert Python loop slices the fused weights (its backward would allocate a full-size gradient
+per expert).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seektrain.models.config import ModelConfig
+from seektrain.models.layers import SwiGLU
+
+_grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def _in_backward() -> bool:
+    """True while autograd runs a backward pass (e.g. activation-checkpoint recomputation)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def grouped_mm_supported(x: torch.Tensor, *dims: int) -> bool:
+    if _grouped_mm is None:
+        return False
+    if x.device.type == "cpu":
+        return x.dtype in (torch.float32, torch.bfloat16)
+    if x.device.type == "cuda":
+        return (x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
+                and all(d % 8 == 0 for d in dims))
+    return False
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient contiguous (grouped_mm's backward needs it)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+class _AttachAuxLoss(torch.autograd.Function):
+    """Returns ``x`` unchanged; in backward feeds ``scale`` as the gradient of ``aux_loss``.
+
+    The balance loss thus reaches the router without travelling through the model's outputs, which
+    keeps pipeline stages and activation checkpointing oblivious to it.
+    """
+
+    @staticmethod
+    def forward(ctx, x, aux_loss, scale: float):
+        ctx.scale = scale
+        ctx.aux_shape = aux_loss.shape
+        ctx.aux_dtype = aux_loss.dtype
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        aux_grad = torch.full(ctx.aux_shape, ctx.scale, dtype=ctx.aux_dtype, device=grad.device)
+        return grad, aux_grad, None
+
+
+class Router(nn.Module):
+    """Top-k routing. V2: softmax scores, greedy or group-limited (group score = max). V3: sigmoid scores,
+    a correction bias that affects only *which* experts are chosen, group score = sum of the top 2."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
+        if cfg.topk_method == "noaux_tc":
+            self.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_routed_experts))
+        else:
+            self.e_score_correction_bias = None
+
+    def forward(self, x_ND: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        logits = F.linear(x_ND.float(), self.weight.float())
+        scores = logits.sigmoid() if cfg.scoring_func == "sigmoid" else logits.softmax(dim=-1)
+        choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias.float()
+        if cfg.topk_method != "greedy" and cfg.n_group > 1:
+            grouped = choice.view(-1, cfg.n_group, cfg.n_routed_experts // cfg.n_group)
+            if cfg.topk_method == "noaux_tc":
+                group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+                fill = float("-inf")
+            else:
+                group_scores = grouped.max(dim=-1).values
+                fill = 0.0
+            keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(cfg.topk_group, dim=-1).indices, 1.0)
+            keep = keep.bool().unsqueeze(-1).expand_as(grouped).reshape(choice.shape)
+            choice = choice.masked_fill(~keep, fill)
+        idx_NK = choice.topk(cfg.num_experts_per_tok, dim=-1).indices
+        weights_NK = scores.gather(1, idx_NK)
+        if cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
+            weights_NK = weights_NK / (weights_NK.sum(-1, keepdim=True) + 1e-20)
+        return weights_NK * cfg.routed_scaling_factor, idx_NK, scores
+
+    def reset_parameters(self, std: float) -> None:
+        nn.init.normal_(self.weight, std=std)
+        if self.e_score_correction_bias is not None:
+            self.e_score_correction_bias.zero_()
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts over token slots already sorted by expert (``counts_E`` slots each)."""
+
+    def __init__(self, n_experts: int, dim: int, hidden: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * hidden, dim))
+        self.down_proj = nn.Parameter(torch.empty(n_experts, dim, hidden))
+
+    def forward(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        w1, w2 = self.gate_up_proj, self.down_proj
+        if grouped_mm_supported(x_ND, w1.shape[1], w1.shape[2]):
+            offs = counts_E.cumsum(0).to(torch.int32)
+            h = _grouped_mm(x_ND, w1.transpose(-2, -1), offs=offs)
+            gate, up = _ContiguousGrad.apply(h).chunk(2, dim=-1)
+            out = _grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
+            return _ContiguousGrad.apply(out)
+        return self._padded_bmm(x_ND, counts_E)
+
+    def _padded_bmm(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        n_experts = counts_E.shape[0]
+        capacity = int(counts_E.max()) if x_ND.shape[0] else 0
+        expert_of = torch.repeat_interleave(torch.arange(n_experts, device=x_ND.device), counts_E)
+        starts = counts_E.cumsum(0) - counts_E
+        slot = torch.arange(x_ND.shape[0], device=x_ND.device) - starts[expert_of]
+        padded = x_ND.new_zeros(n_experts, capacity, x_ND.shape[-1])
+        padded[expert_of, slot] = x_ND
+        gate, up = torch.bmm(padded, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
+        out = torch.bmm(F.silu(gate) * up, self.down_proj.transpose(1, 2))
+        return out[expert_of, slot]
+
+    def reset_parameters(self, std: float) -> None:
+        nn.init.normal_(self.gate_up_proj, std=std)
+        nn.init.normal_(self.down_proj, std=std)
+
+
+class MoE(nn.Module):
+    """Routed experts + shared experts. Records per-expert token counts for load balancing.
+
+    Training-time knobs are plain attributes set by the trainer: ``aux_loss_alpha`` (sequence-wise
+    balance loss weight; 0 disables it) and ``aux_loss_scale`` (gradient scale, e.g. 1/accumulation).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_experts, self.top_k = cfg.n_routed_experts, cfg.num_experts_per_tok
+        self.gate = Router(cfg)
+        self.experts = GroupedExperts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        self.shared_experts = (SwiGLU(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
+                               if cfg.n_shared_experts else None)
+        self.aux_loss_alpha = 0.0
+        self.aux_loss_scale = 1.0
+        self.tokens_per_expert: torch.Tensor | None = None  # summed until the trainer resets it
+        self.last_aux_loss: torch.Tensor | None = None
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        B, T, D = x_BTD.shape
+        x_ND = x_BTD.reshape(-1, D)
+        weights_NK, idx_NK, scores_NE = self.gate(x_ND)
+        flat = idx_NK.flatten()
+        counts_E = torch.bincount(flat, minlength=self.n_experts)
+        order = flat.argsort(stable=True)
+        token = order // self.top_k
+        y = self.experts(x_ND[token], counts_E)
+        y = y * weights_NK.flatten()[order].unsqueeze(-1).to(y.dtype)
+        out = torch.zeros_like(x_ND).index_add_(0, token, y.to(x_ND.dtype)).view(B, T, D)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x_BTD)
+        if not _in_backward():
+            self._record(counts_E)
+        if self.training and self.aux_loss_alpha > 0:
+            aux = self._sequence_aux_loss(scores_NE.view(B, T, -1), idx_NK.view(B, T, -1))
+            self.last_aux_loss = aux.detach()
+            out = _AttachAuxLoss.apply(out, aux, self.aux_loss_scale)
+        return out
+
+    def _record(self, counts_E: torch.Tensor) -> None:
+        counts = counts_E.detach().float()
+        self.tokens_per_expert = counts if self.tokens_per_expert is None else self.tokens_per_expert + counts
+
+    def _sequence_aux_loss(self, scores_BTE: torch.Tensor, idx_BTK: torch.Tensor) -> torch.Tensor:
+        """alpha * sum_i f_i * P_i per sequence (DeepSeek-V3 eq. 17-20), averaged over sequences."""
+        B, T, E = scores_BTE.shape
+        probs = scores_BTE / (scores_BTE.sum(-1, keepdim=True) + 1e-20)
+        hits = torch.zeros(B, E, device=scores_BTE.device).scatter_add_(
+            1, idx_BTK.reshape(B, -1), torch.ones(B, T * self.top_k, device=scores_BTE.device))
+        f = hits * (E / (self.top_k * T))
+        p = probs.mean(dim=1)
+        return self.aux_loss_alpha * (f * p).sum(-1).mean()
+
+    def reset_parameters(self, std: float) -> None:
+        self.gate.reset_parameters(std)
+        self.experts.reset_parameters(std)

@@ -1,0 +1,122 @@
+"""The DeepSeek decoder-only transformer, with optional multi-token prediction (MTP) modules.
+
+The model is a plain ``nn.Module`` and knows nothing of parallelism. Parallel wrappers (FSDP, TP,
+pipeline stages) are applied from outside; to make pipeline splitting easy, layers live in a
+``ModuleDict`` keyed by their global index and every top-level piece may be ``None`` on a stage that
+does not own it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from seektrain.models.attention import build_attention
+from seektrain.models.config import ModelConfig
+from seektrain.models.layers import RMSNorm, SwiGLU, rope_cos_sin
+from seektrain.models.moe import MoE, Router
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = build_attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer_idx) else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, h_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h_BTD = h_BTD + self.self_attn(self.input_layernorm(h_BTD), cos, sin)
+        return h_BTD + self.mlp(self.post_attention_layernorm(h_BTD))
+
+
+class MTPModule(nn.Module):
+    """One multi-token-prediction depth: combine the previous depth's hidden state at position i with the
+    embedding of token i+k, run one decoder block, and predict token i+k+1 with the shared output head."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.block = DecoderLayer(cfg, layer_idx)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h_BTD, emb_BTD, cos, sin) -> torch.Tensor:
+        x = self.eh_proj(torch.cat([self.enorm(emb_BTD), self.hnorm(h_BTD)], dim=-1))
+        return self.block(x, cos, sin)
+
+
+class Transformer(nn.Module):
+    """``model(tokens)`` -> logits [B, T, V]; ``model(tokens, mtp_labels=labels)`` -> (logits, [mtp logits]).
+
+    ``mtp_labels`` are the next-token labels of ``tokens`` (labels[:, i] == tokens[:, i+1]); MTP depth k
+    reads labels shifted by k-1 as its input tokens and is trained on labels shifted by k.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)})
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.mtp = nn.ModuleList(MTPModule(cfg, cfg.num_hidden_layers + k)
+                                 for k in range(cfg.num_nextn_predict_layers))
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, tokens: torch.Tensor, mtp_labels: torch.Tensor | None = None):
+        h = self.embed_tokens(tokens) if self.embed_tokens is not None else tokens
+        cos, sin = rope_cos_sin(self.cfg, h.shape[1], h.device, h.dtype)
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        if self.norm is None:  # an inner pipeline stage hands hidden states on
+            return h
+        logits = self.lm_head(self.norm(h))
+        if mtp_labels is None or not len(self.mtp):
+            return logits
+        mtp_logits = []
+        for k, module in enumerate(self.mtp):
+            # Depth k+1 sees token i+k+1 == mtp_labels[:, i+k]; positions past the end reuse the last
+            # label and are masked out of the loss by the caller.
+            shifted = torch.cat([mtp_labels[:, k:], mtp_labels[:, -1:].expand(-1, k)], dim=1)
+            h = module(h, self.embed_tokens(shifted), cos, sin)
+            mtp_logits.append(self.lm_head(module.norm(h)))
+        return logits, mtp_logits
+
+    # ------------------------------------------------------------------------ initialisation
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """(Re)initialise every parameter; called after ``to_empty`` when built on the meta device."""
+        if seed is not None:
+            torch.manual_seed(seed)
+        std = self.cfg.initializer_range
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, RMSNorm):
+                module.reset_parameters()
+            elif isinstance(module, MoE):
+                module.reset_parameters(std)
+
+
+def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                init: bool = True, seed: int | None = None) -> Transformer:
+    """Build on ``device`` ("meta" costs no memory for any size; call ``init_weights`` after ``to_empty``)."""
+    cfg.validate()
+    with torch.device(device):
+        model = Transformer(cfg)
+    if dtype != torch.float32:
+        model.to(dtype)
+        for module in model.modules():  # the balancing bias accumulates tiny updates: keep it fp32
+            if isinstance(module, Router) and module.e_score_correction_bias is not None:
+                module.e_score_correction_bias.data = module.e_score_correction_bias.data.float()
+    if init and torch.device(device).type != "meta":
+        model.init_weights(seed)
+    return model
