@@ -29,8 +29,6 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
 
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
 
 
 class SwiGLU(nn.Module):

@@ -102,10 +102,6 @@ class Router(nn.Module):
             weights_NK = weights_NK / (weights_NK.sum(-1, keepdim=True) + 1e-20)
         return weights_NK * cfg.routed_scaling_factor, idx_NK, scores
 
-    def reset_parameters(self, std: float) -> None:
-        nn.init.normal_(self.weight, std=std)
-        if self.e_score_correction_bias is not None:
-            self.e_score_correction_bias.zero_()
 
 
 class GroupedExperts(nn.Module):
@@ -138,9 +134,6 @@ class GroupedExperts(nn.Module):
         out = torch.bmm(F.silu(gate) * up, self.down_proj.transpose(1, 2))
         return out[expert_of, slot]
 
-    def reset_parameters(self, std: float) -> None:
-        nn.init.normal_(self.gate_up_proj, std=std)
-        nn.init.normal_(self.down_proj, std=std)
 
 
 class MoE(nn.Module):
@@ -197,6 +190,3 @@ class MoE(nn.Module):
         p = probs.mean(dim=1)
         return self.aux_loss_alpha * (f * p).sum(-1).mean()
 
-    def reset_parameters(self, std: float) -> None:
-        self.gate.reset_parameters(std)
-        self.experts.reset_parameters(std)

@@ -13,6 +13,7 @@ from torch import nn
 
 from seektrain.models.attention import build_attention
 from seektrain.models.config import ModelConfig
+from seektrain.models.init import init_weights
 from seektrain.models.layers import RMSNorm, SwiGLU, rope_cos_sin
 from seektrain.models.moe import MoE, Router
 
@@ -86,28 +87,14 @@ class Transformer(nn.Module):
             mtp_logits.append(self.lm_head(module.norm(h)))
         return logits, mtp_logits
 
-    # ------------------------------------------------------------------------ initialisation
-    @torch.no_grad()
-    def init_weights(self, seed: int | None = None) -> None:
-        """(Re)initialise every parameter; called after ``to_empty`` when built on the meta device."""
-        if seed is not None:
-            torch.manual_seed(seed)
-        std = self.cfg.initializer_range
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=std)
-            elif isinstance(module, RMSNorm):
-                module.reset_parameters()
-            elif isinstance(module, MoE):
-                module.reset_parameters(std)
+    def init_weights(self, seed: int = 0) -> None:
+        """(Re)initialise every parameter, identically whatever the sharding (see models/init.py);
+        called after ``to_empty`` when the model was built on the meta device."""
+        init_weights(self, self.cfg.initializer_range, seed)
 
 
 def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                init: bool = True, seed: int | None = None) -> Transformer:
+                init: bool = True, seed: int = 0) -> Transformer:
     """Build on ``device`` ("meta" costs no memory for any size; call ``init_weights`` after ``to_empty``)."""
     cfg.validate()
     with torch.device(device):

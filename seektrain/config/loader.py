@@ -1,0 +1,161 @@
+"""Load a ``JobConfig`` from TOML plus ``--set section.key=value`` overrides, and validate it once.
+
+Every mistake becomes a ``ConfigError`` with one line naming the key and the fix; nothing is
+silently ignored (an unknown key is an error, not a no-op).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import typing
+from pathlib import Path
+
+from seektrain.config.schema import JobConfig
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config file or override."""
+
+
+def _sections(cfg: JobConfig) -> dict[str, object]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def _field_types(section: object) -> dict[str, type]:
+    hints = typing.get_type_hints(type(section))
+    return {f.name: hints[f.name] for f in dataclasses.fields(section)}
+
+
+def _coerce(key: str, value, typ):
+    """Convert ``value`` (from TOML or a --set string) to ``typ``, or raise ConfigError."""
+    origin = typing.get_origin(typ)
+    if origin is list:
+        (item,) = typing.get_args(typ)
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split()] if value.strip() else []
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(key, v, item) for v in value]
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise AssertionError(f"unsupported config type {typ} for {key}")
+
+
+def _assign(cfg: JobConfig, dotted: str, value) -> None:
+    section_name, _, key = dotted.partition(".")
+    sections = _sections(cfg)
+    if section_name not in sections or not key:
+        raise ConfigError(f"unknown config key {dotted!r}; sections are: {', '.join(sections)}")
+    section = sections[section_name]
+    types = _field_types(section)
+    if key not in types:
+        raise ConfigError(f"unknown config key {dotted!r}; keys of [{section_name}]: {', '.join(types)}")
+    setattr(section, key, _coerce(dotted, value, types[key]))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
+    cfg = JobConfig()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} not found; pass an existing TOML file to --config")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
+        for section_name, table in data.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: top-level key {section_name!r} must be a [section] table")
+            for key, value in table.items():
+                _assign(cfg, f"{section_name}.{key}", value)
+    for item in overrides:
+        dotted, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected section.key=value")
+        _assign(cfg, dotted.strip(), value.strip())
+    return validate(cfg)
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+def validate(cfg: JobConfig) -> JobConfig:
+    """Checks that need no knowledge of the launched world size."""
+    from seektrain.models.presets import PRESETS
+
+    t, o, p = cfg.train, cfg.optim, cfg.parallel
+    if not cfg.model.hf_path:
+        _check(cfg.model.preset in PRESETS,
+               f"model.preset={cfg.model.preset!r} is unknown; choose one of: {', '.join(PRESETS)}")
+    for key in ("steps", "global_batch_size", "micro_batch_size", "seq_len"):
+        _check(getattr(t, key) > 0, f"train.{key} must be positive, got {getattr(t, key)}")
+    _check(t.global_batch_size % t.micro_batch_size == 0,
+           f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size="
+           f"{t.micro_batch_size}; make it one")
+    ac = t.activation_checkpoint
+    _check(ac in ("none", "full") or (ac.startswith("every:") and ac[6:].isdigit() and int(ac[6:]) > 0),
+           f"train.activation_checkpoint={ac!r}: use none, full or every:K (K >= 1)")
+    _check(t.grad_clip >= 0, "train.grad_clip must be >= 0 (0 disables clipping)")
+    _check(o.lr > 0, f"optim.lr must be positive, got {o.lr}")
+    _check(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio must be within [0, 1]")
+    _check(0 <= o.warmup_steps, "optim.warmup_steps must be >= 0")
+    _check(cfg.precision.dtype in ("fp32", "bf16", "fp16"),
+           f"precision.dtype={cfg.precision.dtype!r}: use fp32, bf16 or fp16")
+    for key in ("dp_replicate", "tp", "pp", "ep"):
+        _check(getattr(p, key) >= 1, f"parallel.{key} must be >= 1, got {getattr(p, key)}")
+    _check(p.dp_shard == -1 or p.dp_shard >= 1, "parallel.dp_shard must be >= 1, or -1 for automatic")
+    _check(p.data_parallel in ("fsdp", "ddp"), f"parallel.data_parallel={p.data_parallel!r}: use fsdp or ddp")
+    _check(cfg.checkpoint.interval >= 0, "checkpoint.interval must be >= 0 (0 = save only at the end)")
+    _check(cfg.checkpoint.keep >= 1, "checkpoint.keep must be >= 1")
+    _check(0 <= cfg.metrics.prometheus_port < 65536, "metrics.prometheus_port must be within 0..65535")
+    _check(bool(cfg.run.dir), "run.dir must not be empty")
+    return cfg
+
+
+def config_to_dict(cfg: JobConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def config_to_toml(cfg: JobConfig) -> str:
+    """TOML text that ``load_config`` reads back to an equal config."""
+    lines: list[str] = []
+    for section, values in config_to_dict(cfg).items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,40 @@
+"""Data parallelism applied to a plain model over mesh views: DDP, FSDP2 (ZeRO-3), HSDP.
+
+FSDP shards every decoder layer (and MTP module) as its own unit, then the root (embedding, final
+norm, head). ``reshard_after_forward=False`` keeps parameters gathered between forward and backward,
+trading memory for one all-gather less per layer (ZeRO-2-like).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def fsdp_mixed_precision(dtype_name: str) -> MixedPrecisionPolicy:
+    """Compute in the run's dtype, keep fp32 master weights and reduce gradients in fp32."""
+    return MixedPrecisionPolicy(param_dtype=_DTYPES[dtype_name], reduce_dtype=torch.float32)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, dtype_name: str, reshard_after_forward: bool) -> nn.Module:
+    """Shard ``model`` over ``dp_mesh`` (1-D: FSDP; 2-D (replicate, shard): HSDP)."""
+    mp = fsdp_mixed_precision(dtype_name)
+    blocks = list(model.layers.values()) + list(getattr(model, "mtp", []) or [])
+    for i, block in enumerate(blocks):
+        # The last block is resharded at once: the root's backward runs right after it anyway.
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp,
+                    reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
+    """Replicate ``model`` over ``dp_mesh``; gradients are averaged in buckets during backward."""
+    device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
+                                   broadcast_buffers=False)

@@ -1,0 +1,68 @@
+"""The parallel layout: degrees of every dimension, validated against the world size, and the one
+DeviceMesh every parallel function takes its views from.
+
+World mesh dimensions, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``. Data-parallel
+ranks (the ones that see different data) are ``dp_replicate × dp_shard``; expert parallelism borrows
+its ranks from inside them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from seektrain.config.loader import ConfigError
+from seektrain.config.schema import ParallelSection
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    world_size: int
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    data_parallel: str = "fsdp"
+
+    @classmethod
+    def from_config(cls, p: ParallelSection, world_size: int) -> "ParallelLayout":
+        others = p.dp_replicate * p.tp * p.pp
+        dp_shard = p.dp_shard
+        if dp_shard == -1:
+            if world_size % others:
+                raise ConfigError(
+                    f"world size {world_size} is not divisible by parallel.dp_replicate × tp × pp = {others}; "
+                    "change the degrees or the number of processes")
+            dp_shard = world_size // others
+        layout = cls(world_size, p.dp_replicate, dp_shard, p.tp, p.pp, p.ep, p.data_parallel)
+        layout.validate()
+        return layout
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def validate(self) -> None:
+        product = self.pp * self.dp_replicate * self.dp_shard * self.tp
+        if product != self.world_size:
+            raise ConfigError(
+                f"parallel.pp × dp_replicate × dp_shard × tp = {self.pp}×{self.dp_replicate}×{self.dp_shard}"
+                f"×{self.tp} = {product} but the world size is {self.world_size}; set parallel.dp_shard=-1 or "
+                "fix the degrees")
+        if self.data_parallel == "ddp" and self.dp_shard > 1:
+            raise ConfigError("parallel.data_parallel=ddp replicates the model: set parallel.dp_shard=1 and "
+                              "parallel.dp_replicate to the data-parallel size, or use data_parallel=fsdp")
+
+    def describe(self) -> str:
+        return (f"world={self.world_size} pp={self.pp} dp_replicate={self.dp_replicate} "
+                f"dp_shard={self.dp_shard} tp={self.tp} ep={self.ep} ({self.data_parallel})")
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        """The world mesh with flattened views ``dp`` (all data-parallel ranks) and ``dp_fsdp``."""
+        names = ("pp", "dp_replicate", "dp_shard", "tp")
+        shape = (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        return mesh
