@@ -1,0 +1,131 @@
+"""``manifest.json``: the one file that says what a prepared dataset holds.
+
+Shards are raw little-endian integers with no header, so everything needed to read them (dtype, token
+counts) and to trust them (sha256, tokenizer fingerprint) lives here. The manifest is written last and
+atomically, so a directory either has a complete manifest or is not a prepared dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = "seektrain-tokens"
+VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SPLITS = ("train", "val")
+
+
+@dataclass
+class Shard:
+    file: str
+    tokens: int
+    sha256: str
+
+
+@dataclass
+class Split:
+    shards: list[Shard] = field(default_factory=list)
+    tokens: int = 0
+    documents: int = 0
+
+
+@dataclass
+class TokenizerInfo:
+    spec: str
+    vocab_size: int
+    eos_id: int
+    bos_id: int | None
+    fingerprint: str
+
+
+@dataclass
+class Manifest:
+    tokenizer: TokenizerInfo
+    dtype: str
+    train: Split
+    val: Split
+    val_fraction: float
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    format: str = FORMAT
+    version: int = VERSION
+
+    @property
+    def total_tokens(self) -> int:
+        return self.train.tokens + self.val.tokens
+
+    @property
+    def documents(self) -> int:
+        return self.train.documents + self.val.documents
+
+    def split(self, name: str) -> Split:
+        if name not in SPLITS:
+            raise ValueError(f"split={name!r}: unknown split; use one of {', '.join(SPLITS)}")
+        return self.train if name == "train" else self.val
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        # Redundant totals make the file readable by eye and by tools that don't know the layout.
+        d["total_tokens"] = self.total_tokens
+        d["documents"] = self.documents
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Manifest:
+        def split(s: dict[str, Any]) -> Split:
+            return Split([Shard(**x) for x in s["shards"]], s["tokens"], s["documents"])
+
+        return Manifest(
+            tokenizer=TokenizerInfo(**d["tokenizer"]),
+            dtype=d["dtype"],
+            train=split(d["train"]),
+            val=split(d["val"]),
+            val_fraction=d["val_fraction"],
+            sources=d.get("sources", []),
+            format=d["format"],
+            version=d["version"],
+        )
+
+
+def read_manifest(directory: str | Path) -> Manifest:
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    if not directory.is_dir():
+        raise ValueError(f"data.path={directory}: no such directory; run `seektrain data prepare --input ... --output {directory}` first")
+    if not path.is_file():
+        raise ValueError(f"data.path={directory}: no manifest.json found; run `seektrain data prepare --input ... --output {directory}` first")
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); re-run `seektrain data prepare ... --force`") from None
+    if d.get("format") != FORMAT or d.get("version") != VERSION:
+        raise ValueError(
+            f"{path}: format {d.get('format')!r} version {d.get('version')!r} is not {FORMAT!r} version {VERSION}; "
+            "re-run `seektrain data prepare ... --force` with this seektrain"
+        )
+    try:
+        return Manifest.from_dict(d)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: malformed manifest (field {e}); re-run `seektrain data prepare ... --force`") from None
+
+
+def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
+    """Write to a temp file in the same directory, fsync, then rename: readers never see half a file."""
+    directory = Path(directory)
+    fd, tmp = tempfile.mkstemp(prefix=".manifest-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(manifest.to_dict(), f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / MANIFEST_NAME)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return directory / MANIFEST_NAME
