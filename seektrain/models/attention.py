@@ -36,7 +36,7 @@ class GQAttention(nn.Module):
         self.q_proj = nn.Linear(d, cfg.num_attention_heads * hd, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, d, bias=cfg.attention_bias)
 
     def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x_BTD.shape

@@ -1,0 +1,132 @@
+"""``seektrain convert``: move model weights between formats.
+
+A conversion is one *source* (where the model comes from) and one *sink* (where it goes). Each is a
+small function registered in ``SOURCES`` / ``SINKS`` together with the flag that selects it, so adding a
+format (e.g. our training checkpoints) means adding one loader, one writer and their flags; the handler
+itself does not change. Today:
+
+    seektrain convert --from-hf HF_DIR --to-hf OUT_DIR [--dtype bf16]      # e.g. dequantise FP8 V3
+    seektrain convert --preset tiny-v3 --to-hf OUT_DIR --seed 0             # random init of a preset
+
+User errors (a missing file, a wrong shape...) print one line on stderr and exit with status 2,
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Callable
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+EXIT_USER_ERROR = 2
+
+
+def _load_hf(args: argparse.Namespace):
+    from seektrain.models.hf_config import read_config_json
+    from seektrain.models.hf_io import from_pretrained
+
+    if args.dtype is None:  # keep the source's dtype (FP8 releases declare bfloat16 here)
+        declared = read_config_json(args.from_hf)
+        declared = declared.get("torch_dtype") or declared.get("dtype") or "float32"
+        args.dtype = DTYPES.get(str(declared).removeprefix("torch."), torch.float32)
+    # Load straight into the output dtype: FP8 dequantisation runs in fp32 one tensor at a time, so
+    # nothing is lost, and a bf16 output needs half the memory of an fp32 detour.
+    return from_pretrained(args.from_hf, dtype=args.dtype)
+
+
+def _random_preset(args: argparse.Namespace):
+    from seektrain.models import build_model, get_preset
+
+    return build_model(get_preset(args.preset), dtype=args.dtype or torch.float32, seed=args.seed)
+
+
+def _save_hf(model, args: argparse.Namespace) -> str:
+    from seektrain.models.hf_io import save_pretrained
+
+    files = save_pretrained(model, args.to_hf, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
+    return f"wrote {args.to_hf} ({len(files)} weight file{'s' * (len(files) > 1)})"
+
+
+# dest of the argparse option -> function. The first source/sink whose option is set is used.
+SOURCES: dict[str, Callable[[argparse.Namespace], torch.nn.Module]] = {"from_hf": _load_hf, "preset": _random_preset}
+SINKS: dict[str, Callable[[torch.nn.Module, argparse.Namespace], str]] = {"to_hf": _save_hf}
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MB', '2GiB' or plain bytes -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*", text, flags=re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 5GB or 500MB)")
+    base = 1024 if m.group(3) else 1000
+    power = " KMGT".index(m.group(2).upper() or " ")
+    return int(float(m.group(1)) * base**power)
+
+
+def parse_dtype(text: str) -> torch.dtype:
+    if text.lower() not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[text.lower()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_argument_group("source (exactly one)")
+    src.add_argument("--from-hf", metavar="HF_DIR", help="a Hugging Face folder (config.json + safetensors)")
+    src.add_argument("--preset", metavar="NAME", help="randomly initialise a model preset (see docs/models.md)")
+    dst = parser.add_argument_group("destination (exactly one)")
+    dst.add_argument("--to-hf", metavar="OUT_DIR", help="write a Hugging Face folder (release layout)")
+    opts = parser.add_argument_group("conversion options")
+    opts.add_argument("--dtype", type=parse_dtype, default=None,
+                      help="weight dtype of the output: bf16, fp16 or fp32 (default: the torch_dtype of "
+                           "--from-hf's config.json, fp32 for --preset)")
+    opts.add_argument("--seed", type=int, default=0, help="seed of the random initialisation (--preset)")
+    opts.add_argument("--max-shard-size", type=parse_size, default="5GB",
+                      help="split the safetensors above this size (default 5GB)")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add ``convert`` to the main CLI's subparsers; the handler is stored as ``handler`` (and ``func``)."""
+    parser = subparsers.add_parser("convert", help="convert model weights between formats",
+                                   description="Convert model weights between formats "
+                                               "(exactly one source, one destination).")
+    add_arguments(parser)
+    parser.set_defaults(handler=run, func=run)
+    return parser
+
+
+def _pick(args: argparse.Namespace, table: dict, what: str) -> str:
+    chosen = [dest for dest in table if getattr(args, dest, None) is not None]
+    flags = " or ".join("--" + dest.replace("_", "-") for dest in table)
+    if len(chosen) != 1:
+        raise ValueError(f"give exactly one {what}: {flags}")
+    return chosen[0]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``seektrain convert``; returns the exit status."""
+    try:
+        source = _pick(args, SOURCES, "source")
+        sink = _pick(args, SINKS, "destination")
+        model = SOURCES[source](args)
+        message = SINKS[sink](model, args)
+    except (ValueError, OSError) as exc:
+        print(f"seektrain convert: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(message)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m seektrain.cli.convert``), also handy in tests."""
+    parser = argparse.ArgumentParser(prog="seektrain")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
