@@ -23,12 +23,17 @@ def dp_mesh_for(layout: ParallelLayout, mesh: DeviceMesh) -> DeviceMesh:
     return mesh["dp"]
 
 
+def uses_fsdp(layout: ParallelLayout) -> bool:
+    """FSDP only where there is something to shard over; one data-parallel rank trains the plain model."""
+    return layout.data_parallel == "fsdp" and layout.dp > 1
+
+
 def parallelize_model(model_cfg: ModelConfig, job: JobConfig, layout: ParallelLayout, mesh: DeviceMesh,
                       device: torch.device, state_dict: dict | None = None) -> nn.Module:
     """A model ready to train. ``state_dict`` (full tensors, e.g. from Hugging Face) replaces random init."""
     model: Transformer = build_model(model_cfg, device="meta")
     apply_activation_checkpointing(model, job.train.activation_checkpoint)
-    use_fsdp = layout.data_parallel == "fsdp"
+    use_fsdp = uses_fsdp(layout)
     if use_fsdp:
         apply_fsdp(model, dp_mesh_for(layout, mesh), job.precision.dtype, job.parallel.reshard_after_forward)
     model.to_empty(device=device)

@@ -1,0 +1,56 @@
+"""`seektrain train`: run the training job here, or launch workers for it through torchrun."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from seektrain.launch.elastic import LaunchOptions, launch
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a model (the built-in default when no --config is given)")
+    p.add_argument("--config", help="TOML config file (default: the built-in tiny-v3 run)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config key (repeatable)")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="worker processes on this node")
+    p.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for elastic")
+    p.add_argument("--node-rank", type=int, default=None)
+    p.add_argument("--rdzv-endpoint", default="", help="HOST:PORT of the c10d rendezvous (multi-node)")
+    p.add_argument("--rdzv-id", default="seektrain")
+    p.add_argument("--max-restarts", type=int, default=0, help="restart failed workers up to K times")
+    p.set_defaults(handler=run)
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    argv = ["train"]
+    if args.config:
+        argv += ["--config", args.config]
+    for item in args.overrides:
+        argv += ["--set", item]
+    return argv
+
+
+def run(args: argparse.Namespace) -> int:
+    from seektrain.config.loader import load_config
+    from seektrain.parallel.layout import ParallelLayout
+
+    cfg = load_config(args.config, args.overrides)  # fail fast, before any process starts
+    opts = LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
+                         args.max_restarts)
+    if opts.nproc_per_node < 1:
+        raise ValueError("--nproc-per-node must be >= 1")
+    under_launcher = "LOCAL_RANK" in os.environ
+    if not under_launcher and (opts.nproc_per_node > 1 or opts.multi_node or opts.max_restarts > 0):
+        world = opts.fixed_world_size()
+        if world is not None:
+            ParallelLayout.from_config(cfg.parallel, world)
+        return launch(opts, worker_argv(args))
+    if not under_launcher:
+        ParallelLayout.from_config(cfg.parallel, 1)
+    from seektrain.train.trainer import train
+
+    train(cfg)
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,49 @@
+"""The training data of a run: a prepared folder or the built-in corpus, opened for this rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+
+from seektrain.config.schema import JobConfig
+from seektrain.data.builtin import ensure_builtin_corpus
+from seektrain.data.dataset import TokenDataset
+from seektrain.data.loader import DistributedBatchLoader
+from seektrain.models.config import ModelConfig
+
+
+@dataclass
+class TrainingData:
+    path: Path
+    dataset: TokenDataset
+    loader: DistributedBatchLoader
+
+    def describe(self) -> str:
+        return f"data {self.path} ({len(self.dataset):,} tokens)"
+
+
+def data_dir(cfg: JobConfig, is_main: bool) -> Path:
+    """The prepared folder; the built-in corpus is prepared by rank 0 first (others then reuse it)."""
+    if cfg.data.path != "builtin":
+        return Path(cfg.data.path)
+    if is_main:
+        path = ensure_builtin_corpus(tokenizer_spec=cfg.data.tokenizer)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+    if not is_main:
+        path = ensure_builtin_corpus(tokenizer_spec=cfg.data.tokenizer)
+    return path
+
+
+def open_training_data(cfg: JobConfig, model_cfg: ModelConfig, dp_rank: int, dp_size: int,
+                       is_main: bool) -> TrainingData:
+    path = data_dir(cfg, is_main)
+    dataset = TokenDataset(path, split="train")
+    if dataset.vocab_size > model_cfg.vocab_size:
+        raise ValueError(f"data.path={path}: its tokenizer has {dataset.vocab_size} tokens but model "
+                         f"{model_cfg.name} has vocab_size {model_cfg.vocab_size}; use a matching tokenizer")
+    loader = DistributedBatchLoader(dataset, cfg.train.seq_len, cfg.train.micro_batch_size, dp_rank, dp_size,
+                                    cfg.train.seed)
+    return TrainingData(path, dataset, loader)

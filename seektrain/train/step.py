@@ -1,0 +1,97 @@
+"""One optimizer step, readable top to bottom: accumulate micro-batches, unscale/check, clip, step,
+rebalance experts. Returns the numbers worth logging."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from seektrain.train.balance import collect_expert_load, expert_imbalance, update_balance_bias
+from seektrain.train.grad import clip_grad_norm
+from seektrain.train.loss import model_loss
+from seektrain.train.precision import DynamicLossScaler
+
+
+@dataclass
+class StepContext:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: DynamicLossScaler
+    loader: object  # iterator of (tokens, labels)
+    accum_steps: int
+    autocast: contextlib.AbstractContextManager
+    device: torch.device
+    dp_group: dist.ProcessGroup | None
+    grad_clip: float
+    mtp_weight: float
+    bias_update_speed: float
+    use_mtp: bool
+
+
+def _no_sync(model: nn.Module, last: bool):
+    """DDP: skip the gradient all-reduce on all but the last micro-batch (FSDP reduces every time)."""
+    if not last and hasattr(model, "no_sync"):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def train_step(ctx: StepContext) -> dict[str, float]:
+    t_start = time.perf_counter()
+    data_wait = fwd_bwd = 0.0
+    loss_sum = torch.zeros(3, device=ctx.device)  # total, lm, mtp (summed over micro-batches)
+    for micro in range(ctx.accum_steps):
+        t0 = time.perf_counter()
+        tokens, labels = next(ctx.loader)
+        tokens, labels = tokens.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
+        t1 = time.perf_counter()
+        with _no_sync(ctx.model, micro == ctx.accum_steps - 1):
+            with ctx.autocast:
+                out = ctx.model(tokens, mtp_labels=labels if ctx.use_mtp else None)
+            loss, parts = model_loss(out, labels, ctx.mtp_weight)
+            ctx.scaler.scale_loss(loss / ctx.accum_steps).backward()
+        loss_sum += torch.stack([loss.detach().float(), parts["lm_loss"].float(),
+                                 parts.get("mtp_loss", torch.zeros((), device=ctx.device)).float()])
+        data_wait += t1 - t0
+        fwd_bwd += time.perf_counter() - t1
+
+    t_opt = time.perf_counter()
+    params = [p for p in ctx.model.parameters() if p.grad is not None]
+    finite = ctx.scaler.unscale_and_check(params)
+    grad_norm = clip_grad_norm(params, ctx.grad_clip) if finite else torch.tensor(float("nan"))
+    if finite and torch.isfinite(grad_norm):
+        ctx.optimizer.step()
+    else:
+        finite = False
+    ctx.scaler.update(finite)
+    ctx.optimizer.zero_grad(set_to_none=True)
+    lr = ctx.scheduler.get_last_lr()[0]
+    ctx.scheduler.step()
+
+    loads = collect_expert_load(ctx.model, ctx.dp_group)
+    if finite:
+        update_balance_bias(ctx.model, loads, ctx.bias_update_speed)
+
+    if ctx.dp_group is not None and dist.get_world_size(ctx.dp_group) > 1:
+        dist.all_reduce(loss_sum, group=ctx.dp_group)
+        loss_sum /= dist.get_world_size(ctx.dp_group)
+    loss_sum /= ctx.accum_steps
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    t_end = time.perf_counter()
+    metrics = {
+        "loss": float(loss_sum[0]), "lm_loss": float(loss_sum[1]), "lr": lr,
+        "grad_norm": float(grad_norm), "loss_scale": ctx.scaler.scale, "skipped": int(not finite),
+        "step_time_s": t_end - t_start, "data_wait_s": data_wait, "fwd_bwd_s": fwd_bwd,
+        "optim_s": t_end - t_opt,
+    }
+    if ctx.use_mtp:
+        metrics["mtp_loss"] = float(loss_sum[2])
+    if loads:
+        metrics["expert_imbalance"] = expert_imbalance(loads)
+    return metrics

@@ -1,0 +1,187 @@
+"""The training job: set up every component from one ``JobConfig``, resume if a checkpoint exists,
+run ``train.steps`` optimizer steps, log, checkpoint and summarise.
+
+Runs as one process or as one worker of a torchrun/elastic launch; everything that differs between
+the two is hidden in ``init_distributed`` and the DeviceMesh.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from seektrain.checkpoint.manager import CheckpointManager
+from seektrain.config.loader import config_to_toml
+from seektrain.config.schema import JobConfig
+from seektrain.models.config import ModelConfig
+from seektrain.observe.flops import mfu, model_flops_per_token, peak_flops
+from seektrain.observe.memory import memory_stats
+from seektrain.observe.sink import MetricsSink
+from seektrain.observe.summary import format_summary, write_summary
+from seektrain.parallel.distributed import init_distributed
+from seektrain.parallel.layout import ParallelLayout
+from seektrain.parallel.parallelize import parallelize_model, unwrap, uses_fsdp
+from seektrain.train.balance import configure_aux_loss
+from seektrain.train.optim import build_optimizer, build_scheduler
+from seektrain.train.precision import DTYPES, DynamicLossScaler, autocast_context
+from seektrain.train.progress import Progress, setup_logging
+from seektrain.train.setup_data import open_training_data
+from seektrain.train.setup_model import resolve_model
+from seektrain.train.step import StepContext, train_step
+
+log = logging.getLogger("seektrain.train")
+MODEL_CONFIG = "model_config.json"
+
+
+def train(cfg: JobConfig) -> dict:
+    env = init_distributed()
+    layout = ParallelLayout.from_config(cfg.parallel, env.world_size)
+    run_dir = Path(cfg.run.dir)
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(config_to_toml(cfg))
+    setup_logging(run_dir, env.rank)
+    torch.manual_seed(cfg.train.seed)
+    if cfg.train.deterministic:
+        torch.use_deterministic_algorithms(True)
+    mesh = layout.build_mesh(env.device.type)
+    dp_group = mesh["dp"].get_group()
+    dp_rank, dp_size = mesh["dp"].get_local_rank(), layout.dp
+
+    t = cfg.train
+    accum = t.global_batch_size // (t.micro_batch_size * dp_size)
+    if accum * t.micro_batch_size * dp_size != t.global_batch_size:
+        raise ValueError(
+            f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size × "
+            f"data-parallel size = {t.micro_batch_size}×{dp_size}; adjust one of them")
+
+    model_cfg, hf_state = resolve_model(cfg)
+    if env.is_main:
+        (run_dir / MODEL_CONFIG).write_text(json.dumps(model_cfg.to_dict(), indent=1))
+    data = open_training_data(cfg, model_cfg, dp_rank, dp_size, env.is_main)
+    model = parallelize_model(model_cfg, cfg, layout, mesh, env.device, state_dict=hf_state)
+    del hf_state
+    configure_aux_loss(model, t.aux_loss_alpha, 1.0 / accum)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, t.steps)
+    scaler = DynamicLossScaler(cfg.precision.dtype == "fp16", cfg.precision.loss_scale_init,
+                               cfg.precision.loss_scale_growth_interval)
+
+    ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank)
+    start_step = 0
+    latest = ckpt.latest_valid()
+    if latest is not None:
+        state = ckpt.load(latest, model, optimizer)
+        start_step = state["step"]
+        scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        data.loader.load_state_dict(state["data"])
+        log.info("resumed from %s at step %d", latest, start_step)
+
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("model %s: %s; layout %s; grad accumulation %d; %d local parameter elements on rank 0",
+             model_cfg.name, data.describe(), layout.describe(), accum, _local_numel(model))
+    log.debug("global parameter count %d", n_params)
+
+    tokens_per_step = t.global_batch_size * t.seq_len
+    flops_per_token = model_flops_per_token(model_cfg, t.seq_len)
+    peak, peak_source = peak_flops(env.device, DTYPES[cfg.precision.dtype])
+    sink = MetricsSink(run_dir, rank=env.rank, prometheus_port=cfg.metrics.prometheus_port,
+                       prometheus_host=cfg.metrics.prometheus_host, all_ranks_serve=cfg.metrics.all_ranks,
+                       local_rank=env.local_rank, tensorboard=cfg.metrics.tensorboard)
+    sink.set_run_info(run=cfg.run.name or run_dir.name, model=model_cfg.name, world_size=env.world_size)
+    profiler = None
+    if cfg.profile.steps and env.is_main:
+        
+        profiler = StepProfiler(run_dir, cfg.profile.steps)
+    ctx = StepContext(
+        model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, loader=iter(data.loader),
+        accum_steps=accum, autocast=autocast_context(env.device, cfg.precision.dtype, uses_fsdp(layout)),
+        device=env.device, dp_group=dp_group, grad_clip=t.grad_clip, mtp_weight=t.mtp_loss_weight,
+        bias_update_speed=t.bias_update_speed if model_cfg.topk_method == "noaux_tc" else 0.0,
+        use_mtp=model_cfg.num_nextn_predict_layers > 0 and t.mtp_loss_weight > 0)
+
+    def trainer_state(step: int) -> dict:
+        return {"step": step, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+                "data": data.loader.state_dict(), "model_config": model_cfg.name,
+                "config": config_to_toml(cfg)}
+
+    records: list[dict] = []
+    progress = Progress(start_step, t.steps, enabled=env.is_main and cfg.run.progress_bar)
+    model.train()
+    t_run = time.perf_counter()
+    step = start_step
+    try:
+        for step in range(start_step + 1, t.steps + 1):
+            if profiler:
+                profiler.before_step(step)
+            metrics = train_step(ctx)
+            if profiler:
+                profiler.after_step(step)
+            metrics["tokens_per_s"] = tokens_per_step / metrics["step_time_s"]
+            metrics["mfu"] = mfu(metrics["tokens_per_s"] / env.world_size, flops_per_token, peak)
+            metrics.update(memory_stats(env.device))
+            sink.log(step, metrics)
+            records.append({"step": step, **metrics})
+            progress.update(step, metrics)
+            if step % cfg.run.log_interval == 0 or step == start_step + 1:
+                progress.write(_format_line(step, t.steps, metrics))
+            if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < t.steps:
+                ckpt.save(step, model, optimizer, trainer_state(step))
+        if step > start_step or latest is None:
+            ckpt.save(step, model, optimizer, trainer_state(step))
+        ckpt.wait()
+    finally:
+        progress.close()
+        sink.close()
+    wall = time.perf_counter() - t_run
+    summary = {}
+    if env.is_main and records:
+        summary = write_summary(run_dir, records, {
+            "wall_time_s": wall, "device_flops_peak": peak, "device_flops_source": peak_source,
+            "flops_per_token": flops_per_token, "world_size": env.world_size, "layout": layout.describe(),
+            "model": model_cfg.name, "tokens_per_step": tokens_per_step,
+            "param_elements_rank0": _local_numel(model), "device": str(env.device)})
+        log.info("%s", format_summary(summary))
+    if dist.is_initialized():
+        dist.barrier()
+    return {"final_step": step, "records": records, "summary": summary,
+            "model": unwrap(model) if env.world_size == 1 else None}
+
+
+def _local_numel(model) -> int:
+    from torch.distributed.tensor import DTensor
+
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
+
+
+def _format_line(step: int, total: int, m: dict) -> str:
+    parts = [f"step {step}/{total}", f"loss {m['loss']:.4f}", f"lr {m['lr']:.2e}", f"grad_norm {m['grad_norm']:.3f}",
+             f"tok/s {m['tokens_per_s']:.0f}", f"mfu {100 * m['mfu']:.1f}%"]
+    if "expert_imbalance" in m:
+        parts.append(f"imbalance {m['expert_imbalance']:.2f}")
+    if m.get("skipped"):
+        parts.append(f"SKIPPED (loss scale {m['loss_scale']:.0f})")
+    return " | ".join(parts)
+
+
+def read_run_config(run_dir: Path) -> JobConfig:
+    from seektrain.config.loader import load_config
+
+    path = Path(run_dir) / "config.toml"
+    if not path.is_file():
+        raise ValueError(f"{path} not found: --run must name a folder made by `seektrain train`")
+    return load_config(path)
+
+
+
+def read_model_config(run_dir: Path) -> ModelConfig:
+    path = Path(run_dir) / MODEL_CONFIG
+    if not path.is_file():
+        raise ValueError(f"{path} not found: --run must name a folder made by `seektrain train`")
+    return ModelConfig.from_dict(json.loads(path.read_text()))

@@ -1,0 +1,83 @@
+"""Run summary and advice, the step timer, and memory/GPU stats that never fail."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+
+from seektrain.observe.memory import gpu_stats, memory_stats
+from seektrain.observe.summary import format_summary, write_summary
+from seektrain.observe.timer import StepTimer
+
+
+def records(n: int = 10, **overrides) -> list[dict]:
+    out = []
+    for i in range(1, n + 1):
+        record = {"step": i, "loss": 5.0 - 0.1 * i, "tokens_per_s": 1000.0, "mfu": 0.4,
+                  "step_time_s": 1.0, "data_wait_s": 0.02, "fwd_bwd_s": 0.8, "optim_s": 0.1, "comm_s": 0.0,
+                  "mem_peak_gib": 10.0 + i, "expert_imbalance": 1.1}
+        record.update({k: (v(i) if callable(v) else v) for k, v in overrides.items()})
+        out.append(record)
+    out[0]["tokens_per_s"] = 10.0  # warm-up step: compile, allocator growth
+    return out
+
+
+def test_summary_of_a_healthy_run(tmp_path):
+    summary = write_summary(tmp_path, records(), {"model": "tiny", "device": "cuda:0"})
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == summary
+    assert summary["tokens_per_s_mean"] == 1000.0  # the warm-up steps are excluded
+    assert abs(summary["mfu_mean"] - 0.4) < 1e-12 and summary["peak_mem_peak_gib"] == 20.0
+    assert abs(summary["time_fractions"]["fwd_bwd_s"] - 0.8) < 1e-9
+    assert abs(summary["time_fractions"]["other"] - 0.08) < 1e-9
+    assert summary["advice"] == [] and summary["model"] == "tiny"
+    text = format_summary(summary)
+    assert "1,000 tokens/s" in text and "MFU          40.0%" in text and "advice" not in text
+
+
+def test_advice_for_numbers_that_look_wrong(tmp_path):
+    bad = records(data_wait_s=0.3, expert_imbalance=lambda i: 1.0 + 0.1 * i, mfu=0.02,
+                  loss_scale=lambda i: 2.0 ** (16 - 2 * i))
+    summary = write_summary(tmp_path, bad, {"device": "cuda:0"})
+    advice = "\n".join(summary["advice"])
+    assert "data wait is 30%" in advice
+    assert "expert imbalance reached 2.00" in advice
+    assert "loss scale collapsed" in advice
+    assert "MFU is only 2.0%" in advice
+    assert format_summary(summary).count("advice:") == 4
+
+
+def test_low_mfu_on_cpu_is_not_advice_and_empty_records_work(tmp_path):
+    assert write_summary(tmp_path, records(mfu=0.001), {"device": "cpu"})["advice"] == []
+    empty = write_summary(tmp_path, [], {})
+    assert empty["steps"] == 0 and "run summary: 0 steps" in format_summary(empty)
+
+
+def test_nan_loss_is_advice(tmp_path):
+    run = records(loss=lambda i: float("nan") if i == 10 else 1.0)
+    assert any("not finite" in line for line in write_summary(tmp_path, run, {})["advice"])
+
+
+def test_step_timer_phases():
+    timer = StepTimer("cpu")
+    with timer.phase("data_wait"):
+        time.sleep(0.02)
+    for _ in range(2):  # micro-batches add up
+        with timer.phase("fwd_bwd"):
+            time.sleep(0.01)
+    timer.add("comm", 0.005)
+    lap = timer.lap()
+    assert set(lap) == {"data_wait_s", "fwd_bwd_s", "optim_s", "comm_s", "step_time_s"}
+    assert lap["data_wait_s"] >= 0.02 and lap["fwd_bwd_s"] >= 0.02 and lap["comm_s"] == 0.005
+    assert lap["optim_s"] == 0.0 and lap["step_time_s"] >= 0.04
+    assert timer.lap()["fwd_bwd_s"] == 0.0  # reset after each lap
+
+
+def test_memory_and_gpu_stats_never_fail():
+    stats = memory_stats(torch.device("cpu"))
+    assert 0 < stats["mem_rss_gib"] <= stats["mem_peak_rss_gib"] * 1.01
+    assert isinstance(gpu_stats(), dict)  # {} on a machine without NVML or nvidia-smi
+    if torch.cuda.is_available():
+        assert {"mem_allocated_gib", "mem_reserved_gib", "mem_peak_gib"} <= set(memory_stats("cuda"))
