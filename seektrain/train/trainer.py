@@ -97,7 +97,8 @@ def train(cfg: JobConfig) -> dict:
     sink.set_run_info(run=cfg.run.name or run_dir.name, model=model_cfg.name, world_size=env.world_size)
     profiler = None
     if cfg.profile.steps and env.is_main:
-        
+        from seektrain.observe.profiler import StepProfiler
+
         profiler = StepProfiler(run_dir, cfg.profile.steps)
     ctx = StepContext(
         model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, loader=iter(data.loader),
