@@ -78,14 +78,19 @@ class Transformer(nn.Module):
         logits = self.lm_head(self.norm(h))
         if mtp_labels is None or not len(self.mtp):
             return logits
-        mtp_logits = []
+        return logits, self.mtp_logits(h, self.embed_tokens(mtp_labels), cos, sin)
+
+    def mtp_logits(self, h_BTD: torch.Tensor, label_emb_BTD: torch.Tensor, cos, sin) -> list[torch.Tensor]:
+        """Logits of every MTP depth from the main model's last hidden state and the embeddings of the
+        next-token labels (computed once; depth k+1 reads them shifted left by k)."""
+        out = []
         for k, module in enumerate(self.mtp):
-            # Depth k+1 sees token i+k+1 == mtp_labels[:, i+k]; positions past the end reuse the last
-            # label and are masked out of the loss by the caller.
-            shifted = torch.cat([mtp_labels[:, k:], mtp_labels[:, -1:].expand(-1, k)], dim=1)
-            h = module(h, self.embed_tokens(shifted), cos, sin)
-            mtp_logits.append(self.lm_head(module.norm(h)))
-        return logits, mtp_logits
+            # Depth k+1 sees token i+k+1 == label i+k; positions past the end repeat the last label
+            # and are masked out of the loss by the caller.
+            shifted = torch.cat([label_emb_BTD[:, k:], label_emb_BTD[:, -1:].expand(-1, k, -1)], dim=1)
+            h_BTD = module(h_BTD, shifted, cos, sin)
+            out.append(self.lm_head(module.norm(h_BTD)))
+        return out
 
     def init_weights(self, seed: int = 0) -> None:
         """(Re)initialise every parameter, identically whatever the sharding (see models/init.py);
