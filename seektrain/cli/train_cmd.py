@@ -34,7 +34,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from seektrain.config.loader import load_config
-    from seektrain.parallel.layout import ParallelLayout
+    from seektrain.parallel.layout import resolve_layout
 
     cfg = load_config(args.config, args.overrides)  # fail fast, before any process starts
     opts = LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
@@ -45,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
     if not under_launcher and (opts.nproc_per_node > 1 or opts.multi_node or opts.max_restarts > 0):
         world = opts.fixed_world_size()
         if world is not None:
-            ParallelLayout.from_config(cfg.parallel, world)
+            resolve_layout(cfg, world)
         return launch(opts, worker_argv(args))
     if not under_launcher:
-        ParallelLayout.from_config(cfg.parallel, 1)
+        resolve_layout(cfg, 1)
     from seektrain.train.trainer import train
 
     train(cfg)

@@ -27,9 +27,13 @@ class TrainSection:
     activation_checkpoint: str = "none"  # none | full | every:K
     mtp_loss_weight: float = 0.3
     aux_loss_alpha: float = 0.0  # sequence-wise balance loss weight (0 = off)
-    bias_update_speed: float = 0.001  # V3 aux-loss-free balancing step; 0 = off
+    bias_update_speed: float = 0.01  # V3 aux-loss-free balancing step (DeepSeek-V3 used 0.001 over 14.8T tokens; short runs need more); 0 = off
     deterministic: bool = False  # torch.use_deterministic_algorithms
     compile: bool = False
+    # failure handling (seektrain.train.faults, docs/checkpoints.md)
+    on_bad_loss: str = "skip"  # NaN/Inf or spiking loss: skip (drop the update) | stop (exit, one line)
+    spike_factor: float = 0.0  # a loss above factor × running mean of recent losses is bad; 0 = off
+    collective_timeout_s: float = 600.0  # a collective waiting longer fails with a message naming the rank
 
 
 @dataclass
@@ -74,6 +78,7 @@ class CheckpointSection:
     interval: int = 100  # save every N steps (0 = only at the end)
     keep: int = 2
     async_save: bool = False
+    preempt_grace_s: float = 25.0  # after SIGTERM, save within this or exit without (torchrun kills at 30 s)
 
 
 @dataclass

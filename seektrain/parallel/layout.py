@@ -66,3 +66,16 @@ class ParallelLayout:
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         mesh["dp_replicate", "dp_shard"]._flatten("dp")
         return mesh
+
+
+def resolve_layout(cfg, world_size: int) -> tuple[ParallelLayout, int]:
+    """The layout for ``world_size`` processes and the gradient-accumulation steps it implies; every
+    size that does not divide is refused here, before any worker starts."""
+    layout = ParallelLayout.from_config(cfg.parallel, world_size)
+    t = cfg.train
+    per_step = t.micro_batch_size * layout.dp
+    if t.global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size × "
+            f"data-parallel size = {t.micro_batch_size}×{layout.dp} = {per_step}; adjust one of them")
+    return layout, t.global_batch_size // per_step

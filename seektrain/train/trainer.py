@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from seektrain.checkpoint.manager import CheckpointManager
+from seektrain.checkpoint.manager import CheckpointManager, step_dir_name
+from seektrain.checkpoint.resume import restore_trainer_state, run_model_config
 from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
@@ -24,9 +25,10 @@ from seektrain.observe.memory import memory_stats
 from seektrain.observe.sink import MetricsSink
 from seektrain.observe.summary import format_summary, write_summary
 from seektrain.parallel.distributed import init_distributed
-from seektrain.parallel.layout import ParallelLayout
+from seektrain.parallel.layout import resolve_layout
 from seektrain.parallel.parallelize import parallelize_model, unwrap, uses_fsdp
 from seektrain.train.balance import configure_aux_loss
+from seektrain.train.faults import FaultGuard
 from seektrain.train.optim import build_optimizer, build_scheduler
 from seektrain.train.precision import DTYPES, DynamicLossScaler, autocast_context
 from seektrain.train.progress import Progress, setup_logging
@@ -39,8 +41,8 @@ MODEL_CONFIG = "model_config.json"
 
 
 def train(cfg: JobConfig) -> dict:
-    env = init_distributed()
-    layout = ParallelLayout.from_config(cfg.parallel, env.world_size)
+    env = init_distributed(cfg.train.collective_timeout_s)
+    layout, accum = resolve_layout(cfg, env.world_size)
     run_dir = Path(cfg.run.dir)
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -54,13 +56,14 @@ def train(cfg: JobConfig) -> dict:
     dp_rank, dp_size = mesh["dp"].get_local_rank(), layout.dp
 
     t = cfg.train
-    accum = t.global_batch_size // (t.micro_batch_size * dp_size)
-    if accum * t.micro_batch_size * dp_size != t.global_batch_size:
-        raise ValueError(
-            f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size × "
-            f"data-parallel size = {t.micro_batch_size}×{dp_size}; adjust one of them")
 
+    # [checkpoint] rank 0 picks the newest valid checkpoint and broadcasts it; a run dir holding one
+    # keeps its own model (seektrain.checkpoint.resume)
+    ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank)
+    latest = ckpt.latest_valid()
     model_cfg, hf_state = resolve_model(cfg)
+    if latest is not None:
+        model_cfg, hf_state = run_model_config(run_dir, model_cfg), None
     if env.is_main:
         (run_dir / MODEL_CONFIG).write_text(json.dumps(model_cfg.to_dict(), indent=1))
     data = open_training_data(cfg, model_cfg, dp_rank, dp_size, env.is_main)
@@ -72,15 +75,11 @@ def train(cfg: JobConfig) -> dict:
     scaler = DynamicLossScaler(cfg.precision.dtype == "fp16", cfg.precision.loss_scale_init,
                                cfg.precision.loss_scale_growth_interval)
 
-    ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank)
+    guard = FaultGuard(t, cfg.checkpoint, ckpt, env.rank, env.device)  # [faults] SIGTERM, bad loss, hangs
     start_step = 0
-    latest = ckpt.latest_valid()
     if latest is not None:
         state = ckpt.load(latest, model, optimizer)
-        start_step = state["step"]
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        data.loader.load_state_dict(state["data"])
+        start_step = restore_trainer_state(state, scheduler, scaler, data.loader, guard.loss)
         log.info("resumed from %s at step %d", latest, start_step)
 
     n_params = sum(p.numel() for p in model.parameters())
@@ -105,12 +104,12 @@ def train(cfg: JobConfig) -> dict:
         accum_steps=accum, autocast=autocast_context(env.device, cfg.precision.dtype, uses_fsdp(layout)),
         device=env.device, dp_group=dp_group, grad_clip=t.grad_clip, mtp_weight=t.mtp_loss_weight,
         bias_update_speed=t.bias_update_speed if model_cfg.topk_method == "noaux_tc" else 0.0,
-        use_mtp=model_cfg.num_nextn_predict_layers > 0 and t.mtp_loss_weight > 0)
+        use_mtp=model_cfg.num_nextn_predict_layers > 0 and t.mtp_loss_weight > 0, loss_guard=guard.loss)
 
     def trainer_state(step: int) -> dict:
         return {"step": step, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                 "data": data.loader.state_dict(), "model_config": model_cfg.name,
-                "config": config_to_toml(cfg)}
+                "config": config_to_toml(cfg), "faults": guard.loss.state_dict(), "world_size": env.world_size}
 
     records: list[dict] = []
     progress = Progress(start_step, t.steps, enabled=env.is_main and cfg.run.progress_bar)
@@ -119,6 +118,8 @@ def train(cfg: JobConfig) -> dict:
     step = start_step
     try:
         for step in range(start_step + 1, t.steps + 1):
+            guard.begin_step(step)  # [faults] (test hooks only)
+            ctx.step = step
             if profiler:
                 profiler.before_step(step)
             metrics = train_step(ctx)
@@ -134,10 +135,17 @@ def train(cfg: JobConfig) -> dict:
                 progress.write(_format_line(step, t.steps, metrics))
             if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < t.steps:
                 ckpt.save(step, model, optimizer, trainer_state(step))
+            if guard.end_step(step):  # [faults] SIGTERM on any rank: every rank saves this step, exits 143
+                ckpt.save(step, model, optimizer, trainer_state(step), blocking=True)
+                guard.exit_preempted(step, ckpt.root / step_dir_name(step))
         if step > start_step or latest is None:
             ckpt.save(step, model, optimizer, trainer_state(step))
         ckpt.wait()
+    except RuntimeError as err:  # [faults] a dead or hung rank: one line naming this rank and the operation
+        guard.raise_readable(err)
+        raise
     finally:
+        guard.close()
         progress.close()
         sink.close()
     wall = time.perf_counter() - t_run

@@ -1,0 +1,107 @@
+"""The training command end to end: the default run learns, fp16 overflow steps are skipped, sampling
+works, and bad input is refused with one line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from run_cli import losses, metrics, seektrain, train
+
+from seektrain.train.precision import DynamicLossScaler
+
+
+def test_default_run_short_learns_and_samples(tmp_path):
+    """The README's default (tiny-v3 with MLA + MoE + MTP on the built-in corpus, FSDP over 2 ranks),
+    shortened: the loss falls well below its start and `sample` continues a prompt."""
+    run = tmp_path / "default"
+    seektrain("train", "--nproc-per-node", "2", "--set", f"run.dir={run}", "--set", "train.steps=40",
+              "--set", "optim.warmup_steps=5", "--set", "run.progress_bar=false", timeout=600)
+    values = losses(run)
+    assert values[0] > math.log(320) - 0.5  # starts near ln(vocab)
+    assert min(values[-5:]) < values[0] - 2.0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 40 and summary["tokens_per_s_mean"] > 0
+    assert (run / "train.log").read_text().count("step 40/40") == 1
+    assert any((run / "tensorboard").iterdir())
+    record = metrics(run)[-1]
+    for key in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mtp_loss", "expert_imbalance"):
+        assert key in record, key
+    out = seektrain("sample", "--run", str(run), "--prompt", "def ", "--max-new-tokens", "40")
+    text = out.stdout.splitlines()[-1]
+    assert text.startswith("def ") and len(text) > len("def ")
+
+
+def test_fp16_overflow_steps_are_skipped(tmp_path):
+    """An absurd initial loss scale overflows fp16 gradients: those steps are skipped (no update), the
+    scale halves each time, and training then proceeds."""
+    train(tmp_path, "train.steps=14", "precision.dtype=fp16", "precision.loss_scale_init=1048576",
+          "model.preset=tiny-dense")
+    recs = metrics(tmp_path)
+    skipped = [r for r in recs if r["skipped"]]
+    assert skipped and recs[0]["skipped"] == 1
+    scales = [r["loss_scale"] for r in recs]
+    assert scales[0] == 1048576 / 2 and all(b <= a for a, b in zip(scales, scales[1:len(skipped)]))
+    assert recs[-1]["skipped"] == 0 and math.isfinite(recs[-1]["grad_norm"])
+
+
+def test_loss_scaler_unit():
+    scaler = DynamicLossScaler(True, init_scale=8.0, growth_interval=2)
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.tensor([1.0, float("inf"), 2.0])
+    assert not scaler.unscale_and_check([p])
+    scaler.update(False)
+    assert scaler.scale == 4.0 and scaler.skipped_steps == 1
+    p.grad = torch.tensor([4.0, 8.0, 12.0])
+    assert scaler.unscale_and_check([p])
+    assert torch.equal(p.grad, torch.tensor([1.0, 2.0, 3.0]))
+    scaler.update(True)
+    scaler.update(True)
+    assert scaler.scale == 8.0
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--set", "train.stepz=3"], "unknown config key 'train.stepz'"),
+    (["--set", "train.steps=ten"], "train.steps: expected an integer"),
+    (["--set", "train.global_batch_size=6", "--set", "train.micro_batch_size=4"],
+     "train.global_batch_size=6 is not a multiple of train.micro_batch_size=4"),
+    (["--nproc-per-node", "2", "--set", "train.global_batch_size=2", "--set", "train.micro_batch_size=2"],
+     "data-parallel"),
+    (["--nproc-per-node", "2", "--set", "parallel.tp=3", "--set", "parallel.dp_shard=1"], "world size is 2"),
+    (["--nproc-per-node", "2", "--set", "parallel.data_parallel=ddp", "--set", "parallel.dp_shard=2"],
+     "data_parallel=ddp"),
+    (["--config", "/nonexistent/x.toml"], "config file /nonexistent/x.toml not found"),
+    (["--set", "data.path=/nonexistent/data"], "/nonexistent/data"),
+    (["--set", "model.preset=gpt5"], "model.preset='gpt5' is unknown"),
+])
+def test_bad_input_is_one_line(tmp_path, args, needle):
+    proc = seektrain("train", "--set", f"run.dir={tmp_path / 'r'}", *args, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()
+    assert err and err[-1].startswith("seektrain: error:") and needle in err[-1], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_toml_file(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[train]\nsteps = \n")
+    proc = seektrain("config", "show", "--config", str(cfg), check=False)
+    assert proc.returncode == 2 and "is not valid TOML" in proc.stderr
+
+
+def test_empty_data_folder(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = seektrain("train", "--set", f"run.dir={tmp_path / 'r'}", "--set", f"data.path={tmp_path / 'empty'}",
+                     check=False)
+    assert proc.returncode == 2 and "manifest.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_models_json_lists_official_sizes():
+    rows = {r["name"]: r for r in json.loads(seektrain("models", "--json").stdout)}
+    v3 = rows["deepseek-v3"]
+    assert round(v3["total_params"] / 1e9) == 671 and round(v3["active_params"] / 1e9) == 37
+    assert round(rows["deepseek-v2"]["total_params"] / 1e9) == 236
+    assert round(rows["deepseek-v2"]["active_params"] / 1e9) == 21
+    assert {"deepseek-llm-7b", "deepseek-llm-67b", "deepseek-v2-lite", "tiny-v3", "small-v3"} <= set(rows)
