@@ -30,8 +30,9 @@ def test_default_run_short_learns_and_samples(tmp_path):
     for key in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mtp_loss", "expert_imbalance"):
         assert key in record, key
     out = seektrain("sample", "--run", str(run), "--prompt", "def ", "--max-new-tokens", "40")
-    text = out.stdout.splitlines()[-1]
-    assert text.startswith("def ") and len(text) > len("def ")
+    header, text = out.stdout.split("\n", 1)
+    assert header.startswith("# ") and "step-00000040" in header
+    assert text.startswith("def ") and len(text) > len("def ") + 20
 
 
 def test_fp16_overflow_steps_are_skipped(tmp_path):
