@@ -104,8 +104,39 @@ class Router(nn.Module):
 
 
 
+def grouped_swiglu(x_ND: torch.Tensor, counts_E: torch.Tensor, gate_up_proj: torch.Tensor,
+                   down_proj: torch.Tensor) -> torch.Tensor:
+    """E SwiGLU experts (``gate_up [E, 2F, D]``, ``down [E, D, F]``) over token slots already sorted by
+    expert, ``counts_E`` slots each: one grouped GEMM per projection, or a padded batched matmul where
+    the platform has no grouped GEMM for the dtype (or no slots at all, which the grouped GEMM's backward
+    rejects on CPU). Shared by the plain and the expert-parallel experts."""
+    if x_ND.shape[0] and grouped_mm_supported(x_ND, gate_up_proj.shape[1], gate_up_proj.shape[2]):
+        offs = counts_E.cumsum(0).to(torch.int32)
+        h = _grouped_mm(x_ND, gate_up_proj.transpose(-2, -1), offs=offs)
+        gate, up = _ContiguousGrad.apply(h).chunk(2, dim=-1)
+        out = _grouped_mm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs)
+        return _ContiguousGrad.apply(out)
+    return _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj)
+
+
+def _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj) -> torch.Tensor:
+    n_experts = counts_E.shape[0]
+    capacity = int(counts_E.max()) if x_ND.shape[0] else 0
+    expert_of = torch.repeat_interleave(torch.arange(n_experts, device=x_ND.device), counts_E)
+    starts = counts_E.cumsum(0) - counts_E
+    slot = torch.arange(x_ND.shape[0], device=x_ND.device) - starts[expert_of]
+    padded = x_ND.new_zeros(n_experts, capacity, x_ND.shape[-1])
+    padded[expert_of, slot] = x_ND
+    gate, up = torch.bmm(padded, gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
+    out = torch.bmm(F.silu(gate) * up, down_proj.transpose(1, 2))
+    return out[expert_of, slot]
+
+
 class GroupedExperts(nn.Module):
-    """E SwiGLU experts over token slots already sorted by expert (``counts_E`` slots each)."""
+    """E SwiGLU experts over token slots already sorted by expert (``counts_E`` slots each).
+
+    ``MoE`` calls ``experts(x_sorted, counts_E)`` and nothing else, so a subclass may replace the
+    computation (expert parallelism exchanges the tokens around ``grouped_swiglu``)."""
 
     def __init__(self, n_experts: int, dim: int, hidden: int):
         super().__init__()
@@ -113,27 +144,7 @@ class GroupedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(n_experts, dim, hidden))
 
     def forward(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
-        w1, w2 = self.gate_up_proj, self.down_proj
-        if grouped_mm_supported(x_ND, w1.shape[1], w1.shape[2]):
-            offs = counts_E.cumsum(0).to(torch.int32)
-            h = _grouped_mm(x_ND, w1.transpose(-2, -1), offs=offs)
-            gate, up = _ContiguousGrad.apply(h).chunk(2, dim=-1)
-            out = _grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
-            return _ContiguousGrad.apply(out)
-        return self._padded_bmm(x_ND, counts_E)
-
-    def _padded_bmm(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
-        n_experts = counts_E.shape[0]
-        capacity = int(counts_E.max()) if x_ND.shape[0] else 0
-        expert_of = torch.repeat_interleave(torch.arange(n_experts, device=x_ND.device), counts_E)
-        starts = counts_E.cumsum(0) - counts_E
-        slot = torch.arange(x_ND.shape[0], device=x_ND.device) - starts[expert_of]
-        padded = x_ND.new_zeros(n_experts, capacity, x_ND.shape[-1])
-        padded[expert_of, slot] = x_ND
-        gate, up = torch.bmm(padded, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
-        out = torch.bmm(F.silu(gate) * up, self.down_proj.transpose(1, 2))
-        return out[expert_of, slot]
-
+        return grouped_swiglu(x_ND, counts_E, self.gate_up_proj, self.down_proj)
 
 
 class MoE(nn.Module):
@@ -159,13 +170,8 @@ class MoE(nn.Module):
         B, T, D = x_BTD.shape
         x_ND = x_BTD.reshape(-1, D)
         weights_NK, idx_NK, scores_NE = self.gate(x_ND)
-        flat = idx_NK.flatten()
-        counts_E = torch.bincount(flat, minlength=self.n_experts)
-        order = flat.argsort(stable=True)
-        token = order // self.top_k
-        y = self.experts(x_ND[token], counts_E)
-        y = y * weights_NK.flatten()[order].unsqueeze(-1).to(y.dtype)
-        out = torch.zeros_like(x_ND).index_add_(0, token, y.to(x_ND.dtype)).view(B, T, D)
+        counts_E = torch.bincount(idx_NK.flatten(), minlength=self.n_experts)
+        out = self.routed_experts(x_ND, weights_NK, idx_NK, counts_E).view(B, T, D)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x_BTD)
         if not _in_backward():
@@ -175,6 +181,16 @@ class MoE(nn.Module):
             self.last_aux_loss = aux.detach()
             out = _AttachAuxLoss.apply(out, aux, self.aux_loss_scale)
         return out
+
+    def routed_experts(self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor,
+                       counts_E: torch.Tensor) -> torch.Tensor:
+        """Sum over every token's chosen experts of weight * expert(token), [N, D]. (Tensor parallelism
+        overrides this to run only its own experts.)"""
+        order = idx_NK.flatten().argsort(stable=True)
+        token = order // self.top_k
+        y = self.experts(x_ND[token], counts_E)
+        y = y * weights_NK.flatten()[order].unsqueeze(-1).to(y.dtype)
+        return torch.zeros_like(x_ND).index_add_(0, token, y.to(x_ND.dtype))
 
     def _record(self, counts_E: torch.Tensor) -> None:
         counts = counts_E.detach().float()

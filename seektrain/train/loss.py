@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 IGNORE = -100
 
@@ -13,6 +14,8 @@ def token_ce_sum(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> tuple[tor
     """Sum of fp32 cross-entropy over labelled tokens, and how many tokens were labelled."""
     loss = F.cross_entropy(logits_BTV.flatten(0, 1).float(), labels_BT.flatten(), ignore_index=IGNORE,
                            reduction="sum")
+    if isinstance(loss, DTensor):  # vocabulary-sharded logits under loss_parallel (tensor parallelism)
+        loss = loss.full_tensor()
     return loss, int((labels_BT != IGNORE).sum())
 
 

@@ -1,0 +1,178 @@
+"""Expert parallelism (EP) for DeepSeekMoE, applied from outside to a plain ``Transformer``.
+
+The routed experts of every MoE layer are split over ``ep`` ranks borrowed from the data-parallel shard
+ranks: each rank keeps ``E / ep`` experts as a DTensor ``Shard(0)`` of the full ``[E, ...]`` weights (so
+state-dict names, DCP checkpoints and the layout-independent init are unchanged). Each rank routes its
+own tokens as before; the experts module then
+
+1. exchanges how many token slots every rank sends to every expert (all-to-all of ``counts_E``),
+2. sends every slot to the rank that owns its expert (differentiable all-to-all),
+3. regroups the received slots by local expert and runs them as one grouped GEMM (``grouped_swiglu``),
+4. undoes the regrouping and sends the results back (the inverse all-to-all).
+
+Letters: N token slots on this rank (tokens × top-k, sorted by expert), E experts in all, L experts
+on this rank (E / R), R ranks of the ep group, D hidden size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard
+
+from seektrain.models.config import ModelConfig
+from seektrain.models.moe import GroupedExperts, MoE, grouped_swiglu
+
+
+def validate_ep(cfg: ModelConfig, ep: int, dp_shard: int, tp: int) -> None:
+    """Raise a one-line ValueError if ``ep`` experts-parallel ranks cannot serve this model and layout."""
+    if ep < 1:
+        raise ValueError(f"parallel.ep={ep} must be >= 1")
+    if ep == 1:
+        return
+    if not cfg.is_moe:
+        raise ValueError(f"parallel.ep={ep} needs a MoE model but {cfg.name!r} is dense: set parallel.ep=1")
+    if cfg.n_routed_experts % ep:
+        raise ValueError(f"parallel.ep={ep} does not divide the {cfg.n_routed_experts} routed experts of "
+                         f"{cfg.name!r}: choose a divisor of {cfg.n_routed_experts}")
+    if dp_shard % ep:
+        raise ValueError(f"parallel.ep={ep} must divide parallel.dp_shard={dp_shard} (expert-parallel ranks "
+                         "are borrowed from the data-parallel shard ranks)")
+    if tp > 1:
+        raise ValueError(f"expert parallelism with tensor parallelism (tp={tp}) is not supported yet: "
+                         "set parallel.tp=1 or parallel.ep=1")
+
+
+@dataclass(frozen=True)
+class EPMeshes:
+    """``ep``: the 1-D mesh of ranks that split the experts. ``efsdp``: the data-parallel ranks left over
+    (``dp_replicate × dp_shard / ep``), over which every rank's expert shard is further sharded by FSDP
+    (2-D ``(dp_replicate, dp_shard_mod_ep)`` for HSDP when dp_replicate > 1)."""
+
+    ep: DeviceMesh
+    efsdp: DeviceMesh
+
+
+def build_ep_meshes(world_mesh: DeviceMesh, ep: int) -> EPMeshes:
+    """Split the world mesh's ``dp_shard`` dimension into ``(dp_shard_mod_ep, ep)`` (ep innermost, so an
+    expert exchange stays among neighbouring ranks) and take the two views EP needs. Every rank must call
+    this (it creates process groups). Both views share the world mesh's root, as FSDP requires."""
+    names = world_mesh.mesh_dim_names
+    dp_shard = world_mesh["dp_shard"].size()
+    if dp_shard % ep:
+        raise ValueError(f"parallel.ep={ep} must divide parallel.dp_shard={dp_shard}")
+    split = world_mesh._unflatten("dp_shard", (dp_shard // ep, ep), ("dp_shard_mod_ep", "ep"))
+    replicate = "dp_replicate" in names and world_mesh["dp_replicate"].size() > 1
+    efsdp = split["dp_replicate", "dp_shard_mod_ep"] if replicate else split["dp_shard_mod_ep"]
+    return EPMeshes(ep=split["ep"], efsdp=efsdp)
+
+
+class _AllToAll(torch.autograd.Function):
+    """``dist.all_to_all_single`` along dim 0 with uneven splits; backward sends gradients back."""
+
+    @staticmethod
+    def forward(ctx, x_ND: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x_ND.new_empty((sum(out_splits),) + x_ND.shape[1:])
+        dist.all_to_all_single(out, x_ND.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits),) + grad.shape[1:])
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity whose backward multiplies the gradient by ``scale``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+class ExpertParallelExperts(GroupedExperts):
+    """This rank's ``E / R`` experts; ``forward(x_sorted, counts_E)`` has ``GroupedExperts``' contract over
+    all E experts (slots sorted by global expert in, results in the same order out)."""
+
+    def __init__(self, experts: GroupedExperts, ep_mesh: DeviceMesh):
+        nn.Module.__init__(self)
+        self.ep_mesh = ep_mesh
+        ranks, rank = ep_mesh.size(), ep_mesh.get_local_rank()
+        for name in ("gate_up_proj", "down_proj"):
+            full = getattr(experts, name)
+            local = full.detach().chunk(ranks, dim=0)[rank].clone()  # meta stays meta, real values are kept
+            dt = DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False, shape=full.shape,
+                                    stride=full.stride())
+            self.register_parameter(name, nn.Parameter(dt, requires_grad=full.requires_grad))
+
+    def forward(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        group, R = self.ep_mesh.get_group(), self.ep_mesh.size()
+        E = counts_E.numel()
+        L = E // R
+        # 1. recv_RL[r, l]: slots rank r sends to my l-th expert.
+        recv_RL = torch.empty_like(counts_E)
+        dist.all_to_all_single(recv_RL, counts_E.contiguous(), group=group)
+        recv_RL = recv_RL.view(R, L)
+        send_splits = counts_E.view(R, L).sum(1).tolist()  # slots are sorted by expert, hence by owner
+        recv_splits = recv_RL.sum(1).tolist()
+        # 2. The slots themselves, ordered (source rank, local expert) on arrival.
+        x_recv = _AllToAll.apply(x_ND, recv_splits, send_splits, group)
+        # 3. Regroup by local expert (stable: within an expert, source rank 0's slots first, as one
+        #    process holding every rank's batch in rank order would see them).
+        local_of_slot = torch.repeat_interleave(torch.arange(E, device=x_ND.device) % L, recv_RL.flatten())
+        order = local_of_slot.argsort(stable=True)
+        w1, w2 = self.gate_up_proj, self.down_proj
+        w1 = w1.to_local() if isinstance(w1, DTensor) else w1
+        w2 = w2.to_local() if isinstance(w2, DTensor) else w2
+        # Gradient scale. The single-process gradient is that of the mean loss over every data-parallel
+        # rank's tokens, (1/dp) Σ_r ∂L_r/∂w (equal token counts per rank). Each rank backpropagates its
+        # own L_r; the all-to-all backward brings every ep-rank's ∂L_r/∂y for my experts here, so the
+        # local weight gradient is already the SUM over the R ranks of my ep group. FSDP then AVERAGES
+        # it over the dp/R ranks of the expert-FSDP mesh (the other replicas of these experts), giving
+        # (R/dp) Σ_r ∂L_r/∂w: dividing by R here yields exactly (1/dp) Σ_r ∂L_r/∂w, as FSDP's average
+        # over all dp ranks does for every non-expert parameter. (Only the weights' gradient is scaled,
+        # not the one flowing back to the tokens.)
+        w1, w2 = _ScaleGrad.apply(w1, 1.0 / R), _ScaleGrad.apply(w2, 1.0 / R)
+        y_local = grouped_swiglu(x_recv[order], recv_RL.sum(0), w1, w2)
+        # 4. Back to arrival order, then back to the senders.
+        y_recv = y_local[order.argsort()]
+        return _AllToAll.apply(y_recv, send_splits, recv_splits, group)
+
+
+def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
+    """Split the routed experts of every MoE layer (MTP modules included) over ``ep_mesh``, in place.
+    Call on the meta-device model before FSDP, ``to_empty`` and ``init_weights``."""
+    if ep_mesh.ndim != 1:
+        raise ValueError(f"apply_expert_parallel needs a 1-D ep mesh, got {ep_mesh.ndim}-D")
+    if ep_mesh.size() == 1:
+        return
+    for moe in [m for m in model.modules() if isinstance(m, MoE)]:
+        if isinstance(moe.experts, ExpertParallelExperts):
+            raise ValueError("apply_expert_parallel: the model's experts are already expert-parallel")
+        if moe.n_experts % ep_mesh.size():
+            raise ValueError(f"ep={ep_mesh.size()} does not divide the {moe.n_experts} routed experts")
+        moe.experts = ExpertParallelExperts(moe.experts, ep_mesh)
+
+
+def shard_experts(model: nn.Module, efsdp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,
+                  reshard_after_forward: bool) -> None:
+    """FSDP for the expert-parallel experts over the expert-FSDP mesh (even of size 1: FSDP then owns
+    them, so the per-layer ``fully_shard`` over ``dp_shard`` that follows leaves them alone). Call after
+    ``apply_expert_parallel`` and before ``apply_fsdp``. FSDP's default average over ``efsdp`` is right:
+    the remaining 1/ep is applied in the forward (see ``ExpertParallelExperts``)."""
+    for module in model.modules():
+        if isinstance(module, ExpertParallelExperts):
+            fully_shard(module, mesh=efsdp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
