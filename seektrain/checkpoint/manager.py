@@ -1,49 +1,57 @@
 """Sharded checkpoints with torch.distributed.checkpoint (DCP), committed atomically.
 
-Layout under ``run.dir/checkpoints/``::
+Layout under ``run.dir/checkpoints/`` (docs/checkpoints.md has the full story)::
 
-    step-00000100/            a complete checkpoint (DCP shards + .metadata)
-        trainer_state.json    step, scheduler, loss scaler, data position, config
+    step-00000100/            a complete checkpoint
+        __R_0.distcp          DCP shards, one file per rank: model + optimizer state
+        .metadata             DCP index (which rank holds which slice of which tensor)
+        rng-rankRRRRR.cpu     per-rank RNG state, raw bytes (see rng.py)
+        trainer_state.json    step, LR scheduler, loss scaler, data position, bad-loss history, config
         checksums.json        sha256 of every file, written after all ranks finished
         COMPLETE              written last: a checkpoint without it is never loaded
     step-00000200.tmp/        being written (async or interrupted): invisible to resume
+    step-00000300.corrupt/    failed verification on resume; kept for inspection, never loaded
 
-Every rank writes its own shards into the ``.tmp`` folder; after a barrier rank 0 records checksums,
-writes the marker and renames the folder, so a crash at any moment leaves either the previous set of
-checkpoints or the new one, never a half one that looks whole.
+Why this shape: every rank writes its own shards into the ``.tmp`` folder; after all ranks agree that
+their part succeeded, rank 0 records checksums, writes the marker and renames the folder. A crash at
+any moment therefore leaves the previous set of checkpoints or the new one, never a half one that
+looks whole. Every decision that could differ between ranks (did the write succeed? which checkpoint
+is valid?) is taken once and shared through a small collective on a dedicated gloo group, so ranks
+never disagree and never deadlock on a path one of them considers broken. The dedicated group also
+lets async saves run their collectives in a background thread without interleaving with training's.
 """
 
 from __future__ import annotations
 
-import hashlib
+import datetime
 import json
 import logging
 import os
+import re
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
+)
+
+from seektrain.checkpoint import hooks, rng
+from seektrain.checkpoint.storage import Writer, describe_error, fsync_dir, sha256_file
+
+__all__ = ["CheckpointManager", "CheckpointError", "describe_error", "step_dir_name", "COMPLETE"]
 
 log = logging.getLogger("seektrain.checkpoint")
 COMPLETE = "COMPLETE"
 TRAINER_STATE = "trainer_state.json"
 CHECKSUMS = "checksums.json"
-
-
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
 def step_dir_name(step: int) -> str:
@@ -54,19 +62,44 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message names the path and the fix."""
 
 
+@dataclass
+class _Save:
+    step: int
+    tmp: Path
+    final: Path
+    state_json: str
+    rng: dict[str, bytes]
+    future: object = None  # async save in flight
+
+
 class CheckpointManager:
-    def __init__(self, run_dir: Path, keep: int, async_save: bool, rank: int):
+    def __init__(self, run_dir: Path, keep: int, async_save: bool, rank: int, timeout_s: float = 1800.0):
         self.root = Path(run_dir) / "checkpoints"
         self.keep, self.async_save, self.rank = keep, async_save, rank
-        self._pending = None  # (future, tmp dir, final dir, trainer state) of an async save
+        self._pending: _Save | None = None
+        self.last_step: int | None = None  # newest step saved or being saved by this manager
+        self.group = None
+        if dist.is_initialized():  # collective: every rank constructs the manager at the same point
+            self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+    @property
+    def distributed(self) -> bool:
+        return self.group is not None and dist.get_world_size(self.group) > 1
+
+    def _agree(self, ok: bool) -> bool:
+        """True when ``ok`` holds on every rank."""
+        if not self.distributed:
+            return ok
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
 
     # ------------------------------------------------------------------ discovery
     def complete_checkpoints(self) -> list[Path]:
         if not self.root.is_dir():
             return []
         found = [p for p in self.root.iterdir()
-                 if p.is_dir() and p.name.startswith("step-") and not p.name.endswith(".tmp")
-                 and (p / COMPLETE).is_file()]
+                 if p.is_dir() and _STEP_DIR.match(p.name) and (p / COMPLETE).is_file()]
         return sorted(found, key=lambda p: p.name)
 
     def verify(self, path: Path) -> str | None:
@@ -79,78 +112,132 @@ class CheckpointManager:
             f = path / name
             if not f.is_file():
                 return f"{f} is missing"
-            if _sha256(f) != digest:
+            if sha256_file(f) != digest:
                 return f"{f} does not match its checksum (truncated or corrupt)"
         return None
 
-    def latest_valid(self) -> Path | None:
-        """Newest complete checkpoint whose checksums hold; corrupt ones are skipped with a warning."""
+    def _choose(self) -> Path | None:
+        """Rank 0's pick: newest verified checkpoint; corrupt ones are moved aside with a warning."""
+        for stale in self.root.glob("step-*.tmp") if self.root.is_dir() else []:
+            shutil.rmtree(stale, ignore_errors=True)  # an interrupted save; nothing is writing now
         for path in reversed(self.complete_checkpoints()):
             problem = self.verify(path)
             if problem is None:
                 return path
-            log.warning("checkpoint %s is unusable: %s; falling back to the previous one", path.name, problem)
+            aside = path.with_name(path.name + ".corrupt")
+            shutil.rmtree(aside, ignore_errors=True)
+            try:
+                os.replace(path, aside)
+            except OSError:
+                aside = path
+            log.warning("checkpoint %s is unusable: %s; falling back to the previous one (kept as %s)",
+                        path.name, problem, aside.name)
         return None
 
+    def latest_valid(self) -> Path | None:
+        """Newest complete checkpoint whose checksums hold. Rank 0 alone reads and hashes the files
+        and broadcasts its choice, so every rank resumes from the same step."""
+        chosen = self._choose() if self.rank == 0 else None
+        if not self.distributed:
+            return chosen
+        step = torch.tensor([-1 if chosen is None else int(chosen.name[5:])], dtype=torch.int64)
+        dist.broadcast(step, src=0, group=self.group)
+        return None if step.item() < 0 else self.root / step_dir_name(int(step.item()))
+
     # ------------------------------------------------------------------ save
-    def save(self, step: int, model: nn.Module, optimizer, trainer_state: dict) -> None:
+    def save(self, step: int, model: nn.Module, optimizer, trainer_state: dict, blocking: bool = False) -> None:
+        """Write a checkpoint of ``step`` (collective). With ``checkpoint.async_save`` it returns once the
+        state is copied to host memory; ``wait`` (or the per-step check in ``train.faults``) commits it
+        later. ``blocking`` forces a sync save; ``optimizer=None`` writes the model weights only."""
+        if self.last_step == step:  # e.g. an interval save and a preemption save of the same step
+            self.wait()
+            return
         self.wait()  # at most one save in flight
         final = self.root / step_dir_name(step)
-        tmp = final.with_name(final.name + ".tmp")
+        job = _Save(step, final.with_name(final.name + ".tmp"), final, json.dumps(trainer_state, indent=1),
+                    rng.capture() if optimizer is not None else {})
+        problem = ""
         if self.rank == 0:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
-                if tmp.exists():
-                    shutil.rmtree(tmp)
-                tmp.mkdir()
+                shutil.rmtree(job.tmp, ignore_errors=True)
+                job.tmp.mkdir()
             except OSError as err:
-                raise CheckpointError(f"cannot create checkpoint folder {tmp}: {err.strerror}; "
-                                      "check run.dir is writable and has free space") from None
-        _barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+                problem = describe_error(err)
+        if not self._agree(not problem):
+            raise CheckpointError(f"cannot create checkpoint folder {job.tmp}: {problem or 'failed on rank 0'}; "
+                                  "check that run.dir is writable and has free space")
+        self.last_step = step
+        if optimizer is None:  # weights only (seektrain convert --to-checkpoint)
+            state = {"model": get_model_state_dict(model)}
+        else:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+        writer = Writer(job.tmp, hooks.fires("CKPT_ENOSPC", step, self.rank))
         try:
-            if self.async_save:
-                future = dcp.async_save(state, checkpoint_id=str(tmp))
-                self._pending = (future, tmp, final, trainer_state)
+            if self.async_save and not blocking:
+                job.future = dcp.async_save(state, checkpoint_id=str(job.tmp), storage_writer=writer,
+                                            process_group=self.group)
+                self._pending = job
                 return
-            dcp.save(state, checkpoint_id=str(tmp))
-        except Exception as err:  # noqa: BLE001 - disk full, permissions: report, keep old checkpoints
-            raise CheckpointError(f"writing checkpoint {tmp} failed: {err}; earlier checkpoints are "
-                                  "untouched. Free disk space or fix run.dir permissions") from None
-        self._commit(tmp, final, trainer_state)
+            dcp.save(state, checkpoint_id=str(job.tmp), storage_writer=writer, process_group=self.group)
+        except (Exception, CheckpointException) as err:  # noqa: BLE001 - disk full, permissions
+            self._fail(job, err)
+        self._commit(job)
+
+    def in_flight(self) -> bool:
+        """An async save is still writing on this rank."""
+        return self._pending is not None and not self._pending.future.done()
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
 
     def wait(self) -> None:
-        """Finish an async save in flight (and commit it)."""
-        if self._pending is None:
+        """Finish the async save in flight, if any, and commit it (collective)."""
+        job, self._pending = self._pending, None
+        if job is None:
             return
-        future, tmp, final, trainer_state = self._pending
-        self._pending = None
         try:
-            future.result()
-        except Exception as err:  # noqa: BLE001
-            raise CheckpointError(f"async checkpoint {tmp} failed: {err}; earlier checkpoints are untouched. "
-                                  "Free disk space or fix run.dir permissions") from None
-        self._commit(tmp, final, trainer_state)
+            job.future.result()
+        except (Exception, CheckpointException) as err:  # noqa: BLE001
+            self._fail(job, err)
+        self._commit(job)
 
-    def _commit(self, tmp: Path, final: Path, trainer_state: dict) -> None:
-        _barrier()
+    def _fail(self, job: _Save, err: BaseException) -> None:
+        self.last_step = None
+        if self.rank == 0:
+            shutil.rmtree(job.tmp, ignore_errors=True)
+        raise CheckpointError(f"writing checkpoint {job.tmp} failed ({describe_error(err)}); earlier checkpoints "
+                              f"in {self.root} are untouched. Free disk space or fix run.dir permissions") from None
+
+    def _commit(self, job: _Save) -> None:
+        t0 = time.perf_counter()
+        problem = ""
+        try:
+            rng.write(job.tmp, self.rank, job.rng)
+        except OSError as err:
+            problem = describe_error(err)
+        if not self._agree(not problem):
+            self._fail(job, OSError(problem or "another rank could not write its RNG state"))
         if self.rank == 0:
             try:
-                (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=1))
-                sums = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-                (tmp / CHECKSUMS).write_text(json.dumps(sums, indent=1))
-                (tmp / COMPLETE).write_text("ok\n")
-                _fsync_dir(tmp)
-                if final.exists():
-                    shutil.rmtree(final)
-                os.replace(tmp, final)
-                _fsync_dir(self.root)
+                (job.tmp / TRAINER_STATE).write_text(job.state_json)
+                sums = {p.name: sha256_file(p) for p in sorted(job.tmp.iterdir()) if p.is_file()}
+                (job.tmp / CHECKSUMS).write_text(json.dumps(sums, indent=1))
+                (job.tmp / COMPLETE).write_text("ok\n")
+                fsync_dir(job.tmp)
+                if job.final.exists():
+                    shutil.rmtree(job.final)
+                os.replace(job.tmp, job.final)
+                fsync_dir(self.root)
             except OSError as err:
-                raise CheckpointError(f"committing checkpoint {final} failed: {err.strerror}; earlier "
-                                      "checkpoints are untouched. Free disk space") from None
+                problem = describe_error(err)
+        if not self._agree(not problem):
+            self._fail(job, OSError(problem or "rank 0 could not commit"))
+        if self.rank == 0:
             self._prune()
-        _barrier()
+            log.info("checkpoint %s committed (%.2f s to commit)", job.final, time.perf_counter() - t0)
 
     def _prune(self) -> None:
         for old in self.complete_checkpoints()[:-self.keep]:
@@ -158,24 +245,24 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ load
     def load(self, path: Path, model: nn.Module, optimizer) -> dict:
-        """Load model + optimizer shards into this rank's layout (DCP reshards as needed)."""
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        """Load model (+ optimizer) shards into this rank's layout (DCP reshards as needed), this rank's
+        RNG state, and return the trainer state. A weights-only checkpoint (``seektrain convert
+        --to-checkpoint``) leaves the optimizer fresh."""
+        trainer_state = json.loads((path / TRAINER_STATE).read_text())
+        weights_only = bool(trainer_state.get("weights_only"))
         try:
-            dcp.load(state, checkpoint_id=str(path))
-        except Exception as err:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint {path} cannot be loaded into this model: {err}; "
-                                  "was it written by a different model.preset?") from None
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        return json.loads((path / TRAINER_STATE).read_text())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            if weights_only:
+                state = {"model": get_model_state_dict(model)}
+                dcp.load(state, checkpoint_id=str(path), process_group=self.group)
+                set_model_state_dict(model, state["model"])
+            else:
+                model_sd, optim_sd = get_state_dict(model, optimizer)
+                state = {"model": model_sd, "optim": optim_sd}
+                dcp.load(state, checkpoint_id=str(path), process_group=self.group)
+                set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        except (Exception, CheckpointException) as err:  # noqa: BLE001
+            raise CheckpointError(f"checkpoint {path} cannot be loaded into this model ({describe_error(err)}); "
+                                  "was it written for a different model?") from None
+        if not weights_only:
+            rng.restore(path, self.rank)
+        return trainer_state

@@ -7,6 +7,8 @@ itself does not change. Today:
 
     seektrain convert --from-hf HF_DIR --to-hf OUT_DIR [--dtype bf16]      # e.g. dequantise FP8 V3
     seektrain convert --preset tiny-v3 --to-hf OUT_DIR --seed 0             # random init of a preset
+    seektrain convert --from-checkpoint RUN_DIR[/checkpoints/step-N] --to-hf OUT_DIR   # export a run
+    seektrain convert --from-hf HF_DIR --to-checkpoint RUN_DIR              # start a run from released weights
 
 User errors (a missing file, a wrong shape...) print one line on stderr and exit with status 2,
 without a traceback.
@@ -30,6 +32,8 @@ def _load_hf(args: argparse.Namespace):
     from seektrain.models.hf_config import read_config_json
     from seektrain.models.hf_io import from_pretrained
 
+    if args.dtype is None and getattr(args, "to_checkpoint", None):
+        args.dtype = torch.float32  # training checkpoints hold fp32 master weights
     if args.dtype is None:  # keep the source's dtype (FP8 releases declare bfloat16 here)
         declared = read_config_json(args.from_hf)
         declared = declared.get("torch_dtype") or declared.get("dtype") or "float32"
@@ -52,9 +56,26 @@ def _save_hf(model, args: argparse.Namespace) -> str:
     return f"wrote {args.to_hf} ({len(files)} weight file{'s' * (len(files) > 1)})"
 
 
+def _load_checkpoint(args: argparse.Namespace):
+    from seektrain.checkpoint.export import load_run_checkpoint
+
+    model, _ckpt = load_run_checkpoint(args.from_checkpoint)
+    return model
+
+
+def _save_checkpoint(model, args: argparse.Namespace) -> str:
+    from seektrain.checkpoint.export import write_initial_checkpoint
+
+    path = write_initial_checkpoint(model, args.to_checkpoint, source=str(args.from_hf or args.preset or ""))
+    return (f"wrote {path} (weights only, step 0); train with --set run.dir={args.to_checkpoint} to start "
+            "from it")
+
+
 # dest of the argparse option -> function. The first source/sink whose option is set is used.
-SOURCES: dict[str, Callable[[argparse.Namespace], torch.nn.Module]] = {"from_hf": _load_hf, "preset": _random_preset}
-SINKS: dict[str, Callable[[torch.nn.Module, argparse.Namespace], str]] = {"to_hf": _save_hf}
+SOURCES: dict[str, Callable[[argparse.Namespace], torch.nn.Module]] = {
+    "from_hf": _load_hf, "preset": _random_preset, "from_checkpoint": _load_checkpoint}
+SINKS: dict[str, Callable[[torch.nn.Module, argparse.Namespace], str]] = {"to_hf": _save_hf,
+                                                                          "to_checkpoint": _save_checkpoint}
 
 
 def parse_size(text: str) -> int:
@@ -77,8 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("source (exactly one)")
     src.add_argument("--from-hf", metavar="HF_DIR", help="a Hugging Face folder (config.json + safetensors)")
     src.add_argument("--preset", metavar="NAME", help="randomly initialise a model preset (see docs/models.md)")
+    src.add_argument("--from-checkpoint", metavar="RUN_DIR[/checkpoints/step-N]",
+                     help="a training checkpoint: a run dir (its newest valid checkpoint) or one step folder")
     dst = parser.add_argument_group("destination (exactly one)")
     dst.add_argument("--to-hf", metavar="OUT_DIR", help="write a Hugging Face folder (release layout)")
+    dst.add_argument("--to-checkpoint", metavar="RUN_DIR",
+                     help="write a weights-only step-0 training checkpoint into a new run dir (fp32)")
     opts = parser.add_argument_group("conversion options")
     opts.add_argument("--dtype", type=parse_dtype, default=None,
                       help="weight dtype of the output: bf16, fp16 or fp32 (default: the torch_dtype of "

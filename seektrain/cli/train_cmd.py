@@ -32,9 +32,17 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def check_layout(cfg, world_size: int) -> None:
+    """Everything about the layout that can be known before a worker starts."""
+    from seektrain.parallel.checks import check_model_layout, resolve_model_config
+    from seektrain.parallel.layout import resolve_layout
+
+    layout, accum = resolve_layout(cfg, world_size)
+    check_model_layout(cfg, resolve_model_config(cfg), layout, accum)
+
+
 def run(args: argparse.Namespace) -> int:
     from seektrain.config.loader import load_config
-    from seektrain.parallel.layout import resolve_layout
 
     cfg = load_config(args.config, args.overrides)  # fail fast, before any process starts
     opts = LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
@@ -45,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
     if not under_launcher and (opts.nproc_per_node > 1 or opts.multi_node or opts.max_restarts > 0):
         world = opts.fixed_world_size()
         if world is not None:
-            resolve_layout(cfg, world)
+            check_layout(cfg, world)
         return launch(opts, worker_argv(args))
     if not under_launcher:
-        resolve_layout(cfg, 1)
+        check_layout(cfg, 1)
     from seektrain.train.trainer import train
 
     train(cfg)

@@ -141,6 +141,12 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(p.data_parallel in ("fsdp", "ddp"), f"parallel.data_parallel={p.data_parallel!r}: use fsdp or ddp")
     _check(cfg.checkpoint.interval >= 0, "checkpoint.interval must be >= 0 (0 = save only at the end)")
     _check(cfg.checkpoint.keep >= 1, "checkpoint.keep must be >= 1")
+    # -- checkpoint / failure-handling keys (docs/checkpoints.md)
+    _check(cfg.checkpoint.preempt_grace_s > 0, "checkpoint.preempt_grace_s must be > 0 seconds")
+    _check(t.on_bad_loss in ("skip", "stop"), f"train.on_bad_loss={t.on_bad_loss!r}: use skip or stop")
+    _check(t.spike_factor == 0 or t.spike_factor > 1,
+           f"train.spike_factor={t.spike_factor}: use 0 (off) or a factor > 1, e.g. 3")
+    _check(t.collective_timeout_s > 0, "train.collective_timeout_s must be > 0 seconds")
     _check(0 <= cfg.metrics.prometheus_port < 65536, "metrics.prometheus_port must be within 0..65535")
     _check(bool(cfg.run.dir), "run.dir must not be empty")
     return cfg

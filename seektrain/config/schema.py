@@ -65,6 +65,8 @@ class ParallelSection:
     reshard_after_forward: bool = True  # False keeps params gathered after forward (ZeRO-2-like)
     pp_schedule: str = "1f1b"
     pp_microbatches: int = 0  # 0: one per micro batch of the accumulation
+    pp_stages_per_rank: int = 2  # stages each rank runs under interleaved-1f1b (zbv always uses 2)
+    pp_split: list[int] = field(default_factory=list)  # decoder layers per stage; empty = balanced automatically
 
 
 @dataclass

@@ -163,7 +163,7 @@ class MoE(nn.Module):
                                if cfg.n_shared_experts else None)
         self.aux_loss_alpha = 0.0
         self.aux_loss_scale = 1.0
-        self.tokens_per_expert: torch.Tensor | None = None  # summed until the trainer resets it
+        self.expert_counts: list[torch.Tensor] = []  # tokens per expert, one entry per forward call
         self.last_aux_loss: torch.Tensor | None = None
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
@@ -174,7 +174,7 @@ class MoE(nn.Module):
         out = self.routed_experts(x_ND, weights_NK, idx_NK, counts_E).view(B, T, D)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x_BTD)
-        if not _in_backward():
+        if self.training and not _in_backward():  # recomputation in backward must not count twice
             self._record(counts_E)
         if self.training and self.aux_loss_alpha > 0:
             aux = self._sequence_aux_loss(scores_NE.view(B, T, -1), idx_NK.view(B, T, -1))
@@ -193,8 +193,14 @@ class MoE(nn.Module):
         return torch.zeros_like(x_ND).index_add_(0, token, y.to(x_ND.dtype))
 
     def _record(self, counts_E: torch.Tensor) -> None:
-        counts = counts_E.detach().float()
-        self.tokens_per_expert = counts if self.tokens_per_expert is None else self.tokens_per_expert + counts
+        self.expert_counts.append(counts_E.detach().float())
+
+    @property
+    def tokens_per_expert(self) -> torch.Tensor:
+        """Tokens routed to each expert since the trainer last cleared ``expert_counts``."""
+        if not self.expert_counts:
+            return torch.zeros(self.n_experts, device=self.gate.weight.device)
+        return torch.stack(self.expert_counts).sum(0)
 
     def _sequence_aux_loss(self, scores_BTE: torch.Tensor, idx_BTK: torch.Tensor) -> torch.Tensor:
         """alpha * sum_i f_i * P_i per sequence (DeepSeek-V3 eq. 17-20), averaged over sequences."""

@@ -51,12 +51,17 @@ def _mlp_params(cfg: ModelConfig, layer_idx: int) -> int:
     return d * cfg.n_routed_experts + routed + shared
 
 
+def layer_matmul_params(cfg: ModelConfig, layer_idx: int) -> int:
+    """Matmul weights one token uses in decoder layer ``layer_idx`` (pipeline balancing uses this)."""
+    return _attention_params(cfg) + _mlp_params(cfg, layer_idx)
+
+
 def active_matmul_params(cfg: ModelConfig, include_mtp: bool = True) -> int:
     """Weights one token multiplies with (biases and norms are not matmuls; the embedding is a lookup)."""
     n_mtp = cfg.num_nextn_predict_layers if include_mtp else 0
     total = 0
     for idx in range(cfg.num_hidden_layers + n_mtp):
-        total += _attention_params(cfg) + _mlp_params(cfg, idx)
+        total += layer_matmul_params(cfg, idx)
     head = cfg.hidden_size * cfg.vocab_size
     mtp_extra = n_mtp * (2 * cfg.hidden_size * cfg.hidden_size + head)  # eh_proj + shared head, per depth
     return total + head + mtp_extra

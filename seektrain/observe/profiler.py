@@ -102,7 +102,7 @@ def flops_breakdown(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor
                     ) -> list[FlopsRow]:
     """Forward + backward FLOPs per module for one batch; gradients are returned, not accumulated,
     and MoE token counters are restored, so the model is left as it was."""
-    saved = {m: m.tokens_per_expert for m in model.modules() if hasattr(m, "tokens_per_expert")}
+    saved = {m: list(m.expert_counts) for m in model.modules() if hasattr(m, "expert_counts")}
     params = [p for p in model.parameters() if p.requires_grad]
     counter = ModuleFlopCounter(model)
     try:
@@ -118,7 +118,7 @@ def flops_breakdown(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor
             torch.autograd.grad(loss, params, allow_unused=True)
     finally:
         for module, value in saved.items():
-            module.tokens_per_expert = value
+            module.expert_counts[:] = value
     total = counter.total or 1
     rows = []
     for name, module in model.named_modules():

@@ -51,6 +51,9 @@ class ParallelLayout:
                 f"parallel.pp × dp_replicate × dp_shard × tp = {self.pp}×{self.dp_replicate}×{self.dp_shard}"
                 f"×{self.tp} = {product} but the world size is {self.world_size}; set parallel.dp_shard=-1 or "
                 "fix the degrees")
+        if self.ep > 1 and self.dp_shard % self.ep:
+            raise ConfigError(f"parallel.ep={self.ep} must divide parallel.dp_shard={self.dp_shard}: experts are spread "
+                              "over data-parallel shard ranks")
         if self.data_parallel == "ddp" and self.dp_shard > 1:
             raise ConfigError("parallel.data_parallel=ddp replicates the model: set parallel.dp_shard=1 and "
                               "parallel.dp_replicate to the data-parallel size, or use data_parallel=fsdp")

@@ -24,10 +24,9 @@ def collect_expert_load(model: nn.Module, group: dist.ProcessGroup | None) -> li
     layers = moe_layers(model)
     if not layers:
         return []
-    counts = torch.stack([m.tokens_per_expert if m.tokens_per_expert is not None
-                          else torch.zeros(m.n_experts) for m in layers])
+    counts = torch.stack([m.tokens_per_expert for m in layers])  # on the device: NCCL reduces it
     for m in layers:
-        m.tokens_per_expert = None
+        m.expert_counts.clear()
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(counts, group=group)
     return list(counts)

@@ -12,17 +12,23 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float,
                    extra_group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Clip to ``max_norm`` (0: only measure) and return the global L2 norm.
 
-    DTensor gradients (FSDP, TP) give a norm that already covers their mesh; ``extra_group`` adds ranks
-    that hold *different* parameters (pipeline stages), whose squared norms are summed.
+    DTensor gradients (FSDP, TP, EP) give a norm that already covers their mesh; gradients on
+    different meshes (expert weights under EP live on their own) are reduced separately and their
+    squares summed. ``extra_group`` adds ranks that hold *different* parameters (pipeline stages).
     """
     grads = [p.grad for p in params if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    by_mesh: dict = {}
+    for g in grads:
+        by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    squares = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type=2.0, foreach=True)
+        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float().pow(2))
+    squared = torch.stack(squares).sum() if squares else torch.zeros(())
     if extra_group is not None and dist.get_world_size(extra_group) > 1:
-        squared = norm.pow(2)
         dist.all_reduce(squared, group=extra_group)
-        norm = squared.sqrt()
+    norm = squared.sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm, foreach=True)
+        for group in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return norm

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from seektrain.train import faults
 from seektrain.train.balance import collect_expert_load, expert_imbalance, update_balance_bias
 from seektrain.train.grad import clip_grad_norm
 from seektrain.train.loss import model_loss
+from seektrain.train.pipeline_step import pipeline_forward_backward
 from seektrain.train.precision import DynamicLossScaler
 
 
@@ -32,6 +35,14 @@ class StepContext:
     mtp_weight: float
     bias_update_speed: float
     use_mtp: bool
+    # [faults] bad-loss policy (seektrain.train.faults.LossGuard; None = always update) and the step number
+    loss_guard: faults.LossGuard | None = None
+    step: int = 0
+    # model parallelism: vocabulary-parallel loss (TP), the pipeline (PP) and its process group
+    loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    pipeline: object | None = None  # seektrain.parallel.parallelize.ParallelModel with a schedule
+    pipeline_loss: object | None = None
+    pp_group: dist.ProcessGroup | None = None
 
 
 def _no_sync(model: nn.Module, last: bool):
@@ -41,8 +52,9 @@ def _no_sync(model: nn.Module, last: bool):
     return contextlib.nullcontext()
 
 
-def train_step(ctx: StepContext) -> dict[str, float]:
-    t_start = time.perf_counter()
+def accumulate(ctx: StepContext) -> tuple[torch.Tensor, float, float]:
+    """Forward + backward of the step's micro-batches one after the other (gradient accumulation):
+    (sum of [loss, lm loss, mtp loss] over micro-batches, data wait s, forward+backward s)."""
     data_wait = fwd_bwd = 0.0
     loss_sum = torch.zeros(3, device=ctx.device)  # total, lm, mtp (summed over micro-batches)
     for micro in range(ctx.accum_steps):
@@ -53,22 +65,43 @@ def train_step(ctx: StepContext) -> dict[str, float]:
         with _no_sync(ctx.model, micro == ctx.accum_steps - 1):
             with ctx.autocast:
                 out = ctx.model(tokens, mtp_labels=labels if ctx.use_mtp else None)
-            loss, parts = model_loss(out, labels, ctx.mtp_weight)
-            ctx.scaler.scale_loss(loss / ctx.accum_steps).backward()
+            with ctx.loss_context():
+                loss, parts = model_loss(out, labels, ctx.mtp_weight)
+                loss = faults.inject_nan(loss, ctx.step)  # [faults] test hook, inert unless SEEKTRAIN_TEST_NAN is set
+                ctx.scaler.scale_loss(loss / ctx.accum_steps).backward()
         loss_sum += torch.stack([loss.detach().float(), parts["lm_loss"].float(),
                                  parts.get("mtp_loss", torch.zeros((), device=ctx.device)).float()])
         data_wait += t1 - t0
         fwd_bwd += time.perf_counter() - t1
+    return loss_sum, data_wait, fwd_bwd
+
+
+def train_step(ctx: StepContext) -> dict[str, float]:
+    t_start = time.perf_counter()
+    if ctx.pipeline is not None:
+        loss_sum, data_wait, fwd_bwd = pipeline_forward_backward(ctx)
+    else:
+        loss_sum, data_wait, fwd_bwd = accumulate(ctx)
+
+    # [faults] the data-parallel mean loss is known before the update, so every rank takes the same
+    # skip/stop decision on a NaN/Inf or spiking loss (train.on_bad_loss, seektrain.train.faults).
+    if ctx.dp_group is not None and dist.get_world_size(ctx.dp_group) > 1:
+        dist.all_reduce(loss_sum, group=ctx.dp_group)
+        loss_sum /= dist.get_world_size(ctx.dp_group)
+    loss_sum /= ctx.accum_steps
+    usable = ctx.loss_guard is None or ctx.loss_guard.check(float(loss_sum[0]), ctx.step)
 
     t_opt = time.perf_counter()
     params = [p for p in ctx.model.parameters() if p.grad is not None]
-    finite = ctx.scaler.unscale_and_check(params)
-    grad_norm = clip_grad_norm(params, ctx.grad_clip) if finite else torch.tensor(float("nan"))
-    if finite and torch.isfinite(grad_norm):
-        ctx.optimizer.step()
-    else:
-        finite = False
-    ctx.scaler.update(finite)
+    finite, grad_norm = False, torch.tensor(float("nan"))
+    if usable:  # [faults] a bad loss drops the gradients below without stepping or touching the scaler
+        finite = ctx.scaler.unscale_and_check(params)
+        grad_norm = clip_grad_norm(params, ctx.grad_clip, ctx.pp_group) if finite else torch.tensor(float("nan"))
+        if finite and torch.isfinite(grad_norm):
+            ctx.optimizer.step()
+        else:
+            finite = False
+        ctx.scaler.update(finite)
     ctx.optimizer.zero_grad(set_to_none=True)
     lr = ctx.scheduler.get_last_lr()[0]
     ctx.scheduler.step()
@@ -77,10 +110,6 @@ def train_step(ctx: StepContext) -> dict[str, float]:
     if finite:
         update_balance_bias(ctx.model, loads, ctx.bias_update_speed)
 
-    if ctx.dp_group is not None and dist.get_world_size(ctx.dp_group) > 1:
-        dist.all_reduce(loss_sum, group=ctx.dp_group)
-        loss_sum /= dist.get_world_size(ctx.dp_group)
-    loss_sum /= ctx.accum_steps
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     t_end = time.perf_counter()

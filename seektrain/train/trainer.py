@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from seektrain.checkpoint.manager import CheckpointManager, step_dir_name
-from seektrain.checkpoint.resume import restore_trainer_state, run_model_config
+from seektrain.checkpoint.resume import reproducible_cpu_math, restore_trainer_state, run_model_config
 from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
@@ -25,11 +25,14 @@ from seektrain.observe.memory import memory_stats
 from seektrain.observe.sink import MetricsSink
 from seektrain.observe.summary import format_summary, write_summary
 from seektrain.parallel.distributed import init_distributed
+from seektrain.parallel.checks import check_model_layout, pipeline_microbatches
 from seektrain.parallel.layout import resolve_layout
 from seektrain.parallel.parallelize import parallelize_model, unwrap, uses_fsdp
+from seektrain.parallel.tensor_parallel import tp_loss_context
 from seektrain.train.balance import configure_aux_loss
 from seektrain.train.faults import FaultGuard
 from seektrain.train.optim import build_optimizer, build_scheduler
+from seektrain.train.pipeline_step import PipelineLoss
 from seektrain.train.precision import DTYPES, DynamicLossScaler, autocast_context
 from seektrain.train.progress import Progress, setup_logging
 from seektrain.train.setup_data import open_training_data
@@ -51,6 +54,7 @@ def train(cfg: JobConfig) -> dict:
     torch.manual_seed(cfg.train.seed)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
+        reproducible_cpu_math()  # [checkpoint] bit-exact runs and resumes on CPU (MKL_CBWR)
     mesh = layout.build_mesh(env.device.type)
     dp_group = mesh["dp"].get_group()
     dp_rank, dp_size = mesh["dp"].get_local_rank(), layout.dp
@@ -66,14 +70,20 @@ def train(cfg: JobConfig) -> dict:
         model_cfg, hf_state = run_model_config(run_dir, model_cfg), None
     if env.is_main:
         (run_dir / MODEL_CONFIG).write_text(json.dumps(model_cfg.to_dict(), indent=1))
+    check_model_layout(cfg, model_cfg, layout, accum)
     data = open_training_data(cfg, model_cfg, dp_rank, dp_size, env.is_main)
-    model = parallelize_model(model_cfg, cfg, layout, mesh, env.device, state_dict=hf_state)
-    del hf_state
-    configure_aux_loss(model, t.aux_loss_alpha, 1.0 / accum)
-    optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.optim, t.steps)
     scaler = DynamicLossScaler(cfg.precision.dtype == "fp16", cfg.precision.loss_scale_init,
                                cfg.precision.loss_scale_growth_interval)
+    pipeline_loss = PipelineLoss(scaler, t.mtp_loss_weight) if layout.pp > 1 else None
+    parallel = parallelize_model(model_cfg, cfg, layout, mesh, env.device, state_dict=hf_state,
+                                 loss_fn=pipeline_loss,
+                                 n_microbatches=pipeline_microbatches(cfg, layout, accum) if layout.pp > 1 else 1)
+    model = parallel.model
+    del hf_state
+    # The pipeline schedule divides all gradients by its micro-batch count itself.
+    configure_aux_loss(model, t.aux_loss_alpha, 1.0 if layout.pp > 1 else 1.0 / accum)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, t.steps)
 
     guard = FaultGuard(t, cfg.checkpoint, ckpt, env.rank, env.device)  # [faults] SIGTERM, bad loss, hangs
     start_step = 0
@@ -104,7 +114,9 @@ def train(cfg: JobConfig) -> dict:
         accum_steps=accum, autocast=autocast_context(env.device, cfg.precision.dtype, uses_fsdp(layout)),
         device=env.device, dp_group=dp_group, grad_clip=t.grad_clip, mtp_weight=t.mtp_loss_weight,
         bias_update_speed=t.bias_update_speed if model_cfg.topk_method == "noaux_tc" else 0.0,
-        use_mtp=model_cfg.num_nextn_predict_layers > 0 and t.mtp_loss_weight > 0, loss_guard=guard.loss)
+        use_mtp=model_cfg.num_nextn_predict_layers > 0 and t.mtp_loss_weight > 0, loss_guard=guard.loss,
+        loss_context=lambda: tp_loss_context(layout.tp > 1), pipeline=parallel if layout.pp > 1 else None,
+        pipeline_loss=pipeline_loss, pp_group=mesh["pp"].get_group() if layout.pp > 1 else None)
 
     def trainer_state(step: int) -> dict:
         return {"step": step, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),

@@ -1,0 +1,59 @@
+"""File-level pieces of a checkpoint: checksums, directory fsync, the DCP writer with its test hook,
+and one-line descriptions of failures.
+
+Why separate from the manager: these have no distributed logic at all, and keeping them apart keeps
+the commit protocol in manager.py readable on one screen.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for any save/load failure, including DCP's multi-rank CheckpointException."""
+    if isinstance(err, CheckpointException):
+        seen: dict[str, list[int]] = {}
+        for rank, (exc, _trace) in sorted(err.failures.items()):
+            seen.setdefault(describe_error(exc), []).append(rank)
+        return "; ".join(f"rank {','.join(map(str, ranks))}: {msg}" for msg, ranks in seen.items())
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+class Writer(FileSystemWriter):
+    """DCP's file writer, plus the test hook that simulates a full disk."""
+
+    def __init__(self, path: Path, fail_enospc: bool):
+        super().__init__(str(path))
+        self._fail = fail_enospc
+
+    def write_data(self, plan, planner):
+        if self._fail:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+        return super().write_data(plan, planner)
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,193 @@
+"""Checkpoint manager and fault handling in one process (fast): a full disk or an unwritable run dir,
+async saves while training keeps changing the weights, RNG states, the MoE balancing bias under DDP
+and FSDP, the bad-loss policy, and readable collective errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+from run_cli import train
+from torch.distributed.checkpoint.api import CheckpointException
+
+from seektrain.checkpoint import rng
+from seektrain.checkpoint.manager import CheckpointError, CheckpointManager, describe_error
+from seektrain.config.loader import ConfigError, load_config
+from seektrain.models import build_model, get_preset
+from seektrain.train.faults import BadLossError, CollectiveError, FaultGuard, LossGuard
+
+
+def tiny():
+    model = build_model(get_preset("tiny-v3"), seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    return model, optimizer
+
+
+def state_of(path):
+    model, optimizer = tiny()
+    CheckpointManager(path.parent.parent, keep=5, async_save=False, rank=0).load(path, model, optimizer)
+    return model.state_dict(), optimizer.state_dict()
+
+
+def test_disk_full_gives_one_line_and_keeps_earlier_checkpoints(tmp_path, monkeypatch):
+    model, optimizer = tiny()
+    manager = CheckpointManager(tmp_path, keep=5, async_save=False, rank=0)
+    manager.save(1, model, optimizer, {"step": 1})
+    monkeypatch.setenv("SEEKTRAIN_TEST_CKPT_ENOSPC", "2")
+    with pytest.raises(CheckpointError) as err:
+        manager.save(2, model, optimizer, {"step": 2})
+    message = str(err.value)
+    assert "\n" not in message and "No space left on device" in message and "untouched" in message
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000001"]  # no .tmp left
+    assert manager.latest_valid() == tmp_path / "checkpoints" / "step-00000001"
+
+
+def test_unwritable_run_dir_gives_one_line_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    model, optimizer = tiny()
+    with pytest.raises(CheckpointError) as err:
+        CheckpointManager(blocker / "run", keep=2, async_save=False, rank=0).save(1, model, optimizer, {"step": 1})
+    assert "\n" not in str(err.value) and "run.dir is writable" in str(err.value)
+
+
+def test_async_save_is_a_snapshot_while_training_continues(tmp_path):
+    model, optimizer = tiny()
+    CheckpointManager(tmp_path / "sync", keep=2, async_save=False, rank=0).save(3, model, optimizer, {"step": 3})
+    manager = CheckpointManager(tmp_path / "async", keep=2, async_save=True, rank=0)
+    manager.save(3, model, optimizer, {"step": 3})
+    with torch.no_grad():  # "training" goes on while the background thread writes
+        for p in model.parameters():
+            p.add_(1.0)
+    manager.wait()
+    sync_sd, sync_opt = state_of(tmp_path / "sync" / "checkpoints" / "step-00000003")
+    async_sd, async_opt = state_of(tmp_path / "async" / "checkpoints" / "step-00000003")
+    assert all(torch.equal(sync_sd[k], async_sd[k]) for k in sync_sd)
+    assert all(torch.equal(a["exp_avg"], b["exp_avg"]) for a, b in
+               zip(sync_opt["state"].values(), async_opt["state"].values()))
+
+
+def test_rng_state_round_trips_as_raw_bytes(tmp_path):
+    torch.manual_seed(7)
+    rng.write(tmp_path, 3, rng.capture())
+    expected = torch.rand(4)
+    torch.manual_seed(99)
+    assert rng.restore(tmp_path, 3) and torch.equal(torch.rand(4), expected)
+    assert not rng.restore(tmp_path, 4)  # a rank the saving run did not have keeps its state
+
+
+_BIAS_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    from pathlib import Path
+    from seektrain.parallel.distributed import init_distributed
+    from seektrain.checkpoint.manager import CheckpointManager
+    from seektrain.models import build_model, get_preset
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    init_distributed(60)
+    mesh = init_device_mesh("cpu", (1,))
+    def wrapped(kind):
+        model = build_model(get_preset("tiny-v3"), seed=0)
+        if kind == "fsdp":
+            for block in model.layers.values():
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            return model
+        return DistributedDataParallel(model, process_group=mesh.get_group())
+    def biases(model):
+        out = {}
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                out[name.removeprefix("module.")] = (b.full_tensor() if isinstance(b, DTensor) else b)
+        return out
+    for kind in ("ddp", "fsdp"):
+        model = wrapped(kind)
+        opt = torch.optim.AdamW(model.parameters())
+        with torch.no_grad():
+            for b in biases(model).values():
+                b.copy_(torch.randn(b.shape))
+        saved = {k: v.clone() for k, v in biases(model).items()}
+        manager = CheckpointManager(Path(sys.argv[1]) / kind, keep=1, async_save=False, rank=0)
+        manager.save(1, model, opt, {"step": 1})
+        fresh = wrapped(kind)
+        assert all(v.abs().sum() == 0 for v in biases(fresh).values())
+        manager.load(manager.latest_valid(), fresh, torch.optim.AdamW(fresh.parameters()))
+        got = biases(fresh)
+        assert saved.keys() == got.keys() and len(saved) > 0
+        assert all(torch.equal(saved[k], got[k]) for k in saved), kind
+        print(kind, "ok", len(saved))
+""")
+
+
+def test_moe_balance_bias_is_saved_and_loaded_under_ddp_and_fsdp(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", _BIAS_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ddp ok" in proc.stdout and "fsdp ok" in proc.stdout
+
+
+def test_describe_error_is_one_line_for_multi_rank_failures():
+    err = CheckpointException("save failed", {0: (OSError(28, "No space left on device"), None),
+                                              1: (OSError(28, "No space left on device"), None)})
+    assert describe_error(err) == "rank 0,1: OSError: [Errno 28] No space left on device"
+
+
+def test_loss_guard_nan_spike_and_state():
+    guard = LossGuard("skip", spike_factor=2.0)
+    assert not guard.check(float("nan"), 1)
+    for step, loss in enumerate([5.0, 4.8, 4.6, 4.5, 4.4], start=2):
+        assert guard.check(loss, step)
+    assert not guard.check(30.0, 7)  # > 2 × mean
+    assert guard.check(4.3, 8) and guard.skipped == 2
+    restored = LossGuard("skip", spike_factor=2.0)
+    restored.load_state_dict(json.loads(json.dumps(guard.state_dict())))
+    assert restored.state_dict() == guard.state_dict()
+    with pytest.raises(BadLossError, match=r"training stopped at step 9: loss is inf"):
+        LossGuard("stop").check(float("inf"), 9)
+
+
+def test_collective_failure_becomes_one_line_naming_rank_and_operation():
+    cfg = SimpleNamespace(on_bad_loss="skip", spike_factor=0.0, collective_timeout_s=5.0)
+    guard = FaultGuard(cfg, SimpleNamespace(preempt_grace_s=10.0), None, rank=1, device=torch.device("cpu"))
+    try:
+        guard.begin_step(7)
+        err = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv "
+                           "operation to complete")
+        with pytest.raises(CollectiveError) as got:
+            guard.raise_readable(err)
+        text = str(got.value)
+        assert "\n" not in text and text.startswith("rank 1: a collective failed during step 7")
+        assert "Timed out waiting 5000ms for recv operation" in text and "train.collective_timeout_s" in text
+        guard.raise_readable(RuntimeError("shape mismatch"))  # not a collective failure: left alone
+    finally:
+        guard.close()
+
+
+def test_new_config_keys_are_validated():
+    cfg = load_config(None, ["train.on_bad_loss=stop", "train.spike_factor=3", "checkpoint.preempt_grace_s=5"])
+    assert cfg.train.on_bad_loss == "stop" and cfg.train.collective_timeout_s == 600.0
+    for bad in ("train.on_bad_loss=ignore", "train.spike_factor=0.5", "train.collective_timeout_s=0",
+                "checkpoint.preempt_grace_s=-1"):
+        with pytest.raises(ConfigError):
+            load_config(None, [bad])
+
+
+@pytest.mark.slow
+def test_hung_rank_ends_with_a_message_naming_rank_and_operation(tmp_path):
+    proc = train(tmp_path, "train.steps=6", "train.collective_timeout_s=5", "checkpoint.preempt_grace_s=2",
+                 nproc=2, env={"SEEKTRAIN_TEST_HANG": "3:1"}, check=False, timeout=240)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "seektrain: error: rank 0: a collective failed during step 3" in out
+    assert "Timed out waiting 5000ms" in out

@@ -1,0 +1,122 @@
+"""Model parallelism is the same computation as one process: tensor (+ sequence) parallel, pipeline
+parallel under every schedule, expert parallel, and their compositions give the single-process losses
+over 5 optimizer steps (fp32, gloo, tiny dense / V2 / V3 models, via the real `seektrain train`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from run_cli import losses, seektrain, train
+
+STEPS = ["train.steps=5"]
+TOL = dict(rel=1e-4, abs=1e-4)
+MODELS = ["tiny-dense", "tiny-v2", "tiny-v3"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Single-process losses per (model, global batch), computed once."""
+    cache: dict = {}
+
+    def get(model: str, global_batch: int = 4) -> list[float]:
+        key = (model, global_batch)
+        if key not in cache:
+            run = tmp_path_factory.mktemp(f"ref-{model}-{global_batch}")
+            train(run, *STEPS, f"model.preset={model}", f"train.global_batch_size={global_batch}")
+            cache[key] = losses(run)
+        return cache[key]
+
+    return get
+
+
+def run_layout(tmp_path, model: str, nproc: int, *overrides: str, global_batch: int = 4) -> list[float]:
+    train(tmp_path, *STEPS, f"model.preset={model}", f"train.global_batch_size={global_batch}", *overrides,
+          nproc=nproc, timeout=600)
+    return losses(tmp_path)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tensor_parallel(tmp_path, reference, model):
+    got = run_layout(tmp_path, model, 2, "parallel.tp=2", "parallel.dp_shard=1")
+    assert got == pytest.approx(reference(model), **TOL)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_pipeline_1f1b(tmp_path, reference, model):
+    got = run_layout(tmp_path, model, 2, "parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=1f1b")
+    assert got == pytest.approx(reference(model), **TOL)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved-1f1b", "zbv"])
+def test_pipeline_schedules_v3(tmp_path, reference, schedule):
+    got = run_layout(tmp_path, "tiny-v3", 2, "parallel.pp=2", "parallel.dp_shard=1",
+                     f"parallel.pp_schedule={schedule}")
+    assert got == pytest.approx(reference("tiny-v3"), **TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny-dense", "tiny-v2"])
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved-1f1b", "zbv"])
+def test_pipeline_schedules_other_models(tmp_path, reference, model, schedule):
+    got = run_layout(tmp_path, model, 2, "parallel.pp=2", "parallel.dp_shard=1", f"parallel.pp_schedule={schedule}")
+    assert got == pytest.approx(reference(model), **TOL)
+
+
+@pytest.mark.parametrize("model", ["tiny-v2", "tiny-v3"])
+def test_expert_parallel_with_fsdp(tmp_path, reference, model):
+    """FSDP=2 × EP=2 on 2 ranks: experts split over the ranks, everything else FSDP-sharded."""
+    got = run_layout(tmp_path, model, 2, "parallel.ep=2")
+    assert got == pytest.approx(reference(model), **TOL)
+
+
+@pytest.mark.parametrize("model", ["tiny-dense", "tiny-v3"])
+def test_tp2_x_dp2(tmp_path, reference, model):
+    got = run_layout(tmp_path, model, 4, "parallel.tp=2", "parallel.dp_shard=2")
+    assert got == pytest.approx(reference(model), **TOL)
+
+
+@pytest.mark.parametrize("model", ["tiny-v3"])
+def test_tp2_x_pp2(tmp_path, reference, model):
+    got = run_layout(tmp_path, model, 4, "parallel.tp=2", "parallel.pp=2", "parallel.dp_shard=1")
+    assert got == pytest.approx(reference(model), **TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny-dense", "tiny-v2"])
+def test_tp2_x_pp2_other_models(tmp_path, reference, model):
+    got = run_layout(tmp_path, model, 4, "parallel.tp=2", "parallel.pp=2", "parallel.dp_shard=1")
+    assert got == pytest.approx(reference(model), **TOL)
+
+
+def test_parameter_memory_per_rank(tmp_path):
+    """Parameter elements on rank 0 shrink with each way of splitting the model."""
+    sizes = {}
+    for name, nproc, extra in [("one", 1, []), ("tp", 2, ["parallel.tp=2", "parallel.dp_shard=1"]),
+                               ("pp", 2, ["parallel.pp=2", "parallel.dp_shard=1"]),
+                               ("fsdp_ep", 2, ["parallel.ep=2"])]:
+        train(tmp_path / name, "train.steps=1", "model.preset=tiny-v3", *extra, nproc=nproc)
+        sizes[name] = json.loads((tmp_path / name / "summary.json").read_text())["param_elements_rank0"]
+    assert sizes["tp"] < 0.6 * sizes["one"]
+    assert sizes["pp"] < 0.8 * sizes["one"]
+    assert sizes["fsdp_ep"] < 0.6 * sizes["one"]
+
+
+@pytest.mark.parametrize("overrides, nproc, needle", [
+    (["parallel.tp=3", "parallel.dp_shard=1"], 3, "num_attention_heads"),
+    (["parallel.pp=8", "parallel.dp_shard=1"], 8, "only 4 layers"),
+    (["parallel.ep=3", "parallel.dp_shard=3"], 3, "does not divide the 8 routed experts"),
+    (["parallel.ep=2", "parallel.dp_shard=1", "parallel.tp=2"], 2, "parallel.ep=2 must divide parallel.dp_shard=1"),
+    (["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=zigzag"], 2, "parallel.pp_schedule='zigzag'"),
+    (["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_split=1,2"], 2, "parallel.pp_split=[1, 2]"),
+])
+def test_invalid_layouts_rejected_before_start(tmp_path, overrides, nproc, needle):
+    args = ["train", "--nproc-per-node", str(nproc), "--set", f"run.dir={tmp_path / 'r'}",
+            "--set", "train.global_batch_size=24", "--set", "train.micro_batch_size=1"]
+    for item in overrides:
+        args += ["--set", item]
+    proc = seektrain(*args, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("seektrain: error:") and needle in line, proc.stderr[-2000:]
+    assert not (tmp_path / "r").exists()  # refused before any worker started
