@@ -46,11 +46,16 @@ def torchrun_args(opts: LaunchOptions, worker_argv: list[str]) -> list[str]:
 
 def launch(opts: LaunchOptions, worker_argv: list[str]) -> int:
     """Run the workers to completion; returns a process exit code (0 = every worker succeeded)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     try:
         run(parse_args(torchrun_args(opts, worker_argv)))
+    except SignalException as err:  # preemption: the workers saved a checkpoint on their way out
+        print(f"seektrain: stopped by signal {err.sigval.name}; the workers saved a checkpoint to resume from "
+              "(run the same command again)", file=sys.stderr)
+        return 128 + int(err.sigval)
     except ChildFailedError as err:
         failures = ", ".join(f"rank {r} (exit code {f.exitcode})" for r, f in sorted(err.failures.items()))
         print(f"seektrain: error: training workers failed: {failures}; see the log above and "

@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 from seektrain.checkpoint.manager import CheckpointManager
-from seektrain.models.transformer import Transformer, build_model
+from seektrain.models.transformer import Transformer
 
 
 def load_run_model(run_dir: Path) -> tuple[Transformer, object, Path]:
     """(model with the newest valid checkpoint's weights, its tokenizer, the checkpoint path)."""
+    from seektrain.checkpoint.export import load_checkpoint_model
     from seektrain.data.dataset import TokenDataset
     from seektrain.data.tokenizer import load_tokenizer
     from seektrain.train.setup_data import data_dir
@@ -23,13 +23,9 @@ def load_run_model(run_dir: Path) -> tuple[Transformer, object, Path]:
     path = CheckpointManager(run_dir, keep=1, async_save=False, rank=0).latest_valid()
     if path is None:
         raise ValueError(f"{run_dir}/checkpoints holds no complete checkpoint; train first (seektrain train)")
-    model_cfg = read_model_config(run_dir)
-    model = build_model(model_cfg, init=False)
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(path), no_dist=True)
-    model.load_state_dict(state["model"])
+    model = load_checkpoint_model(path, read_model_config(run_dir))
     tokenizer = load_tokenizer(TokenDataset(data_dir(cfg, is_main=True)).manifest.tokenizer.spec)
-    return model.eval(), tokenizer, path
+    return model, tokenizer, path
 
 
 @torch.no_grad()

@@ -21,7 +21,7 @@ from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
 from seektrain.observe.flops import mfu, model_flops_per_token, peak_flops
-from seektrain.observe.memory import memory_stats
+from seektrain.observe.memory import gpu_stats, memory_stats
 from seektrain.observe.sink import MetricsSink
 from seektrain.observe.summary import format_summary, write_summary
 from seektrain.parallel.distributed import init_distributed
@@ -140,6 +140,8 @@ def train(cfg: JobConfig) -> dict:
             metrics["tokens_per_s"] = tokens_per_step / metrics["step_time_s"]
             metrics["mfu"] = mfu(metrics["tokens_per_s"] / env.world_size, flops_per_token, peak)
             metrics.update(memory_stats(env.device))
+            if env.device.type == "cuda":
+                metrics.update(gpu_stats(env.device.index))  # NVML: utilisation, power (empty when absent)
             sink.log(step, metrics)
             records.append({"step": step, **metrics})
             progress.update(step, metrics)
