@@ -38,3 +38,13 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def losses(run_dir: Path) -> list[float]:
     return [m["loss"] for m in metrics(run_dir)]
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Terminate a server or run started by a test; kill it if it does not exit in time."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from run_cli import stop_process
+
 from seektrain.observe.sink import MetricsSink
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
@@ -114,12 +116,7 @@ def test_real_prometheus_scrapes_a_training_sink(tmp_path):
         tps = _get(f"{api}/query?" + urllib.parse.urlencode({"query": "seektrain_tokens_per_second"}))
         assert float(tps["data"]["result"][0]["value"][1]) > 1000
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc, timeout=10)
         log.close()
         stop.set()
         feeder.join(timeout=5)

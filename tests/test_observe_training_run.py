@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
-from run_cli import TINY, seektrain
+from run_cli import TINY, seektrain, stop_process
 from test_observe_prometheus import _get, free_port, require
 
 REQUIRED = {"seektrain_step", "seektrain_loss", "seektrain_tokens_per_second", "seektrain_mfu",
@@ -66,12 +66,7 @@ def test_prometheus_scrapes_a_real_training_run(tmp_path):
         assert queried is not None and 0 < queried < 10, "Prometheus never returned seektrain_loss"
     finally:
         for proc in (trainer, prom):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            stop_process(proc)
 
 
 def test_profile_steps_write_a_chrome_trace(tmp_path):
