@@ -1,0 +1,179 @@
+"""Forward+backward throughput of our ``Transformer`` against transformers' ``DeepseekV3ForCausalLM``.
+
+Both models are built from the same ``ModelConfig`` (preset ``small-v3`` by default) with identical
+weights: ours is initialised, written with ``save_pretrained`` and read back by transformers'
+``from_pretrained``. Logits are compared in fp32 before anything is timed. MTP is switched off in ours
+(``num_nextn_predict_layers=0``) because transformers has no MTP module.
+
+Timing: both models run the same step (logits -> the same fp32 cross-entropy -> backward, gradients
+dropped after each step), in the same dtype, on the same batch, with the same thread count. Iterations of
+the models are interleaved round-robin so that load from other processes hits every variant alike; the
+median step time of each is reported. transformers is measured with every experts implementation
+available to it (its default is ``grouped_mm``); the ratio is given against its default and its fastest.
+
+    python benchmarks/bench_model_vs_hf.py                      # bf16, batch 4 x seq 512, 2 threads
+    python benchmarks/bench_model_vs_hf.py --dtype fp32 --threads 1 --iters 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+from seektrain.models import build_model, get_preset
+from seektrain.models.hf_io import save_pretrained
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def load_avg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def build_pair(preset: str, impls: list[str], seed: int):
+    """(our fp32 model, {impl: transformers fp32 model}) with identical weights."""
+    import transformers
+
+    cfg = get_preset(preset).replace(num_nextn_predict_layers=0)
+    ours = build_model(cfg, dtype=torch.float32, seed=seed)
+    theirs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        save_pretrained(ours, tmp, dtype=torch.float32)
+        for impl in impls:
+            try:
+                theirs[impl] = transformers.AutoModelForCausalLM.from_pretrained(
+                    tmp, dtype=torch.float32, experts_implementation=impl, attn_implementation="sdpa")
+            except (ValueError, KeyError, ImportError) as exc:
+                print(f"  transformers experts_implementation={impl!r} unavailable: {exc}")
+    return cfg, ours, theirs
+
+
+def check_logits(ours, theirs: dict, vocab: int) -> None:
+    tokens = torch.randint(0, vocab, (2, 64), generator=torch.Generator().manual_seed(0))
+    ours.eval()
+    with torch.no_grad():
+        ref = ours(tokens).float()
+        for impl, model in theirs.items():
+            model.eval()
+            diff = (model(tokens).logits.float() - ref).abs().max().item()
+            status = "ok" if diff < 1e-3 else "MISMATCH"
+            print(f"  fp32 logits max |ours - transformers[{impl}]| = {diff:.2e}  {status}")
+            if diff >= 1e-3:
+                raise SystemExit("logits differ: the comparison would be meaningless")
+
+
+def cast_model(model, dtype: torch.dtype):
+    """Cast weights; the V3 balancing bias stays fp32 in both (as build_model and transformers keep it)."""
+    model.to(dtype)
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buf.data = buf.data.float()
+    return model
+
+
+def make_step(model, is_hf: bool, tokens, labels):
+    def step():
+        out = model(tokens)
+        logits = out.logits if is_hf else out
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        loss.backward()
+        for p in model.parameters():
+            p.grad = None
+        return loss
+
+    return step
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small-v3")
+    ap.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=6, help="timed iterations per model (interleaved)")
+    ap.add_argument("--hf-impls", default="grouped_mm,eager",
+                    help="transformers experts implementations to measure, comma-separated; the first is its "
+                         "default. batched_mm is left out by default: it gathers one copy of the expert "
+                         "weights per routed token (about 20 GB at batch 4 x seq 512) and runs out of memory "
+                         "on a small machine")
+    args = ap.parse_args(argv)
+
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dtype = DTYPES[args.dtype]
+    impls = [s for s in args.hf_impls.split(",") if s]
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads={torch.get_num_threads()}, "
+          f"cpu cores={os.cpu_count()}, load avg (1/5/15 min) at start: {load_avg()}")
+    print(f"model {args.preset} (MTP off: num_nextn_predict_layers=0), dtype {args.dtype}, "
+          f"batch {args.batch} x seq {args.seq} = {args.batch * args.seq} tokens/step")
+
+    cfg, ours, theirs = build_pair(args.preset, impls, seed=0)
+    n_params = sum(p.numel() for p in ours.parameters())
+    print(f"  parameters: {n_params / 1e6:.1f}M")
+    check_logits(ours, theirs, cfg.vocab_size)
+
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), generator=gen)
+    tokens, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    variants = {"ours": cast_model(ours, dtype).train()}
+    for impl, model in theirs.items():
+        variants[f"transformers[{impl}]"] = cast_model(model, dtype).train()
+    steps = {name: make_step(m, name != "ours", tokens, labels) for name, m in variants.items()}
+
+    losses = {}
+    for name, step in steps.items():  # warm-up (also checks that losses agree)
+        for _ in range(args.warmup):
+            losses[name] = float(step())
+    print("  loss after warm-up: " + ", ".join(f"{k} {v:.4f}" for k, v in losses.items()))
+
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    cpu: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
+    for i in range(args.iters):
+        order = names if i % 2 == 0 else names[::-1]  # alternate order: no variant always runs first
+        for name in order:
+            c0, t0 = time.process_time(), time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    print(f"  load avg at end: {load_avg()}")
+
+    ntok = args.batch * args.seq
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    med_cpu = {name: statistics.median(ts) for name, ts in cpu.items()}
+    print()
+    print(f"{'variant':28s} {'median s/step':>14s} {'min s/step':>11s} {'tokens/s':>10s} {'CPU s/step':>11s}")
+    for name in names:
+        print(f"{name:28s} {med[name]:14.3f} {min(times[name]):11.3f} {ntok / med[name]:10.0f} "
+              f"{med_cpu[name]:11.3f}")
+    hf_names = [n for n in names if n != "ours"]
+    if not hf_names:
+        return 1
+    default = hf_names[0]
+    fastest = min(hf_names, key=lambda n: med[n])
+    print()
+    print("ratio = transformers median step time / ours (tokens/s of ours over theirs); "
+          "in brackets the same from CPU time and from the fastest step of each (less sensitive to load)")
+    for label, name in (("default", default), ("fastest", fastest)):
+        print(f"ours vs transformers {label} ({name}): {med[name] / med['ours']:.2f}x  "
+              f"[CPU time {med_cpu[name] / med_cpu['ours']:.2f}x, best step {min(times[name]) / min(times['ours']):.2f}x]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

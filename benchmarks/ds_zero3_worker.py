@@ -1,0 +1,136 @@
+"""DeepSpeed ZeRO-3 side of ``bench_fsdp_vs_deepspeed.py``: one worker, started by torchrun.
+
+Trains our ``Transformer`` (same preset, same deterministic init and seed as ``seektrain train``) with
+``deepspeed.initialize`` and a ZeRO-3 config: bf16 compute, fp32 master weights, AdamW with our
+hyper-parameters and parameter groups (no decay on 1-D tensors), our warmup+cosine schedule, the same
+gradient clipping, the same loss (next-token CE + weighted MTP CE) and the same V3 balancing-bias update
+after every step. Data are random tokens from a fixed seed (each rank its own stream).
+
+Writes one JSON line per rank to ``--out`` (rank suffix added): per-step times, tokens/s, peak RSS and
+the bytes of parameters, gradients and optimizer state this rank holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def _peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _state_bytes(engine) -> dict[str, int]:
+    """Bytes this rank holds: bf16 parameter partitions, fp32 master partitions, fp32 gradient partitions
+    and the Adam moments (walks DeepSpeed's ZeRO-3 optimizer; 0 where an attribute is missing)."""
+    params = _tensor_bytes(p.ds_tensor for p in engine.module.parameters() if hasattr(p, "ds_tensor"))
+    zopt = engine.optimizer
+    master = _tensor_bytes(getattr(zopt, "fp32_partitioned_groups_flat", []) or [])
+    grads = 0
+    for flat in getattr(zopt, "fp32_partitioned_groups_flat", []) or []:
+        if flat.grad is not None:
+            grads += _tensor_bytes([flat.grad])
+    grads = grads or _tensor_bytes(getattr(zopt, "averaged_gradients", {}).get(0, []) or [])
+    inner = getattr(zopt, "optimizer", zopt)
+    moments = sum(_tensor_bytes(v for v in st.values()) for st in inner.state.values())
+    return {"param_bytes": params, "master_bytes": master, "grad_bytes": grads, "optim_state_bytes": moments}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="small-v3")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3, help="steps left out of the medians")
+    ap.add_argument("--global-batch", type=int, default=4)
+    ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    import deepspeed
+
+    from seektrain.config.schema import OptimSection, TrainSection
+    from seektrain.models import build_model, get_preset
+    from seektrain.train.balance import collect_expert_load, update_balance_bias
+    from seektrain.train.loss import model_loss
+    from seektrain.train.optim import build_optimizer, build_scheduler
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    accum = args.global_batch // (args.micro_batch * world)
+    assert accum * args.micro_batch * world == args.global_batch, "global batch must divide evenly"
+    train_defaults, optim_cfg = TrainSection(), OptimSection()
+
+    torch.manual_seed(args.seed)
+    cfg = get_preset(args.preset)
+    model = build_model(cfg, dtype=torch.float32, seed=args.seed)  # same values as seektrain's init
+    optimizer = build_optimizer(model, optim_cfg)
+    scheduler = build_scheduler(optimizer, optim_cfg, args.steps)
+    ds_config = {
+        "train_batch_size": args.global_batch,
+        "train_micro_batch_size_per_gpu": args.micro_batch,
+        "gradient_accumulation_steps": accum,
+        "gradient_clipping": train_defaults.grad_clip,
+        "bf16": {"enabled": True},
+        "communication_data_type": "fp32",  # as our FSDP policy: reduce gradients in fp32
+        "zero_optimization": {"stage": 3, "overlap_comm": False, "contiguous_gradients": True,
+                              "stage3_param_persistence_threshold": 0},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config)
+    use_mtp = cfg.num_nextn_predict_layers > 0 and train_defaults.mtp_loss_weight > 0
+    speed = train_defaults.bias_update_speed if cfg.topk_method == "noaux_tc" else 0.0
+    gen = torch.Generator().manual_seed(args.seed + rank)
+    dtype = next(engine.module.parameters()).dtype
+
+    times, losses = [], []
+    for _step in range(args.steps):
+        t0 = time.perf_counter()
+        for _ in range(accum):
+            data = torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq + 1), generator=gen)
+            tokens, labels = data[:, :-1], data[:, 1:]
+            out = engine(tokens, mtp_labels=labels if use_mtp else None)
+            loss, _parts = model_loss(out, labels, train_defaults.mtp_loss_weight)
+            engine.backward(loss)
+            engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
+        update_balance_bias(engine.module, collect_expert_load(engine.module, dist.group.WORLD), speed)
+        loss_t = loss.detach().float().reshape(1)
+        dist.all_reduce(loss_t)
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss_t) / world)
+        if rank == 0:
+            print(f"[deepspeed] step {_step + 1}/{args.steps} loss {losses[-1]:.4f} "
+                  f"{times[-1]:.2f}s", flush=True)
+
+    timed = times[args.warmup:] or times
+    tokens_per_step = args.global_batch * args.seq
+    record = {
+        "rank": rank, "world_size": world, "threads": torch.get_num_threads(), "param_dtype": str(dtype),
+        "step_times_s": times, "losses": losses,
+        "median_step_s": statistics.median(timed), "tokens_per_s": tokens_per_step / statistics.median(timed),
+        "peak_rss_gib": _peak_rss_gib(), **_state_bytes(engine),
+        "n_params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters()),
+    }
+    with open(f"{args.out}.rank{rank}", "w") as fh:
+        fh.write(json.dumps(record) + "\n")
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
