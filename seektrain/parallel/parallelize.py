@@ -109,7 +109,7 @@ def parallelize_model(model_cfg: ModelConfig, job: JobConfig, layout: ParallelLa
     if layout.pp == 1:
         return ParallelModel(parts[0], parts, ids)
     schedule = pipeline.build_schedule(parts, ids, n_stages, device, mesh["pp"].get_group(),
-                                       job.parallel.pp_schedule, n_microbatches, loss_fn)
+                                       job.parallel.pp_schedule, n_microbatches, loss_fn, world_mesh=mesh)
     return ParallelModel(_merged_view(parts), parts, ids, schedule)
 
 

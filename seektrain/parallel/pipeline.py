@@ -132,8 +132,15 @@ def build_stage_model(model: Transformer, layers: list[int], first: bool, last: 
 
 
 def build_schedule(stage_modules: list[nn.Module], ids: list[int], n_stages: int, device: torch.device,
-                   pp_group, schedule: str, n_microbatches: int, loss_fn):
-    stages = [PipelineStage(m, i, n_stages, device, group=pp_group) for m, i in zip(stage_modules, ids)]
+                   pp_group, schedule: str, n_microbatches: int, loss_fn, world_mesh=None):
+    """``world_mesh`` lets a stage rebuild the DTensor activations it receives (tensor parallelism):
+    they name their mesh by dimension names, which we look up in the one world mesh."""
+    def get_mesh(dim_names, _layout):
+        return world_mesh[dim_names if len(dim_names) > 1 else dim_names[0]]
+
+    stages = [PipelineStage(m, i, n_stages, device, group=pp_group,
+                            get_mesh=get_mesh if world_mesh is not None else None)
+              for m, i in zip(stage_modules, ids)]
     cls = SCHEDULES[schedule]
     if schedule in MULTI_STAGE:
         return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
