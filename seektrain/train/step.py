@@ -85,10 +85,14 @@ def train_step(ctx: StepContext) -> dict[str, float]:
 
     # [faults] the data-parallel mean loss is known before the update, so every rank takes the same
     # skip/stop decision on a NaN/Inf or spiking loss (train.on_bad_loss, seektrain.train.faults).
+    # Communication we can time: these step-level reductions, including the wait for the slowest rank
+    # (FSDP's and TP's collectives overlap compute inside fwd_bwd and are not separable there).
+    t_comm = time.perf_counter()
     if ctx.dp_group is not None and dist.get_world_size(ctx.dp_group) > 1:
         dist.all_reduce(loss_sum, group=ctx.dp_group)
         loss_sum /= dist.get_world_size(ctx.dp_group)
     loss_sum /= ctx.accum_steps
+    comm_loss = time.perf_counter() - t_comm
     usable = ctx.loss_guard is None or ctx.loss_guard.check(float(loss_sum[0]), ctx.step)
 
     t_opt = time.perf_counter()
@@ -106,7 +110,9 @@ def train_step(ctx: StepContext) -> dict[str, float]:
     lr = ctx.scheduler.get_last_lr()[0]
     ctx.scheduler.step()
 
+    t_comm = time.perf_counter()
     loads = collect_expert_load(ctx.model, ctx.dp_group)
+    comm_loads = time.perf_counter() - t_comm
     if finite:
         update_balance_bias(ctx.model, loads, ctx.bias_update_speed)
 
@@ -117,7 +123,7 @@ def train_step(ctx: StepContext) -> dict[str, float]:
         "loss": float(loss_sum[0]), "lm_loss": float(loss_sum[1]), "lr": lr,
         "grad_norm": float(grad_norm), "loss_scale": ctx.scaler.scale, "skipped": int(not finite),
         "step_time_s": t_end - t_start, "data_wait_s": data_wait, "fwd_bwd_s": fwd_bwd,
-        "optim_s": t_end - t_opt,
+        "optim_s": t_end - t_opt - comm_loads, "comm_s": comm_loss + comm_loads,
     }
     if ctx.use_mtp:
         metrics["mtp_loss"] = float(loss_sum[2])
