@@ -88,14 +88,14 @@ def _average_plain_grads(model) -> None:
 def _ep_model(cfg, meshes, fsdp_mesh=None):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from seektrain.parallel.data_parallel import apply_fsdp
+    from seektrain.parallel.data_parallel import apply_fsdp, fsdp_mixed_precision
     from seektrain.parallel.expert_parallel import apply_expert_parallel, shard_experts
 
     model = build_model(cfg, device="meta")
     apply_expert_parallel(model, meshes.ep)
     if fsdp_mesh is not None:
         shard_experts(model, meshes.efsdp, MixedPrecisionPolicy(), reshard_after_forward=True)
-        apply_fsdp(model, fsdp_mesh, "fp32", reshard_after_forward=True)
+        apply_fsdp(model, fsdp_mesh, fsdp_mixed_precision("fp32"), reshard_after_forward=True)
     model.to_empty(device="cpu")
     model.init_weights(0)
     return model

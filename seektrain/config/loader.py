@@ -133,6 +133,8 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(o.lr > 0, f"optim.lr must be positive, got {o.lr}")
     _check(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio must be within [0, 1]")
     _check(0 <= o.warmup_steps, "optim.warmup_steps must be >= 0")
+    _check(cfg.precision.reduce_dtype in ("fp32", "bf16"),
+           f"precision.reduce_dtype={cfg.precision.reduce_dtype!r}: use fp32 or bf16")
     _check(cfg.precision.dtype in ("fp32", "bf16", "fp16"),
            f"precision.dtype={cfg.precision.dtype!r}: use fp32, bf16 or fp16")
     for key in ("dp_replicate", "tp", "pp", "ep"):

@@ -50,6 +50,7 @@ class OptimSection:
 @dataclass
 class PrecisionSection:
     dtype: str = "bf16"  # fp32 | bf16 | fp16 (compute dtype; master weights and optimizer stay fp32)
+    reduce_dtype: str = "fp32"  # fp32 | bf16: dtype of FSDP's gradient reduce-scatter (bf16 halves its bytes)
     loss_scale_init: float = 2.0**16
     loss_scale_growth_interval: int = 200
 

@@ -16,14 +16,16 @@ from torch.nn.parallel import DistributedDataParallel
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def fsdp_mixed_precision(dtype_name: str) -> MixedPrecisionPolicy:
-    """Compute in the run's dtype, keep fp32 master weights and reduce gradients in fp32."""
-    return MixedPrecisionPolicy(param_dtype=_DTYPES[dtype_name], reduce_dtype=torch.float32)
+def fsdp_mixed_precision(dtype_name: str, reduce_dtype_name: str = "fp32") -> MixedPrecisionPolicy:
+    """Compute in the run's dtype over fp32 master weights; reduce gradients in fp32 (exact sums) or,
+    with ``precision.reduce_dtype = "bf16"``, in bf16 (half the bytes, as DeepSpeed does by default)."""
+    reduce = torch.float32 if dtype_name == "fp32" else _DTYPES[reduce_dtype_name]
+    return MixedPrecisionPolicy(param_dtype=_DTYPES[dtype_name], reduce_dtype=reduce)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, dtype_name: str, reshard_after_forward: bool) -> nn.Module:
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecisionPolicy,
+               reshard_after_forward: bool) -> nn.Module:
     """Shard ``model`` over ``dp_mesh`` (1-D: FSDP; 2-D (replicate, shard): HSDP)."""
-    mp = fsdp_mixed_precision(dtype_name)
     blocks = list(model.layers.values()) + list(getattr(model, "mtp", []) or [])
     for i, block in enumerate(blocks):
         # The last block is resharded at once: the root's backward runs right after it anyway.

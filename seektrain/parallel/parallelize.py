@@ -62,11 +62,12 @@ def _parallelize_part(part: Transformer, job: JobConfig, layout: ParallelLayout,
     if uses_fsdp(layout):
         # Under pipelining, parameters stay gathered across the micro-batches of one step.
         reshard = job.parallel.reshard_after_forward and layout.pp == 1
+        mp = fsdp_mixed_precision(job.precision.dtype, job.precision.reduce_dtype)
         if ep_meshes is not None:  # experts first, on their own mesh; the per-layer FSDP then skips them
             from seektrain.parallel.expert_parallel import shard_experts
 
-            shard_experts(part, ep_meshes.efsdp, fsdp_mixed_precision(job.precision.dtype), reshard)
-        apply_fsdp(part, dp_mesh_for(layout, mesh), job.precision.dtype, reshard)
+            shard_experts(part, ep_meshes.efsdp, mp, reshard)
+        apply_fsdp(part, dp_mesh_for(layout, mesh), mp, reshard)
 
 
 def parallelize_model(model_cfg: ModelConfig, job: JobConfig, layout: ParallelLayout, mesh: DeviceMesh,
