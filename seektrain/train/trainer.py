@@ -25,7 +25,7 @@ from seektrain.observe.memory import gpu_stats, memory_stats
 from seektrain.observe.sink import MetricsSink
 from seektrain.observe.summary import format_summary, write_summary
 from seektrain.parallel.distributed import init_distributed
-from seektrain.parallel.checks import check_model_layout, pipeline_microbatches
+from seektrain.parallel.checks import check_model_layout, pipeline_microbatches, resolve_model_config
 from seektrain.parallel.layout import resolve_layout
 from seektrain.parallel.parallelize import parallelize_model, unwrap, uses_fsdp
 from seektrain.parallel.tensor_parallel import tp_loss_context
@@ -65,9 +65,10 @@ def train(cfg: JobConfig) -> dict:
     # keeps its own model (seektrain.checkpoint.resume)
     ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank)
     latest = ckpt.latest_valid()
-    model_cfg, hf_state = resolve_model(cfg)
-    if latest is not None:
-        model_cfg, hf_state = run_model_config(run_dir, model_cfg), None
+    if latest is not None:  # the checkpoint has the weights: read only the configured model's config
+        model_cfg, hf_state = run_model_config(run_dir, resolve_model_config(cfg)), None
+    else:
+        model_cfg, hf_state = resolve_model(cfg)
     if env.is_main:
         (run_dir / MODEL_CONFIG).write_text(json.dumps(model_cfg.to_dict(), indent=1))
     check_model_layout(cfg, model_cfg, layout, accum)
