@@ -164,7 +164,6 @@ class MoE(nn.Module):
         self.aux_loss_alpha = 0.0
         self.aux_loss_scale = 1.0
         self.expert_counts: list[torch.Tensor] = []  # tokens per expert, one entry per forward call
-        self.last_aux_loss: torch.Tensor | None = None
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         B, T, D = x_BTD.shape
@@ -178,7 +177,6 @@ class MoE(nn.Module):
             self._record(counts_E)
         if self.training and self.aux_loss_alpha > 0:
             aux = self._sequence_aux_loss(scores_NE.view(B, T, -1), idx_NK.view(B, T, -1))
-            self.last_aux_loss = aux.detach()
             out = _AttachAuxLoss.apply(out, aux, self.aux_loss_scale)
         return out
 

@@ -2,8 +2,8 @@
 
 The model is a plain ``nn.Module`` and knows nothing of parallelism. Parallel wrappers (FSDP, TP,
 pipeline stages) are applied from outside; to make pipeline splitting easy, layers live in a
-``ModuleDict`` keyed by their global index and every top-level piece may be ``None`` on a stage that
-does not own it.
+``ModuleDict`` keyed by their global index; a pipeline stage deletes what it does not own and runs
+its own forward (seektrain/parallel/pipeline.py).
 """
 
 from __future__ import annotations
@@ -69,12 +69,10 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, tokens: torch.Tensor, mtp_labels: torch.Tensor | None = None):
-        h = self.embed_tokens(tokens) if self.embed_tokens is not None else tokens
+        h = self.embed_tokens(tokens)
         cos, sin = rope_cos_sin(self.cfg, h.shape[1], h.device, h.dtype)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
-        if self.norm is None:  # an inner pipeline stage hands hidden states on
-            return h
         logits = self.lm_head(self.norm(h))
         if mtp_labels is None or not len(self.mtp):
             return logits
