@@ -8,6 +8,8 @@ its own forward (seektrain/parallel/pipeline.py).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -15,6 +17,7 @@ from seektrain.models.attention import build_attention
 from seektrain.models.config import ModelConfig
 from seektrain.models.init import init_weights
 from seektrain.models.layers import RMSNorm, SwiGLU, rope_cos_sin
+from seektrain.models.linear_cross_entropy import linear_cross_entropy, shift_labels
 from seektrain.models.moe import MoE, Router
 
 
@@ -49,11 +52,22 @@ class MTPModule(nn.Module):
         return self.block(x, cos, sin)
 
 
+class HeadLosses(NamedTuple):
+    """Cross-entropy summed over labelled tokens: the next-token head, then each MTP depth."""
+
+    main: torch.Tensor
+    mtp: list[torch.Tensor]
+
+
 class Transformer(nn.Module):
     """``model(tokens)`` -> logits [B, T, V]; ``model(tokens, mtp_labels=labels)`` -> (logits, [mtp logits]).
 
     ``mtp_labels`` are the next-token labels of ``tokens`` (labels[:, i] == tokens[:, i+1]); MTP depth k
     reads labels shifted by k-1 as its input tokens and is trained on labels shifted by k.
+
+    ``model(tokens, labels=labels[, mtp_labels=labels])`` -> ``HeadLosses``: the training path. The head
+    and its cross-entropy run fused (models/linear_cross_entropy.py), so the [B, T, V] logits are never
+    returned; it needs the plain (not vocabulary-sharded) head.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -68,26 +82,40 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, tokens: torch.Tensor, mtp_labels: torch.Tensor | None = None):
+    def forward(self, tokens: torch.Tensor, mtp_labels: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None):
         h = self.embed_tokens(tokens)
         cos, sin = rope_cos_sin(self.cfg, h.shape[1], h.device, h.dtype)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
+        with_mtp = mtp_labels is not None and len(self.mtp) > 0
+        if labels is not None:
+            main = self._head_loss(self.norm(h), labels)
+            mtp = self.mtp_logits(h, self.embed_tokens(mtp_labels), cos, sin, labels) if with_mtp else []
+            return HeadLosses(main, mtp)
         logits = self.lm_head(self.norm(h))
-        if mtp_labels is None or not len(self.mtp):
+        if not with_mtp:
             return logits
         return logits, self.mtp_logits(h, self.embed_tokens(mtp_labels), cos, sin)
 
-    def mtp_logits(self, h_BTD: torch.Tensor, label_emb_BTD: torch.Tensor, cos, sin) -> list[torch.Tensor]:
+    def _head_loss(self, h_BTD: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
+        return linear_cross_entropy(h_BTD.flatten(0, 1), self.lm_head.weight, labels_BT.flatten())
+
+    def mtp_logits(self, h_BTD: torch.Tensor, label_emb_BTD: torch.Tensor, cos, sin,
+                   labels_BT: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Logits of every MTP depth from the main model's last hidden state and the embeddings of the
-        next-token labels (computed once; depth k+1 reads them shifted left by k)."""
+        next-token labels (computed once; depth k+1 reads them shifted left by k). With ``labels_BT``
+        each depth's summed cross-entropy instead of its logits."""
         out = []
         for k, module in enumerate(self.mtp):
             # Depth k+1 sees token i+k+1 == label i+k; positions past the end repeat the last label
-            # and are masked out of the loss by the caller.
+            # and are masked out of the loss.
             shifted = torch.cat([label_emb_BTD[:, k:], label_emb_BTD[:, -1:].expand(-1, k, -1)], dim=1)
             h_BTD = module(h_BTD, shifted, cos, sin)
-            out.append(self.lm_head(module.norm(h_BTD)))
+            if labels_BT is None:
+                out.append(self.lm_head(module.norm(h_BTD)))
+            else:
+                out.append(self._head_loss(module.norm(h_BTD), shift_labels(labels_BT, k + 1)))
         return out
 
     def init_weights(self, seed: int = 0) -> None:

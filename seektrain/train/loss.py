@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-IGNORE = -100
+from seektrain.models.linear_cross_entropy import IGNORE, shift_labels
+from seektrain.models.transformer import HeadLosses
 
 
 def token_ce_sum(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -19,28 +20,27 @@ def token_ce_sum(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> tuple[tor
     return loss, int((labels_BT != IGNORE).sum())
 
 
-def mtp_labels(labels_BT: torch.Tensor, depth: int) -> torch.Tensor:
-    """Targets of MTP depth ``depth`` (1-based): the label ``depth`` positions ahead; the tail is ignored."""
-    shifted = torch.full_like(labels_BT, IGNORE)
-    shifted[:, :-depth] = labels_BT[:, depth:]
-    return shifted
+def _labelled(labels_BT: torch.Tensor) -> int:
+    return int((labels_BT != IGNORE).sum())
 
 
 def model_loss(output, labels_BT: torch.Tensor, mtp_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """Mean next-token loss (+ weighted mean MTP loss) of one micro-batch and its parts for logging."""
-    if isinstance(output, tuple):
-        logits, mtp_logits = output
+    """Mean next-token loss (+ weighted mean MTP loss) of one micro-batch and its parts for logging.
+
+    ``output`` is what the model returned: logits, (logits, [MTP logits]), or the fused path's
+    ``HeadLosses`` of cross-entropy sums."""
+    if isinstance(output, HeadLosses):
+        main = output.main / max(_labelled(labels_BT), 1)
+        mtp_sums = [(s, _labelled(shift_labels(labels_BT, d))) for d, s in enumerate(output.mtp, start=1)]
     else:
-        logits, mtp_logits = output, []
-    ce_sum, n = token_ce_sum(logits, labels_BT)
-    main = ce_sum / max(n, 1)
+        logits, mtp_logits = output if isinstance(output, tuple) else (output, [])
+        ce_sum, n = token_ce_sum(logits, labels_BT)
+        main = ce_sum / max(n, 1)
+        mtp_sums = [token_ce_sum(lg, shift_labels(labels_BT, d)) for d, lg in enumerate(mtp_logits, start=1)]
     parts = {"lm_loss": main.detach()}
     total = main
-    if mtp_logits:
-        mtp_losses = []
-        for depth, lg in enumerate(mtp_logits, start=1):
-            s, m = token_ce_sum(lg, mtp_labels(labels_BT, depth))
-            mtp_losses.append(s / max(m, 1))
+    if mtp_sums:
+        mtp_losses = [s / max(m, 1) for s, m in mtp_sums]
         mtp = torch.stack(mtp_losses).mean()
         parts["mtp_loss"] = mtp.detach()
         total = total + mtp_weight * mtp

@@ -40,6 +40,8 @@ class StepContext:
     step: int = 0
     # model parallelism: vocabulary-parallel loss (TP), the pipeline (PP) and its process group
     loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    # the model computes head + cross-entropy fused (needs a head that is not vocabulary-sharded)
+    fused_loss: bool = True
     pipeline: object | None = None  # seektrain.parallel.parallelize.ParallelModel with a schedule
     pipeline_loss: object | None = None
     pp_group: dist.ProcessGroup | None = None
@@ -64,7 +66,8 @@ def accumulate(ctx: StepContext) -> tuple[torch.Tensor, float, float]:
         t1 = time.perf_counter()
         with _no_sync(ctx.model, micro == ctx.accum_steps - 1):
             with ctx.autocast:
-                out = ctx.model(tokens, mtp_labels=labels if ctx.use_mtp else None)
+                out = ctx.model(tokens, mtp_labels=labels if ctx.use_mtp else None,
+                                labels=labels if ctx.fused_loss else None)
             with ctx.loss_context():
                 loss, parts = model_loss(out, labels, ctx.mtp_weight)
                 loss = faults.inject_nan(loss, ctx.step)  # [faults] test hook, inert unless SEEKTRAIN_TEST_NAN is set

@@ -116,7 +116,7 @@ def train(cfg: JobConfig) -> dict:
         device=env.device, dp_group=dp_group, grad_clip=t.grad_clip, mtp_weight=t.mtp_loss_weight,
         bias_update_speed=t.bias_update_speed if model_cfg.topk_method == "noaux_tc" else 0.0,
         use_mtp=model_cfg.num_nextn_predict_layers > 0 and t.mtp_loss_weight > 0, loss_guard=guard.loss,
-        loss_context=lambda: tp_loss_context(layout.tp > 1), pipeline=parallel if layout.pp > 1 else None,
+        loss_context=lambda: tp_loss_context(layout.tp > 1), fused_loss=layout.tp == 1, pipeline=parallel if layout.pp > 1 else None,
         pipeline_loss=pipeline_loss, pp_group=mesh["pp"].get_group() if layout.pp > 1 else None)
 
     def trainer_state(step: int) -> dict:

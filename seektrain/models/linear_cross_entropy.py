@@ -1,0 +1,74 @@
+"""The output head and its cross-entropy as one autograd function that never builds fp32 logits.
+
+The plain path (``lm_head`` -> ``logits.float()`` -> ``log_softmax`` -> NLL, and the reverse in backward)
+writes and reads several fp32 copies of the [tokens, vocab] logits: at small widths that memory traffic
+costs as much as the head's matmuls. Here the logits are made by one matmul in the compute dtype and
+turned, in place and a few rows at a time while they are still in cache, into their gradient
+``softmax - onehot``; backward is then two matmuls. The only [tokens, vocab] tensor is that one buffer,
+half the size of a single fp32 copy in bf16. Results equal the plain path's up to rounding order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+IGNORE = -100
+# fp32 bytes of logits turned into gradients at a time: on CPU about one core's L2 cache; on GPUs big
+# blocks (few kernel launches) matter more than caches
+_BLOCK_BYTES = {"cpu": 1 << 20}
+_DEFAULT_BLOCK_BYTES = 1 << 28
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h_ND: torch.Tensor, w_VD: torch.Tensor, labels_N: torch.Tensor) -> torch.Tensor:
+        n, vocab = h_ND.shape[0], w_VD.shape[0]
+        logits_NV = h_ND @ w_VD.t()  # becomes d(loss)/d(logits) in place below
+        rows = max(1, _BLOCK_BYTES.get(h_ND.device.type, _DEFAULT_BLOCK_BYTES) // (4 * vocab))
+        valid_N = labels_N != IGNORE
+        all_valid = bool(valid_N.all())
+        target_N1 = labels_N.clamp_min(0).unsqueeze(1)
+        loss = torch.zeros((), dtype=torch.float32, device=h_ND.device)
+        for s in range(0, n, rows):
+            block = logits_NV[s:s + rows]
+            logp = torch.log_softmax(block.float(), dim=1)
+            target, valid = target_N1[s:s + rows], valid_N[s:s + rows]
+            loss -= logp.gather(1, target).squeeze(1).masked_fill(~valid, 0.0).sum()
+            probs = logp.exp_()
+            probs.scatter_add_(1, target, valid.to(probs.dtype).neg().unsqueeze(1))
+            if not all_valid:
+                probs.masked_fill_(~valid.unsqueeze(1), 0.0)
+            block.copy_(probs)
+        ctx.save_for_backward(h_ND, w_VD, logits_NV)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        h_ND, w_VD, dlogits_NV = ctx.saved_tensors
+        g = grad_loss.to(h_ND.dtype)
+        grad_h = (dlogits_NV @ w_VD) * g if ctx.needs_input_grad[0] else None
+        grad_w = dlogits_NV.t() @ (h_ND * g) if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w, None
+
+
+def linear_cross_entropy(h_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor) -> torch.Tensor:
+    """Sum over labelled rows of cross-entropy(h @ weight.T, labels), computed in fp32 from logits in the
+    compute dtype (the autocast dtype when autocast is on). Rows labelled -100 are ignored."""
+    device_type = h_ND.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        h_ND, weight_VD = h_ND.to(dtype), weight_VD.to(dtype)
+    elif weight_VD.dtype != h_ND.dtype:
+        h_ND = h_ND.to(weight_VD.dtype)
+    if not (torch.is_grad_enabled() and (h_ND.requires_grad or weight_VD.requires_grad)):
+        logits = (h_ND @ weight_VD.t()).float()
+        return torch.nn.functional.cross_entropy(logits, labels_N, ignore_index=IGNORE, reduction="sum")
+    with torch.autocast(device_type, enabled=False):
+        return _LinearCrossEntropy.apply(h_ND, weight_VD, labels_N)
+
+
+def shift_labels(labels_BT: torch.Tensor, depth: int) -> torch.Tensor:
+    """Targets of MTP depth ``depth`` (1-based): the label ``depth`` positions ahead; the tail is ignored."""
+    shifted = torch.full_like(labels_BT, IGNORE)
+    shifted[:, :-depth] = labels_BT[:, depth:]
+    return shifted
