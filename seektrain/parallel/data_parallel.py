@@ -2,16 +2,20 @@
 
 FSDP shards every decoder layer (and MTP module) as its own unit, then the root (embedding, final
 norm, head). ``reshard_after_forward=False`` keeps parameters gathered between forward and backward,
-trading memory for one all-gather less per layer (ZeRO-2-like).
+trading memory for one all-gather less per layer (ZeRO-2-like). On gloo the gradient reduce-scatter
+is swapped for an all-to-all + local sum (seektrain/parallel/gloo_reduce_scatter.py), 3x faster there.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
+
+from seektrain.parallel.gloo_reduce_scatter import use_all_to_all_reduce_scatter
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -32,6 +36,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecisionPolicy,
         fully_shard(block, mesh=dp_mesh, mp_policy=mp,
                     reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    if dist.get_backend() == "gloo":
+        use_all_to_all_reduce_scatter(model)
     return model
 
 
