@@ -240,16 +240,22 @@ def test_rank_without_tokens_for_its_experts(ranks):
 @pytest.mark.parametrize("cfg_changes, ep, dp_shard, tp, message", [
     ({}, 3, 6, 1, r"^parallel\.ep=3 does not divide the 8 routed experts"),
     ({}, 4, 2, 1, r"^parallel\.ep=4 must divide parallel\.dp_shard=2"),
-    ({}, 2, 2, 2, r"^expert parallelism with tensor parallelism \(tp=2\) is not supported"),
+    ({}, 3, 3, 2, r"^parallel\.ep=3 must be a multiple of parallel\.tp=2"),
+    ({}, 8, 2, 2, r"^parallel\.ep=8 must divide parallel\.dp_shard × tp = 2×2 = 4"),
+    ({"n_routed_experts": 12, "n_group": 1, "topk_group": 1}, 8, 4, 2, r"^parallel\.ep=8 does not divide the 12"),
     ({"n_routed_experts": 0}, 2, 2, 1, r"^parallel\.ep=2 needs a MoE model"),
     ({}, 0, 2, 1, r"^parallel\.ep=0 must be >= 1"),
 ])
 def test_validate_ep_rejects(cfg_changes, ep, dp_shard, tp, message):
     cfg = get_preset("tiny-v3").replace(**cfg_changes)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as err:
         validate_ep(cfg, ep, dp_shard, tp)
+    assert "\n" not in str(err.value)
 
 
 def test_validate_ep_accepts():
     validate_ep(get_preset("tiny-v3"), 2, 4, 1)
     validate_ep(get_preset("tiny-dense"), 1, 4, 2)
+    validate_ep(get_preset("tiny-v3"), 2, 1, 2)  # ep over the two tp ranks
+    validate_ep(get_preset("tiny-v3"), 4, 2, 2)  # ep over both tp groups
+    validate_ep(get_preset("tiny-v3"), 2, 2, 2)  # ep = one tp group; FSDP over dp_shard

@@ -1,39 +1,28 @@
 """Model parallelism is the same computation as one process: tensor (+ sequence) parallel, pipeline
 parallel under every schedule, expert parallel, and their compositions give the single-process losses
-over 5 optimizer steps (fp32, gloo, tiny dense / V2 / V3 models, via the real `seektrain train`)."""
+over 5 optimizer steps (fp32, gloo, tiny dense / V2 / V3 models, via the real `seektrain train`).
+Expert parallelism over tensor-parallel ranks and with pipeline stages: test_expert_parallel_layouts.py."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from run_cli import losses, seektrain, train
+from run_cli import run_layout as run_metrics
+from run_cli import seektrain, train
 
-STEPS = ["train.steps=5"]
 TOL = dict(rel=1e-4, abs=1e-4)
 MODELS = ["tiny-dense", "tiny-v2", "tiny-v3"]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """Single-process losses per (model, global batch), computed once."""
-    cache: dict = {}
-
-    def get(model: str, global_batch: int = 4) -> list[float]:
-        key = (model, global_batch)
-        if key not in cache:
-            run = tmp_path_factory.mktemp(f"ref-{model}-{global_batch}")
-            train(run, *STEPS, f"model.preset={model}", f"train.global_batch_size={global_batch}")
-            cache[key] = losses(run)
-        return cache[key]
-
-    return get
+def reference(one_process_run):
+    """Single-process losses per (model, global batch)."""
+    return lambda model, global_batch=4: [m["loss"] for m in one_process_run(model, global_batch)]
 
 
 def run_layout(tmp_path, model: str, nproc: int, *overrides: str, global_batch: int = 4) -> list[float]:
-    train(tmp_path, *STEPS, f"model.preset={model}", f"train.global_batch_size={global_batch}", *overrides,
-          nproc=nproc, timeout=600)
-    return losses(tmp_path)
+    return [m["loss"] for m in run_metrics(tmp_path, model, nproc, *overrides, global_batch=global_batch)]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -106,7 +95,14 @@ def test_parameter_memory_per_rank(tmp_path):
     (["parallel.tp=3", "parallel.dp_shard=1"], 3, "num_attention_heads"),
     (["parallel.pp=8", "parallel.dp_shard=1"], 8, "only 4 layers"),
     (["parallel.ep=3", "parallel.dp_shard=3"], 3, "does not divide the 8 routed experts"),
-    (["parallel.ep=2", "parallel.dp_shard=1", "parallel.tp=2"], 2, "parallel.ep=2 must divide parallel.dp_shard=1"),
+    (["parallel.ep=4", "parallel.dp_shard=1"], 1, "parallel.ep=4 must divide parallel.dp_shard=1"),
+    (["parallel.ep=3", "parallel.dp_shard=3", "parallel.tp=2"], 6, "parallel.ep=3 must be a multiple of parallel.tp=2"),
+    (["parallel.ep=8", "parallel.dp_shard=2", "parallel.tp=2"], 4, "parallel.ep=8 must divide parallel.dp_shard × tp"),
+    (["parallel.ep=16", "parallel.dp_shard=8", "parallel.tp=2"], 16, "does not divide the 8 routed experts"),
+    (["parallel.ep=2", "parallel.dp_shard=1", "parallel.tp=2", "parallel.dp_replicate=2", "parallel.data_parallel=ddp"],
+     4, "parallel.ep=2 needs parallel.data_parallel=fsdp"),
+    (["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_microbatches=1"], 2,
+     "parallel.pp_schedule=1f1b needs at least parallel.pp=2 micro-batches"),
     (["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=zigzag"], 2, "parallel.pp_schedule='zigzag'"),
     (["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_split=1,2"], 2, "parallel.pp_split=[1, 2]"),
 ])
@@ -119,4 +115,5 @@ def test_invalid_layouts_rejected_before_start(tmp_path, overrides, nproc, needl
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("seektrain: error:") and needle in line, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
     assert not (tmp_path / "r").exists()  # refused before any worker started

@@ -61,7 +61,7 @@ class ParallelSection:
     dp_shard: int = -1  # -1: whatever the world size leaves after the other degrees
     tp: int = 1
     pp: int = 1
-    ep: int = 1
+    ep: int = 1  # expert-parallel ranks: a divisor of dp_shard, or with tp > 1 tp × a divisor of dp_shard
     data_parallel: str = "fsdp"  # fsdp | ddp (ddp requires dp_shard == 1)
     reshard_after_forward: bool = True  # False keeps params gathered after forward (ZeRO-2-like)
     pp_schedule: str = "1f1b"

@@ -49,6 +49,10 @@ def check_model_layout(cfg: JobConfig, model_cfg: ModelConfig, layout: ParallelL
             per_rank = pipeline.stages_per_rank(cfg.parallel.pp_schedule, cfg.parallel.pp_stages_per_rank)
             pipeline.split_layers(model_cfg, layout.pp * per_rank, cfg.parallel.pp_split or None)
             n_mb = pipeline_microbatches(cfg, layout, accum)
+            if cfg.parallel.pp_schedule == "1f1b" and n_mb < layout.pp:
+                raise ConfigError(f"parallel.pp_schedule=1f1b needs at least parallel.pp={layout.pp} micro-batches "
+                                  f"per step but gets {n_mb}; set parallel.pp_microbatches or raise "
+                                  "train.global_batch_size")
             if cfg.parallel.pp_schedule in pipeline.MULTI_STAGE and n_mb % layout.pp:
                 raise ConfigError(f"parallel.pp_schedule={cfg.parallel.pp_schedule} needs the number of pipeline "
                                   f"micro-batches ({n_mb}) to be a multiple of parallel.pp={layout.pp}")

@@ -1,7 +1,8 @@
 """Expert parallelism (EP) for DeepSeekMoE, applied from outside to a plain ``Transformer``.
 
 The routed experts of every MoE layer are split over ``ep`` ranks borrowed from the data-parallel shard
-ranks: each rank keeps ``E / ep`` experts as a DTensor ``Shard(0)`` of the full ``[E, ...]`` weights (so
+ranks and, under tensor parallelism, from every tp rank as well (``ep = tp × k``; each tp rank then
+dispatches its own 1/tp of the tokens, see ``moe_tensor_parallel.TokenSplitMoE``): each rank keeps ``E / ep`` experts as a DTensor ``Shard(0)`` of the full ``[E, ...]`` weights (so
 state-dict names, DCP checkpoints and the layout-independent init are unchanged). Each rank routes its
 own tokens as before; the experts module then
 
@@ -27,12 +28,14 @@ from torch.distributed.tensor import DTensor, Shard
 
 from seektrain.models.config import ModelConfig
 from seektrain.models.moe import GroupedExperts, MoE, grouped_swiglu
+from seektrain.parallel.layout import ep_layout_error
 
 
 def validate_ep(cfg: ModelConfig, ep: int, dp_shard: int, tp: int) -> None:
     """Raise a one-line ValueError if ``ep`` experts-parallel ranks cannot serve this model and layout."""
-    if ep < 1:
-        raise ValueError(f"parallel.ep={ep} must be >= 1")
+    error = ep_layout_error(ep, dp_shard, tp)
+    if error:
+        raise ValueError(error)
     if ep == 1:
         return
     if not cfg.is_moe:
@@ -40,36 +43,42 @@ def validate_ep(cfg: ModelConfig, ep: int, dp_shard: int, tp: int) -> None:
     if cfg.n_routed_experts % ep:
         raise ValueError(f"parallel.ep={ep} does not divide the {cfg.n_routed_experts} routed experts of "
                          f"{cfg.name!r}: choose a divisor of {cfg.n_routed_experts}")
-    if dp_shard % ep:
-        raise ValueError(f"parallel.ep={ep} must divide parallel.dp_shard={dp_shard} (expert-parallel ranks "
-                         "are borrowed from the data-parallel shard ranks)")
-    if tp > 1:
-        raise ValueError(f"expert parallelism with tensor parallelism (tp={tp}) is not supported yet: "
-                         "set parallel.tp=1 or parallel.ep=1")
 
 
 @dataclass(frozen=True)
 class EPMeshes:
-    """``ep``: the 1-D mesh of ranks that split the experts. ``efsdp``: the data-parallel ranks left over
-    (``dp_replicate × dp_shard / ep``), over which every rank's expert shard is further sharded by FSDP
-    (2-D ``(dp_replicate, dp_shard_mod_ep)`` for HSDP when dp_replicate > 1)."""
+    """``ep``: the 1-D mesh of ranks that split the experts (``dp_shard_in_ep × tp`` ranks, tp innermost).
+    ``efsdp``: the data-parallel ranks left over (``dp_replicate × dp_shard / (ep / tp)``), over which
+    every rank's expert shard is further sharded by FSDP (2-D ``(dp_replicate, dp_shard_mod_ep)`` for
+    HSDP when dp_replicate > 1). ``tp``: how many ranks of an ep group are tensor-parallel peers, which
+    read the same batch and split its tokens."""
 
     ep: DeviceMesh
     efsdp: DeviceMesh
+    tp: int = 1
 
 
 def build_ep_meshes(world_mesh: DeviceMesh, ep: int) -> EPMeshes:
-    """Split the world mesh's ``dp_shard`` dimension into ``(dp_shard_mod_ep, ep)`` (ep innermost, so an
-    expert exchange stays among neighbouring ranks) and take the two views EP needs. Every rank must call
-    this (it creates process groups). Both views share the world mesh's root, as FSDP requires."""
+    """Split the world mesh's ``dp_shard`` dimension into ``(dp_shard_mod_ep, dp_shard_in_ep)`` and join
+    ``dp_shard_in_ep`` with ``tp`` into ``ep`` (innermost dimensions, so an expert exchange stays among
+    neighbouring ranks). Every rank must call this (it creates process groups). Both views share the
+    world mesh's root, as FSDP requires."""
     names = world_mesh.mesh_dim_names
     dp_shard = world_mesh["dp_shard"].size()
-    if dp_shard % ep:
-        raise ValueError(f"parallel.ep={ep} must divide parallel.dp_shard={dp_shard}")
-    split = world_mesh._unflatten("dp_shard", (dp_shard // ep, ep), ("dp_shard_mod_ep", "ep"))
+    tp = world_mesh["tp"].size() if "tp" in names else 1
+    error = ep_layout_error(ep, dp_shard, tp)
+    if error:
+        raise ValueError(error)
+    in_ep = ep // tp
+    if tp == 1:
+        split = world_mesh._unflatten("dp_shard", (dp_shard // in_ep, in_ep), ("dp_shard_mod_ep", "ep"))
+        ep_mesh = split["ep"]
+    else:
+        split = world_mesh._unflatten("dp_shard", (dp_shard // in_ep, in_ep), ("dp_shard_mod_ep", "dp_shard_in_ep"))
+        ep_mesh = split["dp_shard_in_ep", "tp"]._flatten("ep")
     replicate = "dp_replicate" in names and world_mesh["dp_replicate"].size() > 1
     efsdp = split["dp_replicate", "dp_shard_mod_ep"] if replicate else split["dp_shard_mod_ep"]
-    return EPMeshes(ep=split["ep"], efsdp=efsdp)
+    return EPMeshes(ep=ep_mesh, efsdp=efsdp, tp=tp)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -105,11 +114,14 @@ class _ScaleGrad(torch.autograd.Function):
 
 class ExpertParallelExperts(GroupedExperts):
     """This rank's ``E / R`` experts; ``forward(x_sorted, counts_E)`` has ``GroupedExperts``' contract over
-    all E experts (slots sorted by global expert in, results in the same order out)."""
+    all E experts (slots sorted by global expert in, results in the same order out). ``tp``: how many
+    ranks of the ep group are tensor-parallel peers splitting one batch's tokens (1 without TP)."""
 
-    def __init__(self, experts: GroupedExperts, ep_mesh: DeviceMesh):
+    def __init__(self, experts: GroupedExperts, ep_mesh: DeviceMesh, tp: int = 1):
         nn.Module.__init__(self)
-        self.ep_mesh = ep_mesh
+        if ep_mesh.size() % tp:
+            raise ValueError(f"an ep group of {ep_mesh.size()} ranks cannot hold whole tp groups of {tp}")
+        self.ep_mesh, self.tp = ep_mesh, tp
         ranks, rank = ep_mesh.size(), ep_mesh.get_local_rank()
         for name in ("gate_up_proj", "down_proj"):
             full = getattr(experts, name)
@@ -140,20 +152,24 @@ class ExpertParallelExperts(GroupedExperts):
         # Gradient scale. The single-process gradient is that of the mean loss over every data-parallel
         # rank's tokens, (1/dp) Σ_r ∂L_r/∂w (equal token counts per rank). Each rank backpropagates its
         # own L_r; the all-to-all backward brings every ep-rank's ∂L_r/∂y for my experts here, so the
-        # local weight gradient is already the SUM over the R ranks of my ep group. FSDP then AVERAGES
-        # it over the dp/R ranks of the expert-FSDP mesh (the other replicas of these experts), giving
-        # (R/dp) Σ_r ∂L_r/∂w: dividing by R here yields exactly (1/dp) Σ_r ∂L_r/∂w, as FSDP's average
-        # over all dp ranks does for every non-expert parameter. (Only the weights' gradient is scaled,
-        # not the one flowing back to the tokens.)
-        w1, w2 = _ScaleGrad.apply(w1, 1.0 / R), _ScaleGrad.apply(w2, 1.0 / R)
+        # local weight gradient is already the SUM over the B = R / tp batches of my ep group (tp peers
+        # hold disjoint tokens of one batch: their parts add up to that batch's gradient). FSDP then
+        # AVERAGES it over the dp/B ranks of the expert-FSDP mesh (the other replicas of these experts),
+        # giving (B/dp) Σ_r ∂L_r/∂w: dividing by B here yields exactly (1/dp) Σ_r ∂L_r/∂w, as FSDP's
+        # average over all dp ranks does for every non-expert parameter. (Only the weights' gradient is
+        # scaled, not the one flowing back to the tokens.)
+        scale = self.tp / R
+        w1, w2 = _ScaleGrad.apply(w1, scale), _ScaleGrad.apply(w2, scale)
         y_local = grouped_swiglu(x_recv[order], recv_RL.sum(0), w1, w2)
         # 4. Back to arrival order, then back to the senders.
         y_recv = y_local[order.argsort()]
         return _AllToAll.apply(y_recv, send_splits, recv_splits, group)
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
+def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh, tp: int = 1) -> None:
     """Split the routed experts of every MoE layer (MTP modules included) over ``ep_mesh``, in place.
+    ``tp`` > 1: the ep group includes every rank of its tensor-parallel groups (``EPMeshes.tp``); then
+    apply tensor parallelism *after* this, so each tp rank dispatches only its share of the tokens.
     Call on the meta-device model before FSDP, ``to_empty`` and ``init_weights``."""
     if ep_mesh.ndim != 1:
         raise ValueError(f"apply_expert_parallel needs a 1-D ep mesh, got {ep_mesh.ndim}-D")
@@ -164,7 +180,7 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
             raise ValueError("apply_expert_parallel: the model's experts are already expert-parallel")
         if moe.n_experts % ep_mesh.size():
             raise ValueError(f"ep={ep_mesh.size()} does not divide the {moe.n_experts} routed experts")
-        moe.experts = ExpertParallelExperts(moe.experts, ep_mesh)
+        moe.experts = ExpertParallelExperts(moe.experts, ep_mesh, tp)
 
 
 def shard_experts(model: nn.Module, efsdp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,

@@ -3,7 +3,7 @@ DeviceMesh every parallel function takes its views from.
 
 World mesh dimensions, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``. Data-parallel
 ranks (the ones that see different data) are ``dp_replicate × dp_shard``; expert parallelism borrows
-its ranks from inside them.
+its ranks from inside ``dp_shard`` and, with tensor parallelism, every ``tp`` rank too (``ep_layout_error``).
 """
 
 from __future__ import annotations
@@ -51,9 +51,11 @@ class ParallelLayout:
                 f"parallel.pp × dp_replicate × dp_shard × tp = {self.pp}×{self.dp_replicate}×{self.dp_shard}"
                 f"×{self.tp} = {product} but the world size is {self.world_size}; set parallel.dp_shard=-1 or "
                 "fix the degrees")
-        if self.ep > 1 and self.dp_shard % self.ep:
-            raise ConfigError(f"parallel.ep={self.ep} must divide parallel.dp_shard={self.dp_shard}: experts are spread "
-                              "over data-parallel shard ranks")
+        error = ep_layout_error(self.ep, self.dp_shard, self.tp)
+        if error:
+            raise ConfigError(error)
+        if self.ep > 1 and self.data_parallel == "ddp" and self.dp > 1:
+            raise ConfigError(f"parallel.ep={self.ep} needs parallel.data_parallel=fsdp: DDP cannot hold expert shards")
         if self.data_parallel == "ddp" and self.dp_shard > 1:
             raise ConfigError("parallel.data_parallel=ddp replicates the model: set parallel.dp_shard=1 and "
                               "parallel.dp_replicate to the data-parallel size, or use data_parallel=fsdp")
@@ -69,6 +71,31 @@ class ParallelLayout:
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         mesh["dp_replicate", "dp_shard"]._flatten("dp")
         return mesh
+
+
+def ep_layout_error(ep: int, dp_shard: int, tp: int) -> str | None:
+    """Why ``ep`` expert-parallel ranks do not fit the layout (one line), or None.
+
+    Without tensor parallelism the ep ranks are data-parallel shard ranks, so ``ep`` must divide
+    ``dp_shard``. With it, an ep group takes whole tensor-parallel groups (each tp rank dispatches its
+    own share of the tokens, torchtitan's "ETP=1"): ``ep = tp × k`` with ``k`` dividing ``dp_shard``.
+    """
+    if ep < 1:
+        return f"parallel.ep={ep} must be >= 1"
+    if ep == 1:
+        return None
+    if tp == 1:
+        if dp_shard % ep:
+            return (f"parallel.ep={ep} must divide parallel.dp_shard={dp_shard}: experts are spread over the "
+                    "data-parallel shard ranks")
+        return None
+    if ep % tp:
+        return (f"parallel.ep={ep} must be a multiple of parallel.tp={tp}: expert parallelism borrows every "
+                f"tensor-parallel rank; set parallel.ep to tp × a divisor of parallel.dp_shard={dp_shard}")
+    if dp_shard % (ep // tp):
+        return (f"parallel.ep={ep} must divide parallel.dp_shard × tp = {dp_shard}×{tp} = {dp_shard * tp}: "
+                f"set parallel.ep to tp × a divisor of parallel.dp_shard")
+    return None
 
 
 def resolve_layout(cfg, world_size: int) -> tuple[ParallelLayout, int]:

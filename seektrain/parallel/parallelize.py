@@ -1,6 +1,7 @@
 """Turn a model config into the parallelised, initialised model parts of this rank (torchtitan's
-recipe): build on the meta device, cut out this rank's pipeline stages, apply tensor and expert
-parallelism, activation checkpointing and FSDP/HSDP, materialise only this rank's shards, then
+recipe): build on the meta device, cut out this rank's pipeline stages, apply expert and tensor
+parallelism (experts first: the tensor-parallel plan of an MoE block depends on whether its experts are
+already expert-parallel), activation checkpointing and FSDP/HSDP, materialise only this rank's shards, then
 initialise them. DDP wraps the initialised model last, because it needs real tensors.
 """
 
@@ -50,14 +51,14 @@ def uses_fsdp(layout: ParallelLayout) -> bool:
 
 def _parallelize_part(part: Transformer, job: JobConfig, layout: ParallelLayout, mesh: DeviceMesh,
                       ep_meshes) -> None:
+    if ep_meshes is not None:
+        from seektrain.parallel.expert_parallel import apply_expert_parallel
+
+        apply_expert_parallel(part, ep_meshes.ep, ep_meshes.tp)
     if layout.tp > 1:
         from seektrain.parallel.tensor_parallel import apply_tensor_parallel
 
         apply_tensor_parallel(part, mesh["tp"], sequence_parallel=True)
-    if ep_meshes is not None:
-        from seektrain.parallel.expert_parallel import apply_expert_parallel
-
-        apply_expert_parallel(part, ep_meshes.ep)
     apply_activation_checkpointing(part, job.train.activation_checkpoint)
     if uses_fsdp(layout):
         # Under pipelining, parameters stay gathered across the micro-batches of one step.
