@@ -2,7 +2,8 @@
 recipe): build on the meta device, cut out this rank's pipeline stages, apply expert and tensor
 parallelism (experts first: the tensor-parallel plan of an MoE block depends on whether its experts are
 already expert-parallel), activation checkpointing and FSDP/HSDP, materialise only this rank's shards, then
-initialise them. DDP wraps the initialised model last, because it needs real tensors.
+initialise them. DDP wraps the initialised model last, because it needs real tensors; a tensor-parallel
+model takes FSDP2's replicate mode instead, applied like FSDP (``_replicate_tensor_parallel``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,21 @@ def _parallelize_part(part: Transformer, job: JobConfig, layout: ParallelLayout,
 
             shard_experts(part, ep_meshes.efsdp, mp, reshard)
         apply_fsdp(part, dp_mesh_for(layout, mesh), mp, reshard)
+    elif layout.tp > 1 and layout.dp > 1:  # data_parallel=ddp
+        _replicate_tensor_parallel(part, mesh["dp_replicate"])
+
+
+def _replicate_tensor_parallel(part: Transformer, dp_mesh: DeviceMesh) -> None:
+    """DDP for a tensor-parallel model. ``DistributedDataParallel`` cannot take DTensor parameters (its
+    start-up broadcast has no DTensor rule), so FSDP2's replicate mode does the same job: no sharding,
+    gradients averaged over ``dp_mesh`` per block during backward (like DDP's buckets), parameters
+    DTensors on the ``(dp_replicate, tp)`` mesh, so clipping and checkpoints work as under FSDP. Mixed
+    precision stays autocast's, as with DDP."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    for block in list(part.layers.values()) + list(getattr(part, "mtp", None) or []):
+        replicate(block, mesh=dp_mesh)
+    replicate(part, mesh=dp_mesh)
 
 
 def parallelize_model(model_cfg: ModelConfig, job: JobConfig, layout: ParallelLayout, mesh: DeviceMesh,
@@ -104,7 +120,7 @@ def parallelize_model(model_cfg: ModelConfig, job: JobConfig, layout: ParallelLa
             part.init_weights(job.train.seed)
         else:
             load_full_state_dict(part, state_dict)
-    if not uses_fsdp(layout) and layout.dp > 1:
+    if not uses_fsdp(layout) and layout.dp > 1 and layout.tp == 1:
         if layout.pp > 1:
             raise ValueError("pipeline parallelism composes with parallel.data_parallel=fsdp; set it")
         parts = [apply_ddp(parts[0], dp_mesh_for(layout, mesh))]
