@@ -61,6 +61,23 @@ WORLD = 4
 LAYOUTS = {"ep4": 4, "ep2": 2, "ep1": 1}  # all dp_shard=2 × tp=2
 
 
+def _one_step_biases(model, mesh) -> list[list[float]]:
+    """One forward/backward on this dp rank's own batch, then the V3 balancing-bias update the trainer
+    does (counts all-reduced over the dp ranks): every rank must end up with the same biases."""
+    from seektrain.parallel.tensor_parallel import tp_loss_context
+    from seektrain.train.balance import collect_expert_load, configure_aux_loss, moe_layers, update_balance_bias
+    from seektrain.train.loss import model_loss
+
+    configure_aux_loss(model, 1e-2, 1.0)
+    gen = torch.Generator().manual_seed(mesh["dp"].get_local_rank())  # tp peers share a batch
+    tokens = torch.randint(0, model.cfg.vocab_size, (2, 32), generator=gen)
+    with tp_loss_context(True):
+        loss, _ = model_loss(model(tokens, mtp_labels=tokens), tokens, 0.3)
+        loss.backward()
+    update_balance_bias(model, collect_expert_load(model, mesh["dp"].get_group()), 1e-2)
+    return [m.gate.e_score_correction_bias.tolist() for m in moe_layers(model)]
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     from torch.distributed.tensor import DTensor
 
@@ -91,6 +108,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             meshes = build_ep_meshes(mesh, ep)
             result[name]["groups"] = {"ep": dist.get_process_group_ranks(meshes.ep.get_group()),
                                       "efsdp": dist.get_process_group_ranks(meshes.efsdp.get_group())}
+            result[name]["biases"] = _one_step_biases(model, mesh)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
@@ -114,6 +132,16 @@ def test_expert_groups_on_the_world_mesh(shards):
     for r, result in enumerate(shards):
         assert result["ep4"]["groups"] == {"ep": [0, 1, 2, 3], "efsdp": [r]}
         assert result["ep2"]["groups"] == {"ep": [r - r % 2, r - r % 2 + 1], "efsdp": [r % 2, r % 2 + 2]}
+
+
+@pytest.mark.parametrize("layout", ["ep4", "ep2"])
+def test_balancing_biases_identical_on_every_rank(shards, layout):
+    """Every tp rank routes the whole gathered sequence, so the expert counts, and the biases updated
+    from them, agree on all 4 ranks, although tp peers dispatch different tokens."""
+    biases = [result[layout]["biases"] for result in shards]
+    assert len(biases[0]) == 4  # tiny-v3: 3 MoE layers + the MTP block
+    assert all(b == biases[0] for b in biases[1:])
+    assert any(any(v != 0 for v in layer) for layer in biases[0])  # the update did run
 
 
 def test_each_rank_holds_a_quarter_of_the_experts(shards):
