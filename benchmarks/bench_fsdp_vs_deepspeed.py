@@ -117,16 +117,22 @@ def run_ours(args, work: Path, rep: int) -> dict:
     }
 
 
-def run_deepspeed(args, work: Path, rep: int) -> dict:
-    out = work / f"ds{rep}.json"
+# DeepSpeed variants: its defaults as a user runs it; the same plus the allocator setting seektrain's CPU
+# workers use (so that difference can be told apart from the engines'); overlap_comm off.
+DS_VARIANTS = {"default": [], "kept": ["--keep-freed-memory"], "no-overlap": ["--overlap-comm", "false"]}
+
+
+def run_deepspeed(args, work: Path, rep: int, variant: str = "default") -> dict:
+    out = work / f"ds-{variant}{rep}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            str(HERE / "ds_zero3_worker.py"), "--preset", args.preset, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--global-batch", str(args.global_batch),
            "--micro-batch", str(args.micro_batch), "--seq", str(args.seq), "--threads", str(args.threads),
-           "--out", str(out)]
-    rc, peaks, wall = _run(cmd, _env(args.threads), work / f"ds{rep}.log", args.nproc)
+           "--out", str(out), *DS_VARIANTS[variant]]
+    log = work / f"ds-{variant}{rep}.log"
+    rc, peaks, wall = _run(cmd, _env(args.threads), log, args.nproc)
     if rc:
-        sys.exit(f"DeepSpeed worker failed (rc {rc}); see {work / f'ds{rep}.log'}")
+        sys.exit(f"DeepSpeed worker failed (rc {rc}); see {log}")
     ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(args.nproc)]
     r0 = ranks[0]
     return {
@@ -152,6 +158,10 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=1, help="alternating runs of each side")
+    ap.add_argument("--ds-variants", default="default,kept",
+                    help=f"DeepSpeed runs to compare with, comma-separated, the first is the headline: "
+                         f"{', '.join(DS_VARIANTS)} (default: its defaults, and the same with freed memory kept "
+                         f"as seektrain's CPU workers do)")
     ap.add_argument("--keep", help="keep run folders and logs here (default: a temporary folder)")
     args = ap.parse_args(argv)
 
@@ -166,17 +176,23 @@ def main(argv=None) -> int:
     ctx = tempfile.TemporaryDirectory() if not args.keep else None
     work = Path(args.keep or ctx.name)
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[dict]] = {"ours": [], "deepspeed": []}
+    variants = [v for v in args.ds_variants.split(",") if v]
+    unknown = [v for v in variants if v not in DS_VARIANTS]
+    if unknown or not variants:
+        sys.exit(f"--ds-variants: unknown {unknown or 'empty list'}; choose from {', '.join(DS_VARIANTS)}")
+    sides = ["ours", *(f"deepspeed[{v}]" for v in variants)]
+    results: dict[str, list[dict]] = {side: [] for side in sides}
     for rep in range(args.repeats):
-        for side in (("ours", "deepspeed") if rep % 2 == 0 else ("deepspeed", "ours")):
-            res = run_ours(args, work, rep) if side == "ours" else run_deepspeed(args, work, rep)
+        for side in (sides if rep % 2 == 0 else sides[::-1]):
+            res = (run_ours(args, work, rep) if side == "ours"
+                   else run_deepspeed(args, work, rep, side[len("deepspeed["):-1]))
             results[side].append(res)
-            print(f"  run {rep + 1} {side:9s}: {res['tokens_per_s']:8.0f} tokens/s, median step {res['step_s']:.2f}s, "
+            print(f"  run {rep + 1} {side:22s}: {res['tokens_per_s']:8.0f} tokens/s, median step {res['step_s']:.2f}s, "
                   f"last loss {res['loss_last']:.3f}, sampled peak RSS {_fmt_list(res['sampled_peak_rss_gib'])} GiB, "
                   f"wall {res['wall_s']:.0f}s", flush=True)
     print(f"  load avg at end: {os.getloadavg()}")
 
-    ours, ds = results["ours"], results["deepspeed"]
+    ours, ds = results["ours"], results[sides[1]]
     tps_ours = statistics.median(r["tokens_per_s"] for r in ours)
     tps_ds = statistics.median(r["tokens_per_s"] for r in ds)
     n = ds[-1]["n_params"]
@@ -189,7 +205,7 @@ def main(argv=None) -> int:
         return [max(r[key][i] for r in rs) for i in range(len(rs[0][key]))]
 
     print()
-    print(f"{'':44s} {'seektrain FSDP2':>18s} {'DeepSpeed ZeRO-3':>18s} {'ratio':>7s}")
+    print(f"{'':44s} {'seektrain FSDP2':>18s} {'DS ZeRO-3 ' + variants[0]:>18s} {'ratio':>7s}")
     print(f"{'training tokens/s (median)':44s} {tps_ours:18.0f} {tps_ds:18.0f} {tps_ours / tps_ds:6.2f}x")
     s_ours, s_ds = peak(ours, "sampled_peak_rss_gib"), peak(ds, "sampled_peak_rss_gib")
     print(f"{'peak RSS per rank, sampled (GiB)':44s} {_fmt_list(s_ours):>18s} {_fmt_list(s_ds):>18s} "
@@ -202,7 +218,11 @@ def main(argv=None) -> int:
           f"DeepSpeed, measured on its optimizer: bf16 partitions {state['param_bytes'] / 2**20:.1f} + fp32 master "
           f"{state['master_bytes'] / 2**20:.1f} + fp32 grad partition (same size as master) + Adam moments "
           f"{state['optim_state_bytes'] / 2**20:.1f} MiB.)")
-    print(f"ratio: ours / DeepSpeed tokens/s = {tps_ours / tps_ds:.2f}x (target >= 1.5x)")
+    for side in sides[1:]:
+        tps = statistics.median(r["tokens_per_s"] for r in results[side])
+        peak_side = max(peak(results[side], "sampled_peak_rss_gib"))
+        print(f"ratio: ours / {side} tokens/s = {tps_ours / tps:.2f}x ({tps_ours:.0f} vs {tps:.0f}; "
+              f"sampled peak RSS {max(s_ours):.2f} vs {peak_side:.2f} GiB) (target >= 1.5x)")
     if ctx:
         ctx.cleanup()
     return 0

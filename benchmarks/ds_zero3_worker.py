@@ -4,7 +4,11 @@ Trains our ``Transformer`` (same preset, same deterministic init and seed as ``s
 ``deepspeed.initialize`` and a ZeRO-3 config: bf16 compute, fp32 master weights, AdamW with our
 hyper-parameters and parameter groups (no decay on 1-D tensors), our warmup+cosine schedule, the same
 gradient clipping, the same loss (next-token CE + weighted MTP CE) and the same V3 balancing-bias update
-after every step. Data are random tokens from a fixed seed (each rank its own stream).
+after every step. The forward is the trainer's: ``model(tokens, mtp_labels=labels, labels=labels)`` with
+the fused head + cross-entropy, which reads ``lm_head.weight`` from the root module's forward, so it is
+registered as a ZeRO-3 external parameter of the root. Other ZeRO settings are DeepSpeed's defaults for
+stage 3 (overlap_comm on, small parameters kept whole below stage3_param_persistence_threshold), except
+``--overlap-comm false`` to compare. Data are random tokens from a fixed seed (each rank its own stream).
 
 Writes one JSON line per rank to ``--out`` (rank suffix added): per-step times, tokens/s, peak RSS and
 the bytes of parameters, gradients and optimizer state this rank holds.
@@ -57,10 +61,18 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--overlap-comm", choices=["true", "false"], default="true",
+                    help="ZeRO-3 overlap_comm (DeepSpeed's default for stage 3 is true)")
+    ap.add_argument("--keep-freed-memory", action="store_true",
+                    help="the allocator setting seektrain's CPU workers use (train.cpu_keep_freed_memory)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    if args.keep_freed_memory:
+        from seektrain.train.cpu_allocator import keep_freed_memory
+
+        keep_freed_memory()
     import deepspeed
 
     from seektrain.config.schema import OptimSection, TrainSection
@@ -87,11 +99,12 @@ def main() -> None:
         "gradient_clipping": train_defaults.grad_clip,
         "bf16": {"enabled": True},
         "communication_data_type": "fp32",  # as our FSDP policy: reduce gradients in fp32
-        "zero_optimization": {"stage": 3, "overlap_comm": False, "contiguous_gradients": True,
-                              "stage3_param_persistence_threshold": 0},
+        "zero_optimization": {"stage": 3, "overlap_comm": args.overlap_comm == "true"},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    # the fused loss uses the head's weight inside the root module's forward
+    deepspeed.zero.register_external_parameter(model, model.lm_head.weight)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config)
     use_mtp = cfg.num_nextn_predict_layers > 0 and train_defaults.mtp_loss_weight > 0
@@ -105,7 +118,7 @@ def main() -> None:
         for _ in range(accum):
             data = torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq + 1), generator=gen)
             tokens, labels = data[:, :-1], data[:, 1:]
-            out = engine(tokens, mtp_labels=labels if use_mtp else None)
+            out = engine(tokens, mtp_labels=labels if use_mtp else None, labels=labels)
             loss, _parts = model_loss(out, labels, train_defaults.mtp_loss_weight)
             engine.backward(loss)
             engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
