@@ -50,10 +50,10 @@ def test_dp2_x_tp2_x_ep2(tmp_path, one_process_run):
 
 
 def test_pp2_x_dp2_x_ep2(tmp_path, one_process_run):
-    """4 ranks: 2 pipeline stages (1F1B, 2 micro-batches), each an FSDP=2 × EP=2 group."""
+    """4 ranks: 2 pipeline stages (1F1B, 2 micro-batches of 1 sequence), each an FSDP=2 × EP=2 group."""
     got = run_layout(tmp_path, "tiny-v3", 4, "parallel.pp=2", "parallel.ep=2", "parallel.dp_shard=2",
-                     global_batch=8)
-    _assert_same_run(got, one_process_run("tiny-v3", 8))
+                     "parallel.pp_microbatches=2")
+    _assert_same_run(got, one_process_run("tiny-v3"))
 
 
 # ------------------------------------------------------------------------------ shards per rank

@@ -36,7 +36,10 @@ class PipelineLoss:
 
 
 def pipeline_forward_backward(ctx) -> tuple[torch.Tensor, float, float]:
-    """(sum over micro-batches of [loss, lm loss, mtp loss], data wait s, forward+backward s)."""
+    """([loss, lm loss, mtp loss] summed as over the step's ``accum_steps`` accumulation micro-batches,
+    data wait s, forward+backward s). The pipeline's own micro-batch count may differ
+    (``parallel.pp_microbatches``): its mean loss is scaled back to ``accum_steps`` of them, which the
+    step then divides out again."""
     pm, loss_fn = ctx.pipeline, ctx.pipeline_loss
     t0 = time.perf_counter()
     batches = [next(ctx.loader) for _ in range(ctx.accum_steps)]
@@ -56,7 +59,10 @@ def pipeline_forward_backward(ctx) -> tuple[torch.Tensor, float, float]:
     n_micro = pm.schedule._n_microbatches
     for moe in moe_layers(pm.model):
         del moe.expert_counts[:-n_micro]
-    loss_sum = torch.stack(loss_fn.records[-n_micro:]).sum(0) if last else torch.zeros(3, device=ctx.device)
+    if last:
+        loss_sum = torch.stack(loss_fn.records[-n_micro:]).mean(0) * ctx.accum_steps
+    else:
+        loss_sum = torch.zeros(3, device=ctx.device)
     if ctx.pp_group is not None:  # every rank learns the loss the last stage computed
         dist.all_reduce(loss_sum, group=ctx.pp_group)
     return loss_sum, t1 - t0, time.perf_counter() - t1
