@@ -2,9 +2,10 @@
 
 The routed experts of every MoE layer are split over ``ep`` ranks borrowed from the data-parallel shard
 ranks and, under tensor parallelism, from every tp rank as well (``ep = tp × k``; each tp rank then
-dispatches its own 1/tp of the tokens, see ``moe_tensor_parallel.TokenSplitMoE``): each rank keeps ``E / ep`` experts as a DTensor ``Shard(0)`` of the full ``[E, ...]`` weights (so
-state-dict names, DCP checkpoints and the layout-independent init are unchanged). Each rank routes its
-own tokens as before; the experts module then
+dispatches its own 1/tp of the tokens, see ``moe_tensor_parallel.TokenSplitMoE``). Each rank keeps
+``E / ep`` experts as a DTensor ``Shard(0)`` of the full ``[E, ...]`` weights (so state-dict names, DCP
+checkpoints and the layout-independent init are unchanged). Each rank routes its own tokens as before;
+the experts module then
 
 1. exchanges how many token slots every rank sends to every expert (all-to-all of ``counts_E``),
 2. sends every slot to the rank that owns its expert (differentiable all-to-all),
