@@ -30,6 +30,7 @@ from seektrain.parallel.layout import resolve_layout
 from seektrain.parallel.parallelize import parallelize_model, unwrap, uses_fsdp
 from seektrain.parallel.tensor_parallel import tp_loss_context
 from seektrain.train.balance import configure_aux_loss
+from seektrain.train.cpu_allocator import keep_freed_memory
 from seektrain.train.faults import FaultGuard
 from seektrain.train.optim import build_optimizer, build_scheduler
 from seektrain.train.pipeline_step import PipelineLoss
@@ -51,6 +52,8 @@ def train(cfg: JobConfig) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_to_toml(cfg))
     setup_logging(run_dir, env.rank)
+    if env.device.type == "cpu" and cfg.train.cpu_keep_freed_memory and not keep_freed_memory():
+        log.info("train.cpu_keep_freed_memory: no glibc malloc here, left as it is")
     torch.manual_seed(cfg.train.seed)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
