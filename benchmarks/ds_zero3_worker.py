@@ -64,15 +64,15 @@ def main() -> None:
     ap.add_argument("--overlap-comm", choices=["true", "false"], default="true",
                     help="ZeRO-3 overlap_comm (DeepSpeed's default for stage 3 is true)")
     ap.add_argument("--keep-freed-memory", action="store_true",
-                    help="the allocator setting seektrain's CPU workers use (train.cpu_keep_freed_memory)")
+                    help="the allocator setting seektrain's CPU workers use (train.cpu_keep_freed_memory: keep "
+                         "freed memory during a step, malloc_trim after it)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    if args.keep_freed_memory:
-        from seektrain.train.cpu_allocator import keep_freed_memory
+    from seektrain.train.cpu_allocator import keep_freed_memory, release_free_memory
 
-        keep_freed_memory()
+    kept = args.keep_freed_memory and keep_freed_memory()
     import deepspeed
 
     from seektrain.config.schema import OptimSection, TrainSection
@@ -123,6 +123,8 @@ def main() -> None:
             engine.backward(loss)
             engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
         update_balance_bias(engine.module, collect_expert_load(engine.module, dist.group.WORLD), speed)
+        if kept:  # as seektrain's trainer does at the end of each step
+            release_free_memory()
         loss_t = loss.detach().float().reshape(1)
         dist.all_reduce(loss_t)
         times.append(time.perf_counter() - t0)

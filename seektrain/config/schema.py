@@ -34,8 +34,8 @@ class TrainSection:
     on_bad_loss: str = "skip"  # NaN/Inf or spiking loss: skip (drop the update) | stop (exit, one line)
     spike_factor: float = 0.0  # a loss above factor × running mean of recent losses is bad; 0 = off
     collective_timeout_s: float = 600.0  # a collective waiting longer fails with a message naming the rank
-    # CPU runs: glibc keeps freed memory for reuse instead of unmapping it, so big tensors do not
-    # page-fault again every step (seektrain/train/cpu_allocator.py); no effect on GPUs
+    # CPU runs: glibc keeps freed memory for reuse during a step instead of unmapping it (big tensors
+    # stop page-faulting every step) and returns free pages after each step (seektrain/train/cpu_allocator.py)
     cpu_keep_freed_memory: bool = True
 
 

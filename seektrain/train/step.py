@@ -42,6 +42,8 @@ class StepContext:
     loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     # the model computes head + cross-entropy fused (needs a head that is not vocabulary-sharded)
     fused_loss: bool = True
+    # run at the end of every step, inside its timing (CPU: hand free heap pages back to the OS)
+    end_of_step: Callable[[], None] | None = None
     pipeline: object | None = None  # seektrain.parallel.parallelize.ParallelModel with a schedule
     pipeline_loss: object | None = None
     pp_group: dist.ProcessGroup | None = None
@@ -119,6 +121,8 @@ def train_step(ctx: StepContext) -> dict[str, float]:
     if finite:
         update_balance_bias(ctx.model, loads, ctx.bias_update_speed)
 
+    if ctx.end_of_step is not None:
+        ctx.end_of_step()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     t_end = time.perf_counter()

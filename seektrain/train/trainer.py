@@ -30,7 +30,7 @@ from seektrain.parallel.layout import resolve_layout
 from seektrain.parallel.parallelize import parallelize_model, unwrap, uses_fsdp
 from seektrain.parallel.tensor_parallel import tp_loss_context
 from seektrain.train.balance import configure_aux_loss
-from seektrain.train.cpu_allocator import keep_freed_memory
+from seektrain.train.cpu_allocator import keep_freed_memory, release_free_memory
 from seektrain.train.faults import FaultGuard
 from seektrain.train.optim import build_optimizer, build_scheduler
 from seektrain.train.pipeline_step import PipelineLoss
@@ -52,7 +52,8 @@ def train(cfg: JobConfig) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_to_toml(cfg))
     setup_logging(run_dir, env.rank)
-    if env.device.type == "cpu" and cfg.train.cpu_keep_freed_memory and not keep_freed_memory():
+    kept = env.device.type == "cpu" and cfg.train.cpu_keep_freed_memory and keep_freed_memory()
+    if env.device.type == "cpu" and cfg.train.cpu_keep_freed_memory and not kept:
         log.info("train.cpu_keep_freed_memory: no glibc malloc here, left as it is")
     torch.manual_seed(cfg.train.seed)
     if cfg.train.deterministic:
@@ -119,7 +120,8 @@ def train(cfg: JobConfig) -> dict:
         device=env.device, dp_group=dp_group, grad_clip=t.grad_clip, mtp_weight=t.mtp_loss_weight,
         bias_update_speed=t.bias_update_speed if model_cfg.topk_method == "noaux_tc" else 0.0,
         use_mtp=model_cfg.num_nextn_predict_layers > 0 and t.mtp_loss_weight > 0, loss_guard=guard.loss,
-        loss_context=lambda: tp_loss_context(layout.tp > 1), fused_loss=layout.tp == 1, pipeline=parallel if layout.pp > 1 else None,
+        loss_context=lambda: tp_loss_context(layout.tp > 1), fused_loss=layout.tp == 1,
+        end_of_step=release_free_memory if kept else None, pipeline=parallel if layout.pp > 1 else None,
         pipeline_loss=pipeline_loss, pp_group=mesh["pp"].get_group() if layout.pp > 1 else None)
 
     def trainer_state(step: int) -> dict:
