@@ -109,7 +109,14 @@ def grouped_swiglu(x_ND: torch.Tensor, counts_E: torch.Tensor, gate_up_proj: tor
     """E SwiGLU experts (``gate_up [E, 2F, D]``, ``down [E, D, F]``) over token slots already sorted by
     expert, ``counts_E`` slots each: one grouped GEMM per projection, or a padded batched matmul where
     the platform has no grouped GEMM for the dtype (or no slots at all, which the grouped GEMM's backward
-    rejects on CPU). Shared by the plain and the expert-parallel experts."""
+    rejects on CPU). Shared by the plain and the expert-parallel experts.
+
+    Under autocast both paths compute in the autocast dtype (autocast does not cover the grouped GEMM
+    but does cover ``bmm``): the result's dtype must not depend on how many tokens a rank received,
+    or expert parallelism's return all-to-all would mix dtypes across ranks."""
+    if torch.is_autocast_enabled(x_ND.device.type):
+        dtype = torch.get_autocast_dtype(x_ND.device.type)
+        x_ND, gate_up_proj, down_proj = x_ND.to(dtype), gate_up_proj.to(dtype), down_proj.to(dtype)
     if x_ND.shape[0] and grouped_mm_supported(x_ND, gate_up_proj.shape[1], gate_up_proj.shape[2]):
         offs = counts_E.cumsum(0).to(torch.int32)
         h = _grouped_mm(x_ND, gate_up_proj.transpose(-2, -1), offs=offs)
