@@ -95,7 +95,7 @@ def run_ours(args, work: Path, rep: int) -> dict:
         "model.preset": args.preset, "train.steps": args.steps, "train.global_batch_size": args.global_batch,
         "train.micro_batch_size": args.micro_batch, "train.seq_len": args.seq, "precision.dtype": "bf16",
         "run.dir": run_dir, "checkpoint.interval": 0, "metrics.tensorboard": "false",
-        "run.progress_bar": "false", "run.log_interval": 1,
+        "run.progress_bar": "false", "run.log_interval": 1, "precision.reduce_dtype": args.reduce_dtype,
     }
     cmd = [sys.executable, "-m", "seektrain.cli.main", "train", "--nproc-per-node", str(args.nproc)]
     for key, value in sets.items():
@@ -128,7 +128,7 @@ def run_deepspeed(args, work: Path, rep: int, variant: str = "default") -> dict:
            str(HERE / "ds_zero3_worker.py"), "--preset", args.preset, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--global-batch", str(args.global_batch),
            "--micro-batch", str(args.micro_batch), "--seq", str(args.seq), "--threads", str(args.threads),
-           "--out", str(out), *DS_VARIANTS[variant]]
+           "--reduce-dtype", args.reduce_dtype, "--out", str(out), *DS_VARIANTS[variant]]
     log = work / f"ds-{variant}{rep}.log"
     rc, peaks, wall = _run(cmd, _env(args.threads), log, args.nproc)
     if rc:
@@ -157,6 +157,9 @@ def main(argv=None) -> int:
     ap.add_argument("--global-batch", type=int, default=4)
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--reduce-dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="dtype of the gradient reduction on both sides (ours: precision.reduce_dtype, the default "
+                         "fp32; DeepSpeed: communication_data_type, whose default under bf16 is bf16)")
     ap.add_argument("--repeats", type=int, default=1, help="alternating runs of each side")
     ap.add_argument("--ds-variants", default="default,kept",
                     help=f"DeepSpeed runs to compare with, comma-separated, the first is the headline: "
@@ -170,7 +173,7 @@ def main(argv=None) -> int:
 
     print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}; {args.nproc} ranks (gloo, CPU), "
           f"{args.threads} thread(s) per rank, cpu cores {os.cpu_count()}, load avg {os.getloadavg()}")
-    print(f"model {args.preset} (MTP on in both), bf16, global batch {args.global_batch} (micro {args.micro_batch}) "
+    print(f"model {args.preset} (MTP on in both), bf16 compute, {args.reduce_dtype} gradient reduction, global batch {args.global_batch} (micro {args.micro_batch}) "
           f"x seq {args.seq} = {args.global_batch * args.seq} tokens/step, {args.steps} steps "
           f"(medians over steps > {args.warmup})")
     ctx = tempfile.TemporaryDirectory() if not args.keep else None

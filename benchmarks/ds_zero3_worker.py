@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--overlap-comm", choices=["true", "false"], default="true",
                     help="ZeRO-3 overlap_comm (DeepSpeed's default for stage 3 is true)")
+    ap.add_argument("--reduce-dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="communication_data_type (seektrain's precision.reduce_dtype)")
     ap.add_argument("--keep-freed-memory", action="store_true",
                     help="the allocator setting seektrain's CPU workers use (train.cpu_keep_freed_memory: keep "
                          "freed memory during a step, malloc_trim after it)")
@@ -98,7 +100,7 @@ def main() -> None:
         "gradient_accumulation_steps": accum,
         "gradient_clipping": train_defaults.grad_clip,
         "bf16": {"enabled": True},
-        "communication_data_type": "fp32",  # as our FSDP policy: reduce gradients in fp32
+        "communication_data_type": args.reduce_dtype,  # as our FSDP policy's reduce dtype
         "zero_optimization": {"stage": 3, "overlap_comm": args.overlap_comm == "true"},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
