@@ -100,6 +100,9 @@ def train(cfg: JobConfig) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model %s: %s; layout %s; grad accumulation %d; %d local parameter elements on rank 0",
              model_cfg.name, data.describe(), layout.describe(), accum, _local_numel(model))
+    per_rank = [None] * env.world_size
+    dist.all_gather_object(per_rank, _local_bytes(model))
+    log.info("parameter bytes per rank (MiB): %s", " ".join(f"{b / 2**20:.1f}" for b in per_rank))
     log.debug("global parameter count %d", n_params)
 
     tokens_per_step = t.global_batch_size * t.seq_len
@@ -183,10 +186,18 @@ def train(cfg: JobConfig) -> dict:
             "model": unwrap(model) if env.world_size == 1 else None}
 
 
-def _local_numel(model) -> int:
+def _local_params(model):
     from torch.distributed.tensor import DTensor
 
-    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
+    return [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+
+
+def _local_numel(model) -> int:
+    return sum(p.numel() for p in _local_params(model))
+
+
+def _local_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in _local_params(model))
 
 
 def _format_line(step: int, total: int, m: dict) -> str:
