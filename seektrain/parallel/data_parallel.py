@@ -2,8 +2,9 @@
 
 FSDP shards every decoder layer (and MTP module) as its own unit, then the root (embedding, final
 norm, head). ``reshard_after_forward=False`` keeps parameters gathered between forward and backward,
-trading memory for one all-gather less per layer (ZeRO-2-like). On gloo the gradient reduce-scatter
-is swapped for an all-to-all + local sum (seektrain/parallel/gloo_reduce_scatter.py), 3x faster there.
+trading memory for one all-gather less per layer (ZeRO-2-like). On gloo the fp32 gradient
+reduce-scatter is swapped for an all-to-all + local sum (seektrain/parallel/gloo_reduce_scatter.py),
+1.2-1.3x faster there.
 """
 
 from __future__ import annotations
