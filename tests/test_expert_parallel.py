@@ -8,7 +8,6 @@ must agree, with plain data parallelism (non-expert gradients averaged by hand) 
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from seektrain.models.moe import GroupedExperts
 from seektrain.models.presets import get_preset
 from seektrain.models.transformer import build_model
 from seektrain.parallel.expert_parallel import validate_ep
+from spawn_ranks import spawn_ranks
 
 PRESETS = ("tiny-v2", "tiny-v3")
 WORLD, ROWS_PER_RANK, SEQ, STEPS = 2, 2, 32, 5
@@ -160,13 +160,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
     out = tmp_path_factory.mktemp("ep")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_worker, args=(port, str(out)), nprocs=WORLD, start_method="spawn")
+    spawn_ranks(_worker, WORLD, str(out))
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 from run_cli import run_layout
+from spawn_ranks import spawn_ranks
 
 TOL = dict(rel=1e-4, abs=1e-4)
 
@@ -116,13 +116,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
     out = tmp_path_factory.mktemp("shards")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_worker, args=(port, str(out)), nprocs=WORLD, start_method="spawn")
+    spawn_ranks(_worker, WORLD, str(out))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
