@@ -17,10 +17,11 @@ def token_ce_sum(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> tuple[tor
                            reduction="sum")
     if isinstance(loss, DTensor):  # vocabulary-sharded logits under loss_parallel (tensor parallelism)
         loss = loss.full_tensor()
-    return loss, int((labels_BT != IGNORE).sum())
+    return loss, _labelled(labels_BT)
 
 
 def _labelled(labels_BT: torch.Tensor) -> int:
+    """How many tokens carry a label (are not IGNORE)."""
     return int((labels_BT != IGNORE).sum())
 
 

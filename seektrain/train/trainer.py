@@ -52,9 +52,11 @@ def train(cfg: JobConfig) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_to_toml(cfg))
     setup_logging(run_dir, env.rank)
-    kept = env.device.type == "cpu" and cfg.train.cpu_keep_freed_memory and keep_freed_memory()
-    if env.device.type == "cpu" and cfg.train.cpu_keep_freed_memory and not kept:
-        log.info("train.cpu_keep_freed_memory: no glibc malloc here, left as it is")
+    kept = False
+    if env.device.type == "cpu" and cfg.train.cpu_keep_freed_memory:
+        kept = keep_freed_memory()
+        if not kept:
+            log.info("train.cpu_keep_freed_memory: no glibc malloc here, left as it is")
     torch.manual_seed(cfg.train.seed)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
