@@ -2,9 +2,9 @@
 
 FSDP shards every decoder layer (and MTP module) as its own unit, then the root (embedding, final
 norm, head). ``reshard_after_forward=False`` keeps parameters gathered between forward and backward,
-trading memory for one all-gather less per layer (ZeRO-2-like). On gloo the fp32 gradient
-reduce-scatter is swapped for an all-to-all + local sum (seektrain/parallel/gloo_reduce_scatter.py),
-1.2-1.3x faster there.
+trading memory for one all-gather less per layer (ZeRO-2-like). On gloo the parameter all-gather and
+gradient reduce-scatter are swapped for point-to-point versions (seektrain/parallel/gloo_collectives.py),
+2-3.5x faster there.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from seektrain.parallel.gloo_reduce_scatter import use_all_to_all_reduce_scatter
+from seektrain.parallel.gloo_collectives import use_p2p_collectives
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -38,7 +38,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecisionPolicy,
                     reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     if dist.get_backend() == "gloo":
-        use_all_to_all_reduce_scatter(model)
+        use_p2p_collectives(model)
     return model
 
 
