@@ -1,10 +1,11 @@
-"""Gloo's reduce-scatter against the all-to-all + local sum FSDP uses on CPU (same bytes, same result).
+"""Gloo's all-gather and reduce-scatter against the point-to-point ones FSDP uses on CPU (same bytes).
 
-    python benchmarks/bench_gloo_reduce_scatter.py               # 2 ranks, 240 MB fp32 and 120 MB bf16
-    python benchmarks/bench_gloo_reduce_scatter.py --mb 64 --nproc 4
+    python benchmarks/bench_gloo_collectives.py               # 2 ranks, 240 MiB fp32 / 120 MiB bf16 per rank
+    python benchmarks/bench_gloo_collectives.py --mb 64 --nproc 4
 
 Starts its own ranks (torch.distributed.run, gloo, 1 thread each); prints the best of ``--iters`` for
-each way and whether their outputs are identical.
+each way, the ratio, and whether their outputs are identical (the reduce-scatter on more than 2 ranks
+may differ in the last bit: another summation order).
 """
 
 from __future__ import annotations
@@ -32,22 +33,32 @@ def worker(mb: float, iters: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from seektrain.parallel.gloo_reduce_scatter import AllToAllReduceScatter
+    from seektrain.parallel.gloo_collectives import P2PAllGather, P2PReduceScatter
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     rank, world = dist.get_rank(), dist.get_world_size()
-    comm = AllToAllReduceScatter()
+    group, avg = dist.group.WORLD, dist.ReduceOp.AVG
+    all_gather, reduce_scatter = P2PAllGather(), P2PReduceScatter()
     for dtype in (torch.float32, torch.bfloat16):
         numel = int(mb * 2**20 / 4) // world * world  # the same element count in both dtypes
+        size_mib = numel * torch.empty((), dtype=dtype).element_size() / 2**20
         inp = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).to(dtype)
-        native, ours = torch.empty(numel // world, dtype=dtype), torch.empty(numel // world, dtype=dtype)
-        t_native = _best(lambda: dist.reduce_scatter_tensor(native, inp, op=dist.ReduceOp.AVG), iters)
-        t_ours = _best(lambda: comm(ours, inp, dist.group.WORLD, dist.ReduceOp.AVG), iters)
+        shard = inp[: numel // world]
+        outs = {k: torch.empty(n, dtype=dtype) for k, n in
+                (("rs_gloo", numel // world), ("rs_p2p", numel // world), ("ag_gloo", numel), ("ag_p2p", numel))}
+        t = {
+            "rs_gloo": _best(lambda: dist.reduce_scatter_tensor(outs["rs_gloo"], inp, op=avg), iters),
+            "rs_p2p": _best(lambda: reduce_scatter(outs["rs_p2p"], inp, group, avg), iters),
+            "ag_gloo": _best(lambda: dist.all_gather_into_tensor(outs["ag_gloo"], shard), iters),
+            "ag_p2p": _best(lambda: all_gather(outs["ag_p2p"], shard, group), iters),
+        }
         if rank == 0:
-            print(f"{str(dtype):15s} {numel * inp.element_size() / 2**20:7.0f} MiB in: gloo reduce_scatter "
-                  f"{t_native:.3f} s, all-to-all + sum {t_ours:.3f} s ({t_native / t_ours:.2f}x), "
-                  f"identical: {torch.equal(native, ours)}", flush=True)
+            for what, key in (("reduce-scatter", "rs"), ("all-gather", "ag")):
+                gloo, p2p = t[f"{key}_gloo"], t[f"{key}_p2p"]
+                print(f"{str(dtype):15s} {what:14s} {size_mib:7.0f} MiB: gloo {gloo:.3f} s, point-to-point "
+                      f"{p2p:.3f} s ({gloo / p2p:.2f}x), identical: "
+                      f"{torch.equal(outs[f'{key}_gloo'], outs[f'{key}_p2p'])}", flush=True)
     dist.destroy_process_group()
 
 
