@@ -11,7 +11,10 @@ length, and the same number of threads per rank (``OMP_NUM_THREADS`` for both la
 whose ``metrics.jsonl`` gives the per-step time; DeepSpeed runs ``benchmarks/ds_zero3_worker.py`` under
 torchrun. Tokens/s is the median over the steps after ``--warmup``; the runs alternate (ours, DeepSpeed,
 ours, ...) ``--repeats`` times so that load from other processes hits both alike, and the median over
-repeats is reported. Peak RSS: every worker process is sampled from outside (psutil, every 0.1 s) over
+repeats is reported. A third side, the ceiling, runs ``--nproc`` independent one-process trainings at
+once, each with one rank's share of the batch: no communication at all, so no data-parallel engine can
+beat its summed tokens/s on this machine, and the largest possible lead over DeepSpeed is printed
+(``--no-floor`` skips it). Peak RSS: every worker process is sampled from outside (psutil, every 0.1 s) over
 its whole life; in addition each side reports its own peak from inside (ours: rank 0's
 ``mem_peak_rss_gib`` at the last step, before the final checkpoint; DeepSpeed: ``ru_maxrss`` per rank).
 
@@ -38,7 +41,7 @@ GIB = float(1 << 30)
 
 
 class RssSampler:
-    """Peak RSS of every descendant process of ``pid`` (the workers), sampled every ``interval`` s."""
+    """Peak RSS of ``pid`` and every descendant process (the workers), sampled every ``interval`` s."""
 
     def __init__(self, pid: int, interval: float = 0.1):
         import psutil
@@ -52,7 +55,7 @@ class RssSampler:
     def _run(self):
         while not self._stop.is_set():
             try:
-                children = self._root.children(recursive=True)
+                children = [self._root, *self._root.children(recursive=True)]  # a 1-process run has none
             except self._psutil.Error:
                 break
             for child in children:
@@ -89,22 +92,61 @@ def _env(threads: int) -> dict:
     return env
 
 
-def run_ours(args, work: Path, rep: int) -> dict:
-    run_dir = work / f"ours{rep}"
+def _train_cmd(args, run_dir: Path, nproc: int, global_batch: int) -> list[str]:
     sets = {
-        "model.preset": args.preset, "train.steps": args.steps, "train.global_batch_size": args.global_batch,
+        "model.preset": args.preset, "train.steps": args.steps, "train.global_batch_size": global_batch,
         "train.micro_batch_size": args.micro_batch, "train.seq_len": args.seq, "precision.dtype": "bf16",
         "run.dir": run_dir, "checkpoint.interval": 0, "metrics.tensorboard": "false",
         "run.progress_bar": "false", "run.log_interval": 1, "precision.reduce_dtype": args.reduce_dtype,
     }
-    cmd = [sys.executable, "-m", "seektrain.cli.main", "train", "--nproc-per-node", str(args.nproc)]
+    cmd = [sys.executable, "-m", "seektrain.cli.main", "train", "--nproc-per-node", str(nproc)]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
+    return cmd
+
+
+def _metrics(run_dir: Path, warmup: int) -> tuple[list[dict], list[dict]]:
+    """(every step's record, the records after the warm-up steps)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return records, [r for r in records if r["step"] > warmup] or records
+
+
+def run_floor(args, work: Path, rep: int) -> dict:
+    """``--nproc`` independent one-process runs at once, each with one rank's share of the batch.
+
+    Nothing is communicated and each holds the whole model and optimizer, so their summed tokens/s is
+    what any data-parallel engine could reach on this machine with this per-rank work: the ceiling for
+    both engines (up to the optimizer step, which here runs over all parameters, not a shard).
+    """
+    env, procs, logs = _env(args.threads), [], []
+    t0 = time.perf_counter()
+    for i in range(args.nproc):
+        logs.append(open(work / f"floor{rep}-{i}.log", "w"))  # noqa: SIM115 (closed below)
+        cmd = _train_cmd(args, work / f"floor{rep}-{i}", 1, args.global_batch // args.nproc)
+        procs.append(subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, cwd=HERE.parent))
+    samplers = [RssSampler(p.pid) for p in procs]
+    rcs = [p.wait() for p in procs]
+    for fh in logs:
+        fh.close()
+    peaks = sorted((max(sm.stop() or [0.0]) for sm in samplers), reverse=True)
+    if any(rcs):
+        sys.exit(f"one-process run failed (rc {rcs}); see {work}/floor{rep}-*.log")
+    runs = [_metrics(work / f"floor{rep}-{i}", args.warmup) for i in range(args.nproc)]
+    return {
+        "tokens_per_s": sum(statistics.median(r["tokens_per_s"] for r in timed) for _, timed in runs),
+        "step_s": max(statistics.median(r["step_time_s"] for r in timed) for _, timed in runs),
+        "loss_last": runs[0][0][-1]["loss"], "sampled_peak_rss_gib": peaks,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def run_ours(args, work: Path, rep: int) -> dict:
+    run_dir = work / f"ours{rep}"
+    cmd = _train_cmd(args, run_dir, args.nproc, args.global_batch)
     rc, peaks, wall = _run(cmd, _env(args.threads), work / f"ours{rep}.log", args.nproc)
     if rc:
         sys.exit(f"seektrain train failed (rc {rc}); see {work / f'ours{rep}.log'}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    timed = [r for r in records if r["step"] > args.warmup] or records
+    records, timed = _metrics(run_dir, args.warmup)
     log = (run_dir / "train.log").read_text()
     local = re.search(r"(\d+) local parameter elements on rank 0", log)
     return {
@@ -165,6 +207,8 @@ def main(argv=None) -> int:
                     help=f"DeepSpeed runs to compare with, comma-separated, the first is the headline: "
                          f"{', '.join(DS_VARIANTS)} (default: its defaults, and the same with freed memory kept "
                          f"as seektrain's CPU workers do)")
+    ap.add_argument("--no-floor", action="store_true",
+                    help="skip the no-communication ceiling (--nproc independent one-process runs at once)")
     ap.add_argument("--keep", help="keep run folders and logs here (default: a temporary folder)")
     args = ap.parse_args(argv)
 
@@ -183,11 +227,11 @@ def main(argv=None) -> int:
     unknown = [v for v in variants if v not in DS_VARIANTS]
     if unknown or not variants:
         sys.exit(f"--ds-variants: unknown {unknown or 'empty list'}; choose from {', '.join(DS_VARIANTS)}")
-    sides = ["ours", *(f"deepspeed[{v}]" for v in variants)]
+    sides = ["ours", *(f"deepspeed[{v}]" for v in variants)] + ([] if args.no_floor else ["floor"])
     results: dict[str, list[dict]] = {side: [] for side in sides}
     for rep in range(args.repeats):
         for side in (sides if rep % 2 == 0 else sides[::-1]):
-            res = (run_ours(args, work, rep) if side == "ours"
+            res = (run_ours(args, work, rep) if side == "ours" else run_floor(args, work, rep) if side == "floor"
                    else run_deepspeed(args, work, rep, side[len("deepspeed["):-1]))
             results[side].append(res)
             print(f"  run {rep + 1} {side:22s}: {res['tokens_per_s']:8.0f} tokens/s, median step {res['step_s']:.2f}s, "
@@ -221,11 +265,17 @@ def main(argv=None) -> int:
           f"DeepSpeed, measured on its optimizer: bf16 partitions {state['param_bytes'] / 2**20:.1f} + fp32 master "
           f"{state['master_bytes'] / 2**20:.1f} + fp32 grad partition (same size as master) + Adam moments "
           f"{state['optim_state_bytes'] / 2**20:.1f} MiB.)")
-    for side in sides[1:]:
+    for side in (s for s in sides[1:] if s != "floor"):
         tps = statistics.median(r["tokens_per_s"] for r in results[side])
         peak_side = max(peak(results[side], "sampled_peak_rss_gib"))
         print(f"ratio: ours / {side} tokens/s = {tps_ours / tps:.2f}x ({tps_ours:.0f} vs {tps:.0f}; "
               f"sampled peak RSS {max(s_ours):.2f} vs {peak_side:.2f} GiB) (target >= 1.5x)")
+    if "floor" in results:
+        tps_floor = statistics.median(r["tokens_per_s"] for r in results["floor"])
+        print(f"ceiling: {args.nproc} independent one-process runs at once (no communication, whole optimizer "
+              f"each) {tps_floor:.0f} tokens/s; ours reaches {tps_ours / tps_floor:.0%} of it, "
+              f"{sides[1]} {tps_ds / tps_floor:.0%}; the most any engine could lead {sides[1]} by here is "
+              f"{tps_floor / tps_ds:.2f}x")
     if ctx:
         ctx.cleanup()
     return 0
