@@ -56,8 +56,8 @@ def worker(mb: float, iters: int) -> None:
         if rank == 0:
             for what, key in (("reduce-scatter", "rs"), ("all-gather", "ag")):
                 gloo, p2p = t[f"{key}_gloo"], t[f"{key}_p2p"]
-                print(f"{str(dtype):15s} {what:14s} {size_mib:7.0f} MiB: gloo {gloo:.3f} s, point-to-point "
-                      f"{p2p:.3f} s ({gloo / p2p:.2f}x), identical: "
+                print(f"{str(dtype):15s} {what:14s} {size_mib:8.2f} MiB: gloo {gloo * 1e3:8.2f} ms, "
+                      f"point-to-point {p2p * 1e3:8.2f} ms ({gloo / p2p:.2f}x), identical: "
                       f"{torch.equal(outs[f'{key}_gloo'], outs[f'{key}_p2p'])}", flush=True)
     dist.destroy_process_group()
 
