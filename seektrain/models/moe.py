@@ -51,7 +51,9 @@ class _PermuteRows(torch.autograd.Function):
     """``x[order]`` for a permutation ``order``, whose backward is the inverse permutation (a gather).
 
     Autograd treats ``x[index]`` as a general gather and answers with an accumulating scatter, which
-    runs serially on CPU: 10 ms for the 4,096 x 512 rows of a small-v3 MoE layer, against 1 ms here.
+    runs serially on CPU (10 ms for the 4,096 x 512 rows of a small-v3 MoE layer in a profile). With
+    this and the sum over slots, one small-v3 MoE layer's forward+backward took 104.9 ms against
+    109.3 ms (bf16, 2 threads, best of 21 alternating runs).
     """
 
     @staticmethod
