@@ -10,7 +10,10 @@ cross-entropy, fp32) -> backward, gradients dropped after each step, in the same
 with the same thread count. Ours is ``model(tokens, labels=labels)`` (the fused head + cross-entropy
 the trainer uses); transformers' is ``model(tokens, labels=..., shift_labels=labels).loss`` (logits ->
 fp32 -> cross-entropy). "ours (logits + CE)" runs our model through the transformers-style loss as well,
-so the two sources of the difference can be told apart. Iterations of the variants are interleaved
+so the two sources of the difference can be told apart. "floor" runs ours with the attention replaced by
+a pass-through of the values and the loss by a plain sum of the logits: what is left is the work both
+models do with the same ops (projections, experts, head matmul, norms, routing), and transformers' step
+time over it is the largest lead that any attention and loss implementation could give. Iterations of the variants are interleaved
 round-robin so that load from other processes hits every variant alike; the median step time of each is
 reported. transformers is measured with every experts implementation asked for (its default is
 ``grouped_mm``); the ratio is given against its default and its fastest.
@@ -85,11 +88,26 @@ def cast_model(model, dtype: torch.dtype):
     return model
 
 
+def _no_attention(q, k, v, scale):
+    """Stands in for our attention in the "floor" variant: passes the values through (keeps the graph)."""
+    return v.transpose(1, 2).flatten(2) * 1.0
+
+
 def make_step(model, kind: str, tokens, labels):
-    """kind: "fused" (our training forward), "logits" (our logits + fp32 CE), "hf" (transformers' loss)."""
+    """kind: "fused" (our training forward), "logits" (our logits + fp32 CE), "hf" (transformers' loss),
+    "floor" (ours with attention and the loss's softmax left out: the work both models do with the same
+    ops, i.e. every projection, the experts, the head matmul, norms and routing)."""
+    import seektrain.models.attention as attention
+
     def step():
         if kind == "fused":
             loss = model(tokens, labels=labels).main / labels.numel()
+        elif kind == "floor":
+            saved, attention._attend = attention._attend, _no_attention
+            try:
+                loss = model(tokens).sum()
+            finally:
+                attention._attend = saved
         elif kind == "logits":
             loss = F.cross_entropy(model(tokens).float().flatten(0, 1), labels.flatten())
         else:
@@ -146,7 +164,8 @@ def main(argv=None) -> int:
 
     cast_model(ours, dtype).train()
     steps = {"ours": make_step(ours, "fused", tokens, labels),
-             "ours (logits + CE)": make_step(ours, "logits", tokens, labels)}
+             "ours (logits + CE)": make_step(ours, "logits", tokens, labels),
+             "floor (no attention, no CE)": make_step(ours, "floor", tokens, labels)}
     for impl, model in theirs.items():
         steps[f"transformers[{impl}]"] = make_step(cast_model(model, dtype).train(), "hf", tokens, labels)
 
@@ -154,7 +173,7 @@ def main(argv=None) -> int:
     for name, step in steps.items():  # warm-up (also checks that losses agree)
         for _ in range(args.warmup):
             losses[name] = float(step())
-    print("  loss after warm-up: " + ", ".join(f"{k} {v:.4f}" for k, v in losses.items()))
+    print("  loss after warm-up: " + ", ".join(f"{k} {v:.4f}" for k, v in losses.items() if not k.startswith("floor")))
 
     times: dict[str, list[float]] = {name: [] for name in steps}
     cpu: dict[str, list[float]] = {name: [] for name in steps}
@@ -184,6 +203,10 @@ def main(argv=None) -> int:
     print()
     print("ratio = transformers median step time / ours (tokens/s of ours over theirs); "
           "in brackets the same from CPU time and from the fastest step of each (less sensitive to load)")
+    floor = "floor (no attention, no CE)"
+    print(f"floor: ours without attention and without the loss's softmax takes {med[floor]:.3f} s; the most "
+          f"any attention + loss could make ours lead transformers' default by is "
+          f"{med[default] / med[floor]:.2f}x [CPU time {med_cpu[default] / med_cpu[floor]:.2f}x]")
     for ours_name in ("ours", "ours (logits + CE)"):
         for label, name in (("default", default), ("fastest", fastest)):
             print(f"{ours_name} vs transformers {label} ({name}): {med[name] / med[ours_name]:.2f}x  "
