@@ -14,7 +14,7 @@ ours, ...) ``--repeats`` times so that load from other processes hits both alike
 repeats is reported. A third side, the ceiling, runs ``--nproc`` independent one-process trainings at
 once, each with one rank's share of the batch: no communication at all, so no data-parallel engine can
 beat its summed tokens/s on this machine, and the largest possible lead over DeepSpeed is printed
-(``--no-floor`` skips it). Peak RSS: every worker process is sampled from outside (psutil, every 0.1 s) over
+(``--no-ceiling`` skips it). Peak RSS: every worker process is sampled from outside (psutil, every 0.1 s) over
 its whole life; in addition each side reports its own peak from inside (ours: rank 0's
 ``mem_peak_rss_gib`` at the last step, before the final checkpoint; DeepSpeed: ``ru_maxrss`` per rank).
 
@@ -111,7 +111,7 @@ def _metrics(run_dir: Path, warmup: int) -> tuple[list[dict], list[dict]]:
     return records, [r for r in records if r["step"] > warmup] or records
 
 
-def run_floor(args, work: Path, rep: int) -> dict:
+def run_ceiling(args, work: Path, rep: int) -> dict:
     """``--nproc`` independent one-process runs at once, each with one rank's share of the batch.
 
     Nothing is communicated and each holds the whole model and optimizer, so their summed tokens/s is
@@ -121,8 +121,8 @@ def run_floor(args, work: Path, rep: int) -> dict:
     env, procs, logs = _env(args.threads), [], []
     t0 = time.perf_counter()
     for i in range(args.nproc):
-        logs.append(open(work / f"floor{rep}-{i}.log", "w"))  # noqa: SIM115 (closed below)
-        cmd = _train_cmd(args, work / f"floor{rep}-{i}", 1, args.global_batch // args.nproc)
+        logs.append(open(work / f"ceiling{rep}-{i}.log", "w"))  # noqa: SIM115 (closed below)
+        cmd = _train_cmd(args, work / f"ceiling{rep}-{i}", 1, args.global_batch // args.nproc)
         procs.append(subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, cwd=HERE.parent))
     samplers = [RssSampler(p.pid) for p in procs]
     rcs = [p.wait() for p in procs]
@@ -130,8 +130,8 @@ def run_floor(args, work: Path, rep: int) -> dict:
         fh.close()
     peaks = sorted((max(sm.stop() or [0.0]) for sm in samplers), reverse=True)
     if any(rcs):
-        sys.exit(f"one-process run failed (rc {rcs}); see {work}/floor{rep}-*.log")
-    runs = [_metrics(work / f"floor{rep}-{i}", args.warmup) for i in range(args.nproc)]
+        sys.exit(f"one-process run failed (rc {rcs}); see {work}/ceiling{rep}-*.log")
+    runs = [_metrics(work / f"ceiling{rep}-{i}", args.warmup) for i in range(args.nproc)]
     return {
         "tokens_per_s": sum(statistics.median(r["tokens_per_s"] for r in timed) for _, timed in runs),
         "step_s": max(statistics.median(r["step_time_s"] for r in timed) for _, timed in runs),
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
                     help=f"DeepSpeed runs to compare with, comma-separated, the first is the headline: "
                          f"{', '.join(DS_VARIANTS)} (default: its defaults, and the same with freed memory kept "
                          f"as seektrain's CPU workers do)")
-    ap.add_argument("--no-floor", action="store_true",
+    ap.add_argument("--no-ceiling", action="store_true",
                     help="skip the no-communication ceiling (--nproc independent one-process runs at once)")
     ap.add_argument("--keep", help="keep run folders and logs here (default: a temporary folder)")
     args = ap.parse_args(argv)
@@ -227,11 +227,11 @@ def main(argv=None) -> int:
     unknown = [v for v in variants if v not in DS_VARIANTS]
     if unknown or not variants:
         sys.exit(f"--ds-variants: unknown {unknown or 'empty list'}; choose from {', '.join(DS_VARIANTS)}")
-    sides = ["ours", *(f"deepspeed[{v}]" for v in variants)] + ([] if args.no_floor else ["floor"])
+    sides = ["ours", *(f"deepspeed[{v}]" for v in variants)] + ([] if args.no_ceiling else ["ceiling"])
     results: dict[str, list[dict]] = {side: [] for side in sides}
     for rep in range(args.repeats):
         for side in (sides if rep % 2 == 0 else sides[::-1]):
-            res = (run_ours(args, work, rep) if side == "ours" else run_floor(args, work, rep) if side == "floor"
+            res = (run_ours(args, work, rep) if side == "ours" else run_ceiling(args, work, rep) if side == "ceiling"
                    else run_deepspeed(args, work, rep, side[len("deepspeed["):-1]))
             results[side].append(res)
             print(f"  run {rep + 1} {side:22s}: {res['tokens_per_s']:8.0f} tokens/s, median step {res['step_s']:.2f}s, "
@@ -265,17 +265,17 @@ def main(argv=None) -> int:
           f"DeepSpeed, measured on its optimizer: bf16 partitions {state['param_bytes'] / 2**20:.1f} + fp32 master "
           f"{state['master_bytes'] / 2**20:.1f} + fp32 grad partition (same size as master) + Adam moments "
           f"{state['optim_state_bytes'] / 2**20:.1f} MiB.)")
-    for side in (s for s in sides[1:] if s != "floor"):
+    for side in (s for s in sides[1:] if s != "ceiling"):
         tps = statistics.median(r["tokens_per_s"] for r in results[side])
         peak_side = max(peak(results[side], "sampled_peak_rss_gib"))
         print(f"ratio: ours / {side} tokens/s = {tps_ours / tps:.2f}x ({tps_ours:.0f} vs {tps:.0f}; "
               f"sampled peak RSS {max(s_ours):.2f} vs {peak_side:.2f} GiB) (target >= 1.5x)")
-    if "floor" in results:
-        tps_floor = statistics.median(r["tokens_per_s"] for r in results["floor"])
+    if "ceiling" in results:
+        tps_ceiling = statistics.median(r["tokens_per_s"] for r in results["ceiling"])
         print(f"ceiling: {args.nproc} independent one-process runs at once (no communication, whole optimizer "
-              f"each) {tps_floor:.0f} tokens/s; ours reaches {tps_ours / tps_floor:.0%} of it, "
-              f"{sides[1]} {tps_ds / tps_floor:.0%}; the most any engine could lead {sides[1]} by here is "
-              f"{tps_floor / tps_ds:.2f}x")
+              f"each) {tps_ceiling:.0f} tokens/s; ours reaches {tps_ours / tps_ceiling:.0%} of it, "
+              f"{sides[1]} {tps_ds / tps_ceiling:.0%}; the most any engine could lead {sides[1]} by here is "
+              f"{tps_ceiling / tps_ds:.2f}x")
     if ctx:
         ctx.cleanup()
     return 0
