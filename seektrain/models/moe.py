@@ -15,6 +15,7 @@ from torch import nn
 
 from seektrain.models.config import ModelConfig
 from seektrain.models.layers import SwiGLU
+from seektrain.models.moe_rows import CPU_GROUP_ROWS, PermuteRows, run_padded_groups
 
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
@@ -45,26 +46,6 @@ class _ContiguousGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad.contiguous()
-
-
-class _PermuteRows(torch.autograd.Function):
-    """``x[order]`` for a permutation ``order``, whose backward is the inverse permutation (a gather).
-
-    Autograd treats ``x[index]`` as a general gather and answers with an accumulating scatter, which
-    runs serially on CPU (10 ms for the 4,096 x 512 rows of a small-v3 MoE layer in a profile). With
-    this and the sum over slots, one small-v3 MoE layer's forward+backward took 104.9 ms against
-    109.3 ms (bf16, 2 threads, best of 21 alternating runs).
-    """
-
-    @staticmethod
-    def forward(ctx, x, order, inverse):
-        ctx.save_for_backward(inverse)
-        return x.index_select(0, order)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (inverse,) = ctx.saved_tensors
-        return grad.index_select(0, inverse), None, None
 
 
 class _AttachAuxLoss(torch.autograd.Function):
@@ -138,11 +119,14 @@ def grouped_swiglu(x_ND: torch.Tensor, counts_E: torch.Tensor, gate_up_proj: tor
         dtype = torch.get_autocast_dtype(x_ND.device.type)
         x_ND, gate_up_proj, down_proj = x_ND.to(dtype), gate_up_proj.to(dtype), down_proj.to(dtype)
     if x_ND.shape[0] and grouped_mm_supported(x_ND, gate_up_proj.shape[1], gate_up_proj.shape[2]):
-        offs = counts_E.cumsum(0).to(torch.int32)
-        h = _grouped_mm(x_ND, gate_up_proj.transpose(-2, -1), offs=offs)
-        gate, up = _ContiguousGrad.apply(h).chunk(2, dim=-1)
-        out = _grouped_mm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs)
-        return _ContiguousGrad.apply(out)
+        def swiglu(x, counts):
+            offs = counts.cumsum(0).to(torch.int32)
+            gate, up = _ContiguousGrad.apply(_grouped_mm(x, gate_up_proj.transpose(-2, -1), offs=offs)).chunk(2, -1)
+            return _ContiguousGrad.apply(_grouped_mm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs))
+
+        if x_ND.device.type == "cpu":  # bounded matmul shapes for oneDNN's kernel cache (moe_rows.py)
+            return run_padded_groups(swiglu, x_ND, counts_E, CPU_GROUP_ROWS)
+        return swiglu(x_ND, counts_E)
     return _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj)
 
 
@@ -216,8 +200,8 @@ class MoE(nn.Module):
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         x_slots = x_ND.unsqueeze(1).expand(N, K, x_ND.shape[1]).reshape(N * K, -1)
-        y = self.experts(_PermuteRows.apply(x_slots, order, inverse), counts_E)
-        y_NKD = _PermuteRows.apply(y, inverse, order).view(N, K, -1)
+        y = self.experts(PermuteRows.apply(x_slots, order, inverse), counts_E)
+        y_NKD = PermuteRows.apply(y, inverse, order).view(N, K, -1)
         return (y_NKD * weights_NK.unsqueeze(-1).to(y.dtype)).sum(1).to(x_ND.dtype)
 
     def _record(self, counts_E: torch.Tensor) -> None:

@@ -1,0 +1,55 @@
+"""Row moves of the MoE dispatch: padding each expert's rows on CPU changes no output and no gradient."""
+
+import pytest
+import torch
+
+from seektrain.models import moe
+from seektrain.models.moe_rows import PermuteRows, padded_group_positions
+
+
+def test_padded_positions_round_every_group_up():
+    counts = torch.tensor([3, 0, 17, 16, 1])
+    pos, padded, total = padded_group_positions(counts, 16)
+    assert padded.tolist() == [16, 0, 32, 16, 16] and total == 80
+    # group starts in the padded layout: 0, 16, 16, 48, 64
+    expected = [0, 1, 2] + list(range(16, 33)) + list(range(48, 64)) + [64]
+    assert pos.tolist() == expected
+
+
+def test_permute_rows_backward_is_the_inverse_permutation():
+    x = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    order = torch.tensor([4, 0, 5, 1, 3, 2])
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(6)
+    assert torch.autograd.gradcheck(lambda t: PermuteRows.apply(t, order, inverse), (x,))
+
+
+def _swiglu_outputs(counts, multiple, monkeypatch, dtype):
+    """grouped_swiglu's output and gradients on fixed data with the CPU padding set to ``multiple``."""
+    monkeypatch.setattr(moe, "CPU_GROUP_ROWS", multiple)
+    gen = torch.Generator().manual_seed(0)
+    E, D, F = counts.numel(), 32, 24
+    x = torch.randn(int(counts.sum()), D, generator=gen).to(dtype).requires_grad_()
+    gate_up = (torch.randn(E, 2 * F, D, generator=gen) / D**0.5).to(dtype).requires_grad_()
+    down = (torch.randn(E, D, F, generator=gen) / F**0.5).to(dtype).requires_grad_()
+    out = moe.grouped_swiglu(x, counts, gate_up, down)
+    out.backward(torch.randn(out.shape, generator=gen).to(dtype))
+    return [t.detach().float() for t in (out, x.grad, gate_up.grad, down.grad)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_group_padding_changes_no_output_or_gradient(monkeypatch, dtype):
+    if not moe.grouped_mm_supported(torch.zeros(1, dtype=dtype), 48, 32):
+        pytest.skip("no grouped GEMM on this build")
+    counts = torch.tensor([5, 0, 17, 16, 1, 40])  # empty, below, at and above a multiple of 16
+    padded = _swiglu_outputs(counts, 16, monkeypatch, dtype)
+    plain = _swiglu_outputs(counts, 1, monkeypatch, dtype)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    for a, b, name in zip(padded, plain, ["output", "x grad", "gate_up grad", "down grad"]):
+        torch.testing.assert_close(a, b, **tol, msg=lambda m, n=name: f"{n}: {m}")
+    # and the batched-matmul reference (no grouped GEMM) agrees in fp32
+    if dtype == torch.float32:
+        monkeypatch.setattr(moe, "grouped_mm_supported", lambda *a: False)
+        reference = _swiglu_outputs(counts, 16, monkeypatch, dtype)
+        for a, b in zip(padded, reference):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
