@@ -7,7 +7,9 @@ weights: ours is initialised, written with ``save_pretrained`` and read back by 
 
 Timing: each model runs its own training step: forward with the labels -> its own loss (mean next-token
 cross-entropy, fp32) -> backward, gradients dropped after each step, in the same dtype, on the same batch,
-with the same thread count. Ours is ``model(tokens, labels=labels)`` (the fused head + cross-entropy
+with the same thread count, on a new batch every iteration (iteration i of every variant uses batch i), as
+training does: a repeated batch repeats every expert's token count and so every matmul shape, which hides
+what compiling CPU kernels for new shapes costs (``--fixed-batch`` to see it). Ours is ``model(tokens, labels=labels)`` (the fused head + cross-entropy
 the trainer uses); transformers' is ``model(tokens, labels=..., shift_labels=labels).loss`` (logits ->
 fp32 -> cross-entropy). "ours (logits + CE)" runs our model through the transformers-style loss as well,
 so the two sources of the difference can be told apart. "floor" runs ours with the attention replaced by
@@ -93,13 +95,13 @@ def _no_attention(q, k, v, scale):
     return v.transpose(1, 2).flatten(2) * 1.0
 
 
-def make_step(model, kind: str, tokens, labels):
-    """kind: "fused" (our training forward), "logits" (our logits + fp32 CE), "hf" (transformers' loss),
+def make_step(model, kind: str):
+    """A function of (tokens, labels) that runs one training step and returns the loss. kind: "fused" (our training forward), "logits" (our logits + fp32 CE), "hf" (transformers' loss),
     "floor" (ours with attention and the loss's softmax left out: the work both models do with the same
     ops, i.e. every projection, the experts, the head matmul, norms and routing)."""
     import seektrain.models.attention as attention
 
-    def step():
+    def step(tokens, labels):
         if kind == "fused":
             loss = model(tokens, labels=labels).main / labels.numel()
         elif kind == "floor":
@@ -137,6 +139,10 @@ def main(argv=None) -> int:
                          "default. batched_mm is left out by default: it gathers one copy of the expert "
                          "weights per routed token (about 20 GB at batch 4 x seq 512) and runs out of memory "
                          "on a small machine")
+    ap.add_argument("--fixed-batch", action="store_true",
+                    help="train every iteration on the same batch (by default each iteration draws a new one, as "
+                         "training does: the same batch repeats the same tokens-per-expert counts and so the same "
+                         "matmul shapes, which hides what compiling kernels for new shapes costs)")
     args = ap.parse_args(argv)
 
     import transformers
@@ -151,28 +157,35 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads={torch.get_num_threads()}, "
           f"cpu cores={os.cpu_count()}, freed memory kept: {kept}, load avg (1/5/15 min) at start: {load_avg()}")
     print(f"model {args.preset} (MTP off: num_nextn_predict_layers=0), dtype {args.dtype}, "
-          f"batch {args.batch} x seq {args.seq} = {args.batch * args.seq} tokens/step")
+          f"batch {args.batch} x seq {args.seq} = {args.batch * args.seq} tokens/step, "
+          f"{'the same batch every step' if args.fixed_batch else 'a new batch every step (the same for every variant)'}")
 
     cfg, ours, theirs = build_pair(args.preset, impls, seed=0)
     n_params = sum(p.numel() for p in ours.parameters())
     print(f"  parameters: {n_params / 1e6:.1f}M")
     check_logits(ours, theirs, cfg.vocab_size)
 
+    # iteration i of every variant trains on batch i; with --fixed-batch all iterations use batch 0
     gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), generator=gen)
-    tokens, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    batches = []
+    for _ in range(1 if args.fixed_batch else args.warmup + args.iters):
+        tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), generator=gen)
+        batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+
+    def batch(i):
+        return batches[0 if args.fixed_batch else i]
 
     cast_model(ours, dtype).train()
-    steps = {"ours": make_step(ours, "fused", tokens, labels),
-             "ours (logits + CE)": make_step(ours, "logits", tokens, labels),
-             "floor (no attention, no CE)": make_step(ours, "floor", tokens, labels)}
+    steps = {"ours": make_step(ours, "fused"),
+             "ours (logits + CE)": make_step(ours, "logits"),
+             "floor (no attention, no CE)": make_step(ours, "floor")}
     for impl, model in theirs.items():
-        steps[f"transformers[{impl}]"] = make_step(cast_model(model, dtype).train(), "hf", tokens, labels)
+        steps[f"transformers[{impl}]"] = make_step(cast_model(model, dtype).train(), "hf")
 
     losses = {}
     for name, step in steps.items():  # warm-up (also checks that losses agree)
-        for _ in range(args.warmup):
-            losses[name] = float(step())
+        for i in range(args.warmup):
+            losses[name] = float(step(*batch(i)))
     print("  loss after warm-up: " + ", ".join(f"{k} {v:.4f}" for k, v in losses.items() if not k.startswith("floor")))
 
     times: dict[str, list[float]] = {name: [] for name in steps}
@@ -182,7 +195,7 @@ def main(argv=None) -> int:
         order = names if i % 2 == 0 else names[::-1]  # alternate order: no variant always runs first
         for name in order:
             c0, t0 = time.process_time(), time.perf_counter()
-            steps[name]()
+            steps[name](*batch(args.warmup + i))
             times[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
     print(f"  load avg at end: {load_avg()}")
