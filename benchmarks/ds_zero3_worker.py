@@ -8,7 +8,9 @@ after every step. The forward is the trainer's: ``model(tokens, mtp_labels=label
 the fused head + cross-entropy, which reads ``lm_head.weight`` from the root module's forward, so it is
 registered as a ZeRO-3 external parameter of the root. Other ZeRO settings are DeepSpeed's defaults for
 stage 3 (overlap_comm on, small parameters kept whole below stage3_param_persistence_threshold), except
-``--overlap-comm false`` to compare. Data are random tokens from a fixed seed (each rank its own stream).
+``--overlap-comm false`` to compare. Data: the built-in corpus through seektrain's own loader with the same
+sequence length, micro batch, seed and rank sharding as ``seektrain train``, so both engines train on the
+same batches (the tokens decide which experts run, and so the MoE's matmul shapes).
 
 Writes one JSON line per rank to ``--out`` (rank suffix added): per-step times, tokens/s, peak RSS and
 the bytes of parameters, gradients and optimizer state this rank holds.
@@ -77,11 +79,12 @@ def main() -> None:
     kept = args.keep_freed_memory and keep_freed_memory()
     import deepspeed
 
-    from seektrain.config.schema import OptimSection, TrainSection
+    from seektrain.config.schema import JobConfig, OptimSection, TrainSection
     from seektrain.models import build_model, get_preset
     from seektrain.train.balance import collect_expert_load, update_balance_bias
     from seektrain.train.loss import model_loss
     from seektrain.train.optim import build_optimizer, build_scheduler
+    from seektrain.train.setup_data import open_training_data
 
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -111,15 +114,16 @@ def main() -> None:
                                            config=ds_config)
     use_mtp = cfg.num_nextn_predict_layers > 0 and train_defaults.mtp_loss_weight > 0
     speed = train_defaults.bias_update_speed if cfg.topk_method == "noaux_tc" else 0.0
-    gen = torch.Generator().manual_seed(args.seed + rank)
+    job = JobConfig()
+    job.train.seq_len, job.train.micro_batch_size, job.train.seed = args.seq, args.micro_batch, args.seed
+    batches = open_training_data(job, cfg, dp_rank=rank, dp_size=world, is_main=rank == 0).loader
     dtype = next(engine.module.parameters()).dtype
 
     times, losses = [], []
     for _step in range(args.steps):
         t0 = time.perf_counter()
         for _ in range(accum):
-            data = torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq + 1), generator=gen)
-            tokens, labels = data[:, :-1], data[:, 1:]
+            tokens, labels = next(batches)
             out = engine(tokens, mtp_labels=labels if use_mtp else None, labels=labels)
             loss, _parts = model_loss(out, labels, train_defaults.mtp_loss_weight)
             engine.backward(loss)
