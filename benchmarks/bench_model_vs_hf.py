@@ -6,17 +6,18 @@ weights: ours is initialised, written with ``save_pretrained`` and read back by 
 (``num_nextn_predict_layers=0``) because transformers has no MTP module.
 
 Timing: each model runs its own training step: forward with the labels -> its own loss (mean next-token
-cross-entropy, fp32) -> backward, gradients dropped after each step, in the same dtype, on the same batch,
-with the same thread count, on a new batch every iteration (iteration i of every variant uses batch i), as
-training does: a repeated batch repeats every expert's token count and so every matmul shape, which hides
-what compiling CPU kernels for new shapes costs (``--fixed-batch`` to see it). Ours is ``model(tokens, labels=labels)`` (the fused head + cross-entropy
-the trainer uses); transformers' is ``model(tokens, labels=..., shift_labels=labels).loss`` (logits ->
-fp32 -> cross-entropy). "ours (logits + CE)" runs our model through the transformers-style loss as well,
-so the two sources of the difference can be told apart. "floor" runs ours with the attention replaced by
-a pass-through of the values and the loss by a plain sum of the logits: what is left is the work both
-models do with the same ops (projections, experts, head matmul, norms, routing), and transformers' step
-time over it is the largest lead that any attention and loss implementation could give. Iterations of the variants are interleaved
-round-robin so that load from other processes hits every variant alike; the median step time of each is
+cross-entropy, fp32) -> backward, gradients dropped after each step, in the same dtype, with the same
+thread count, on a new batch every iteration (iteration i of every variant uses batch i), as training
+does: a repeated batch repeats every expert's token count and so every matmul shape, which hides what
+compiling CPU kernels for new shapes costs (``--fixed-batch`` to see it). Ours is ``model(tokens,
+labels=labels)`` (the fused head + cross-entropy the trainer uses); transformers' is ``model(tokens,
+labels=..., shift_labels=labels).loss`` (logits -> fp32 -> cross-entropy). "ours (logits + CE)" runs our
+model through the transformers-style loss as well, so the two sources of the difference can be told
+apart. "floor" runs ours with the attention replaced by a pass-through of the values and the loss by a
+plain sum of the logits: what is left is the work both models do with the same ops (projections,
+experts, head matmul, norms, routing), and transformers' step time over it is the largest lead that any
+attention and loss implementation could give. Iterations of the variants are interleaved round-robin so
+that load from other processes hits every variant alike; the median step time of each is
 reported. transformers is measured with every experts implementation asked for (its default is
 ``grouped_mm``); the ratio is given against its default and its fastest.
 
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
           f"cpu cores={os.cpu_count()}, freed memory kept: {kept}, load avg (1/5/15 min) at start: {load_avg()}")
     print(f"model {args.preset} (MTP off: num_nextn_predict_layers=0), dtype {args.dtype}, "
           f"batch {args.batch} x seq {args.seq} = {args.batch * args.seq} tokens/step, "
-          f"{'the same batch every step' if args.fixed_batch else 'a new batch every step (the same for every variant)'}")
+          + ("the same batch every step" if args.fixed_batch else "a new batch every step (the same for every variant)"))
 
     cfg, ours, theirs = build_pair(args.preset, impls, seed=0)
     n_params = sum(p.numel() for p in ours.parameters())
