@@ -106,3 +106,11 @@ def test_models_json_lists_official_sizes():
     assert round(rows["deepseek-v2"]["total_params"] / 1e9) == 236
     assert round(rows["deepseek-v2"]["active_params"] / 1e9) == 21
     assert {"deepseek-llm-7b", "deepseek-llm-67b", "deepseek-v2-lite", "tiny-v3", "small-v3"} <= set(rows)
+
+
+@pytest.mark.parametrize("text", ["5,6", "5 6", "[5, 6]", "[5,6]"])
+def test_list_override_accepts_toml_arrays(text):
+    from seektrain.config.loader import load_config
+
+    assert load_config(overrides=[f"profile.steps={text}"]).profile.steps == [5, 6]
+    assert load_config(overrides=["profile.steps=[]"]).profile.steps == []

@@ -33,8 +33,8 @@ def _coerce(key: str, value, typ):
     origin = typing.get_origin(typ)
     if origin is list:
         (item,) = typing.get_args(typ)
-        if isinstance(value, str):
-            value = [v for v in value.replace(",", " ").split()] if value.strip() else []
+        if isinstance(value, str):  # "1,2", "1 2" or TOML's "[1, 2]"
+            value = value.strip().removeprefix("[").removesuffix("]").replace(",", " ").split()
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return [_coerce(key, v, item) for v in value]
