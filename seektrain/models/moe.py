@@ -15,7 +15,7 @@ from torch import nn
 
 from seektrain.models.config import ModelConfig
 from seektrain.models.layers import SwiGLU
-from seektrain.models.moe_rows import CPU_GROUP_ROWS, PermuteRows, run_padded_groups
+from seektrain.models.moe_rows import PermuteRows, group_rows_multiple, run_padded_groups
 
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
@@ -124,9 +124,8 @@ def grouped_swiglu(x_ND: torch.Tensor, counts_E: torch.Tensor, gate_up_proj: tor
             gate, up = _ContiguousGrad.apply(_grouped_mm(x, gate_up_proj.transpose(-2, -1), offs=offs)).chunk(2, -1)
             return _ContiguousGrad.apply(_grouped_mm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs))
 
-        if x_ND.device.type == "cpu":  # bounded matmul shapes for oneDNN's kernel cache (moe_rows.py)
-            return run_padded_groups(swiglu, x_ND, counts_E, CPU_GROUP_ROWS)
-        return swiglu(x_ND, counts_E)
+        multiple = group_rows_multiple(x_ND.device)  # CPU: few matmul shapes for oneDNN's kernel cache
+        return run_padded_groups(swiglu, x_ND, counts_E, multiple) if multiple > 1 else swiglu(x_ND, counts_E)
     return _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj)
 
 

@@ -16,10 +16,31 @@ per expert. GPU grouped GEMMs do not compile per shape, so nothing is padded the
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 # rows per expert group are rounded up to this on CPU; 16 is also the row count of an AMX tile
 CPU_GROUP_ROWS = 16
+_padding_on = True
+
+
+def group_rows_multiple(device: torch.device) -> int:
+    """What every expert group's row count is rounded up to on ``device`` (1: no padding)."""
+    return CPU_GROUP_ROWS if device.type == "cpu" and _padding_on else 1
+
+
+@contextlib.contextmanager
+def exact_group_rows() -> Iterator[None]:
+    """Experts run on their exact row counts inside this block: FLOP counting (``observe/counting.py``)
+    counts the model's work, not the padding's. Results are the same either way."""
+    global _padding_on
+    saved, _padding_on = _padding_on, False
+    try:
+        yield
+    finally:
+        _padding_on = saved
 
 
 class PermuteRows(torch.autograd.Function):
