@@ -1,7 +1,8 @@
 """The point-to-point all-gather and reduce-scatter FSDP uses on gloo give what gloo's own collectives
 give, on real gloo processes: bit-identical on 2 ranks (SUM and AVG, fp32 and bf16, sizes that are not
 powers of two), equal within rounding on 3 ranks, and an async all-gather overlapping a reduce-scatter
-on the same group keeps their messages apart."""
+on the same group keeps their messages apart. The reduce-scatter that sends bf16-exact fp32 chunks as
+bf16 gives the fp32 path's bits exactly, and sends fp32 when the values need it."""
 
 from __future__ import annotations
 
@@ -59,6 +60,22 @@ def _worker(rank: int, world: int, out_dir: str) -> None:
         dist.reduce_scatter_tensor(rs_ref, rs_in.clone(), op=dist.ReduceOp.SUM)
         same(f"async all_gather {dtype}", out2, ref, exact=True)
         same(f"reduce_scatter during all_gather {dtype}", rs_out, rs_ref)
+    # bf16 gradients in FSDP's fp32 reduce buffer travel as bf16 and sum to the same fp32 bits; fp32
+    # values that bf16 cannot hold go as fp32
+    narrow = P2PReduceScatter(wire_dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(10 + rank)
+    for values, narrow_expected in (("bf16-exact", 1), ("fp32", 0)):
+        inp = torch.randn(world * N, generator=gen)
+        if values == "bf16-exact":
+            inp = inp.bfloat16().float()
+        ref = torch.empty(N)
+        reduce_scatter(ref, inp, dist.group.WORLD, dist.ReduceOp.AVG)
+        out = torch.empty(N)
+        before = narrow.narrow_sends
+        narrow(out, inp, dist.group.WORLD, dist.ReduceOp.AVG)
+        same(f"narrow-wire reduce_scatter, {values} input", out, ref, exact=True)
+        if narrow.narrow_sends - before != narrow_expected:
+            failures.append(f"{values} input: {narrow.narrow_sends - before} narrow sends, want {narrow_expected}")
     with open(os.path.join(out_dir, f"rank{rank}"), "w") as fh:
         fh.write("\n".join(failures))
     dist.destroy_process_group()
@@ -69,3 +86,44 @@ def test_matches_gloo_collectives(tmp_path, world):
     mp.spawn(_worker, args=(world, str(tmp_path)), nprocs=world, join=True)
     for rank in range(world):
         assert (tmp_path / f"rank{rank}").read_text() == ""
+
+
+def _fsdp_bf16_worker(rank: int, port: int, out_dir: str) -> None:
+    """One bf16 FSDP forward+backward of tiny-v3 with the narrow wire on or off; writes the sharded
+    gradients and how many reduce-scatters went narrow."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+
+    from seektrain.models import build_model, get_preset
+    from seektrain.parallel.data_parallel import apply_fsdp
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    cfg = get_preset("tiny-v3")
+    tokens = torch.randint(0, cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(rank))
+    grads = {}
+    for narrow in (True, False):
+        model = apply_fsdp(build_model(cfg, seed=0), mesh, MixedPrecisionPolicy(torch.bfloat16, torch.float32),
+                           reshard_after_forward=True)
+        rs = next(m for m in model.modules() if isinstance(m, FSDPModule))._get_fsdp_state()._fsdp_param_group
+        comm = rs._reduce_scatter_comm
+        if not narrow:
+            comm.wire_dtype = None
+        model(tokens, labels=tokens).main.backward()
+        grads[narrow] = {n: p.grad.to_local().clone() for n, p in model.named_parameters() if p.grad is not None}
+        grads[f"sends{narrow}"] = comm.narrow_sends
+    torch.save(grads, os.path.join(out_dir, f"grads{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_fsdp_bf16_gradients_travel_narrow_and_stay_bit_identical(tmp_path):
+    from spawn_ranks import spawn_ranks
+
+    spawn_ranks(_fsdp_bf16_worker, 2, str(tmp_path))
+    for rank in range(2):
+        grads = torch.load(tmp_path / f"grads{rank}.pt")
+        assert grads["sendsTrue"] > 0 and grads["sendsFalse"] == 0
+        assert grads[True].keys() == grads[False].keys() and grads[True]
+        for name in grads[True]:
+            assert torch.equal(grads[True][name], grads[False][name]), name

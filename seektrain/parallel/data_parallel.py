@@ -38,7 +38,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecisionPolicy,
                     reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     if dist.get_backend() == "gloo":
-        use_p2p_collectives(model)
+        low_precision = mp.param_dtype in (torch.bfloat16, torch.float16) and mp.reduce_dtype == torch.float32
+        use_p2p_collectives(model, wire_dtype=mp.param_dtype if low_precision else None)
     return model
 
 
