@@ -79,7 +79,7 @@ def main() -> None:
     kept = args.keep_freed_memory and keep_freed_memory()
     import deepspeed
 
-    from seektrain.config.schema import JobConfig, OptimSection, TrainSection
+    from seektrain.config.schema import JobConfig
     from seektrain.models import build_model, get_preset
     from seektrain.train.balance import collect_expert_load, update_balance_bias
     from seektrain.train.loss import model_loss
@@ -90,7 +90,9 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     accum = args.global_batch // (args.micro_batch * world)
     assert accum * args.micro_batch * world == args.global_batch, "global batch must divide evenly"
-    train_defaults, optim_cfg = TrainSection(), OptimSection()
+    job = JobConfig()  # seektrain's defaults; the data keys set to this run's below
+    job.train.seq_len, job.train.micro_batch_size, job.train.seed = args.seq, args.micro_batch, args.seed
+    train_defaults, optim_cfg = job.train, job.optim
 
     torch.manual_seed(args.seed)
     cfg = get_preset(args.preset)
@@ -114,8 +116,6 @@ def main() -> None:
                                            config=ds_config)
     use_mtp = cfg.num_nextn_predict_layers > 0 and train_defaults.mtp_loss_weight > 0
     speed = train_defaults.bias_update_speed if cfg.topk_method == "noaux_tc" else 0.0
-    job = JobConfig()
-    job.train.seq_len, job.train.micro_batch_size, job.train.seed = args.seq, args.micro_batch, args.seed
     batches = open_training_data(job, cfg, dp_rank=rank, dp_size=world, is_main=rank == 0).loader
     dtype = next(engine.module.parameters()).dtype
 

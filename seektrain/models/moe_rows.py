@@ -62,13 +62,18 @@ class PermuteRows(torch.autograd.Function):
         return grad.index_select(0, inverse), None, None
 
 
+def _spread(rows: torch.Tensor, pos: torch.Tensor, total: int) -> torch.Tensor:
+    """A zero [total, ...] tensor with ``rows[i]`` at row ``pos[i]``."""
+    return rows.new_zeros(total, *rows.shape[1:]).index_copy_(0, pos, rows)
+
+
 class _SpreadRows(torch.autograd.Function):
     """Row i of ``x`` goes to row ``pos[i]`` of a zero [total, D] tensor (``pos`` distinct)."""
 
     @staticmethod
     def forward(ctx, x, pos, total: int):
         ctx.save_for_backward(pos)
-        return x.new_zeros(total, *x.shape[1:]).index_copy_(0, pos, x)
+        return _spread(x, pos, total)
 
     @staticmethod
     def backward(ctx, grad):
@@ -88,7 +93,7 @@ class _PickRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (pos,) = ctx.saved_tensors
-        return grad.new_zeros(ctx.total, *grad.shape[1:]).index_copy_(0, pos, grad), None
+        return _spread(grad, pos, ctx.total), None
 
 
 def padded_group_positions(counts_E: torch.Tensor, multiple: int) -> tuple[torch.Tensor, torch.Tensor, int]:
