@@ -38,7 +38,7 @@ def _train_step_flops(name: str, batch: int, seq: int) -> tuple[int, dict]:
     counter = flop_counter()
     with counter:
         out = model(tokens, mtp_labels=tokens) if cfg.num_nextn_predict_layers else model(tokens)
-        logits, mtp = (out[0], out[1]) if isinstance(out, tuple) else (out, [])
+        logits, mtp = (out[0], out[1:]) if isinstance(out, tuple) else (out, [])
         loss = logits.float().mean() + sum(x.float().mean() for x in mtp)
         loss.backward()
     by_op = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}

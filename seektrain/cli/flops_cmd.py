@@ -22,10 +22,10 @@ def run(args: argparse.Namespace) -> int:
     from seektrain.models.transformer import build_model
     from seektrain.observe.flops import model_flops_per_token
     from seektrain.observe.profiler import flops_breakdown, format_flops_table
-    from seektrain.parallel.checks import resolve_model_config
+    from seektrain.train.setup_model import configured_model_config
 
     cfg = load_config(args.config, args.overrides)
-    model_cfg = resolve_model_config(cfg)
+    model_cfg = configured_model_config(cfg)
     seq = cfg.train.seq_len
     model = build_model(model_cfg, seed=cfg.train.seed).train()
     gen = torch.Generator().manual_seed(cfg.train.seed)

@@ -33,12 +33,14 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
 
 
 def check_layout(cfg, world_size: int) -> None:
-    """Everything about the layout that can be known before a worker starts."""
-    from seektrain.parallel.checks import check_model_layout, resolve_model_config
-    from seektrain.parallel.layout import resolve_layout
+    """Resolve the run plan before any worker starts, so a layout that cannot work is refused here with
+    one line (every worker resolves the same plan again)."""
+    import torch
 
-    layout, accum = resolve_layout(cfg, world_size)
-    check_model_layout(cfg, resolve_model_config(cfg), layout, accum)
+    from seektrain.plan.run_plan import RunPlan
+    from seektrain.train.setup_model import configured_model_config
+
+    RunPlan.resolve(cfg, configured_model_config(cfg), world_size, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def run(args: argparse.Namespace) -> int:

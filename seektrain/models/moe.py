@@ -143,17 +143,31 @@ def _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj) -> torch.Tensor:
 
 
 class GroupedExperts(nn.Module):
-    """E SwiGLU experts over token slots already sorted by expert (``counts_E`` slots each).
+    """E SwiGLU experts and the routed half of an MoE block: every token's chosen experts, weighted.
 
-    ``MoE`` calls ``experts(x_sorted, counts_E)`` and nothing else, so a subclass may replace the
-    computation (expert parallelism exchanges the tokens around ``grouped_swiglu``)."""
+    ``forward(x_ND, weights_NK, idx_NK, counts_E)`` is the whole contract ``MoE`` relies on, so a
+    parallel variant replaces this module (not ``MoE``): expert parallelism overrides ``run_sorted`` to
+    exchange the token slots around ``grouped_swiglu``; tensor parallelism runs only its own experts."""
 
     def __init__(self, n_experts: int, dim: int, hidden: int):
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * hidden, dim))
         self.down_proj = nn.Parameter(torch.empty(n_experts, dim, hidden))
 
-    def forward(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor,
+                counts_E: torch.Tensor) -> torch.Tensor:
+        """Sum over every token's chosen experts of weight * expert(token), [N, D]."""
+        N, K = idx_NK.shape
+        order = idx_NK.flatten().argsort(stable=True)  # slot (token * K + k) of each expert-sorted row
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        x_slots = x_ND.unsqueeze(1).expand(N, K, x_ND.shape[1]).reshape(N * K, -1)
+        y = self.run_sorted(PermuteRows.apply(x_slots, order, inverse), counts_E)
+        y_NKD = PermuteRows.apply(y, inverse, order).view(N, K, -1)
+        return (y_NKD * weights_NK.unsqueeze(-1).to(y.dtype)).sum(1).to(x_ND.dtype)
+
+    def run_sorted(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """The experts over token slots sorted by expert, ``counts_E`` slots each."""
         return grouped_swiglu(x_ND, counts_E, self.gate_up_proj, self.down_proj)
 
 
@@ -180,7 +194,7 @@ class MoE(nn.Module):
         x_ND = x_BTD.reshape(-1, D)
         weights_NK, idx_NK, scores_NE = self.gate(x_ND)
         counts_E = torch.bincount(idx_NK.flatten(), minlength=self.n_experts)
-        out = self.routed_experts(x_ND, weights_NK, idx_NK, counts_E).view(B, T, D)
+        out = self.experts(x_ND, weights_NK, idx_NK, counts_E).view(B, T, D)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x_BTD)
         if self.training and not _in_backward():  # recomputation in backward must not count twice
@@ -189,19 +203,6 @@ class MoE(nn.Module):
             aux = self._sequence_aux_loss(scores_NE.view(B, T, -1), idx_NK.view(B, T, -1))
             out = _AttachAuxLoss.apply(out, aux, self.aux_loss_scale)
         return out
-
-    def routed_experts(self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor,
-                       counts_E: torch.Tensor) -> torch.Tensor:
-        """Sum over every token's chosen experts of weight * expert(token), [N, D]. (Tensor parallelism
-        overrides this to run only its own experts.)"""
-        N, K = idx_NK.shape
-        order = idx_NK.flatten().argsort(stable=True)  # slot (token * K + k) of each expert-sorted row
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        x_slots = x_ND.unsqueeze(1).expand(N, K, x_ND.shape[1]).reshape(N * K, -1)
-        y = self.experts(PermuteRows.apply(x_slots, order, inverse), counts_E)
-        y_NKD = PermuteRows.apply(y, inverse, order).view(N, K, -1)
-        return (y_NKD * weights_NK.unsqueeze(-1).to(y.dtype)).sum(1).to(x_ND.dtype)
 
     def _record(self, counts_E: torch.Tensor) -> None:
         self.expert_counts.append(counts_E.detach().float())

@@ -1,9 +1,10 @@
 """The DeepSeek decoder-only transformer, with optional multi-token prediction (MTP) modules.
 
 The model is a plain ``nn.Module`` and knows nothing of parallelism. Parallel wrappers (FSDP, TP,
-pipeline stages) are applied from outside; to make pipeline splitting easy, layers live in a
-``ModuleDict`` keyed by their global index; a pipeline stage deletes what it does not own and runs
-its own forward (seektrain/parallel/pipeline.py).
+pipeline stages) are applied from outside. To make pipeline splitting easy (as torchtitan does), layers
+live in a ``ModuleDict`` keyed by their global index and the forward accepts missing parts: a pipeline
+stage is this class with the layers it does not own deleted and without the embedding (not the first
+stage) or the final norm, head and MTP modules (not the last stage) (seektrain/parallel/pipeline.py).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class HeadLosses(NamedTuple):
 
 
 class Transformer(nn.Module):
-    """``model(tokens)`` -> logits [B, T, V]; ``model(tokens, mtp_labels=labels)`` -> (logits, [mtp logits]).
+    """``model(tokens)`` -> logits [B, T, V]; ``model(tokens, mtp_labels=labels)`` -> (logits, MTP depth 1
+    logits, ...): a flat tuple of tensors, so a pipeline's last stage can return it as it is.
 
     ``mtp_labels`` are the next-token labels of ``tokens`` (labels[:, i] == tokens[:, i+1]); MTP depth k
     reads labels shifted by k-1 as its input tokens and is trained on labels shifted by k.
@@ -84,19 +86,27 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, mtp_labels: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None):
-        h = self.embed_tokens(tokens)
+        """``tokens`` are token ids, or the hidden states [B, T, D] of the previous pipeline stage when this
+        model has no embedding; likewise ``mtp_labels`` are label ids or, past the first stage, their
+        embeddings. Without a final norm (not the last stage) the result is the hidden states, and the
+        label embeddings too when MTP needs them downstream: ``h`` or ``(h, label embeddings)``."""
+        h = self.embed_tokens(tokens) if self.embed_tokens is not None else tokens
+        label_emb = None
+        if mtp_labels is not None and self.cfg.num_nextn_predict_layers > 0:
+            label_emb = self.embed_tokens(mtp_labels) if self.embed_tokens is not None else mtp_labels
         cos, sin = rope_cos_sin(self.cfg, h.shape[1], h.device, h.dtype)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
-        with_mtp = mtp_labels is not None and len(self.mtp) > 0
+        if self.norm is None:
+            return h if label_emb is None else (h, label_emb)
         if labels is not None:
             main = self._head_loss(self.norm(h), labels)
-            mtp = self.mtp_logits(h, self.embed_tokens(mtp_labels), cos, sin, labels) if with_mtp else []
+            mtp = self.mtp_logits(h, label_emb, cos, sin, labels) if label_emb is not None else []
             return HeadLosses(main, mtp)
         logits = self.lm_head(self.norm(h))
-        if not with_mtp:
+        if label_emb is None:
             return logits
-        return logits, self.mtp_logits(h, self.embed_tokens(mtp_labels), cos, sin)
+        return (logits, *self.mtp_logits(h, label_emb, cos, sin))
 
     def _head_loss(self, h_BTD: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
         return linear_cross_entropy(h_BTD.flatten(0, 1), self.lm_head.weight, labels_BT.flatten())

@@ -19,6 +19,7 @@ STANDARD_KEYS: dict[str, str] = {
     "step": "Optimizer steps completed.",
     "loss": "Training loss (next-token cross-entropy) of the last step.",
     "mtp_loss": "Multi-token-prediction loss of the last step.",
+    "val_loss": "Validation loss (next-token cross-entropy on the val split) at the last evaluation.",
     "aux_loss": "MoE balance loss of the last step.",
     "lr": "Learning rate of the last step.",
     "grad_norm": "Global gradient norm before clipping.",

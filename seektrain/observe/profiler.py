@@ -109,7 +109,7 @@ def flops_breakdown(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor
         with counter:
             use_mtp = labels is not None and len(getattr(model, "mtp", ()) or ())
             out: Any = model(tokens, mtp_labels=labels) if use_mtp else model(tokens)
-            logits, extra = (out[0], list(out[1])) if isinstance(out, tuple) else (out, [])
+            logits, extra = (out[0], list(out[1:])) if isinstance(out, tuple) else (out, [])
             if labels is None:
                 loss = logits.float().mean()
             else:

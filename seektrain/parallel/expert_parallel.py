@@ -2,7 +2,8 @@
 
 The routed experts of every MoE layer are split over ``ep`` ranks borrowed from the data-parallel shard
 ranks and, under tensor parallelism, from every tp rank as well (``ep = tp × k``; each tp rank then
-dispatches its own 1/tp of the tokens, see ``moe_tensor_parallel.TokenSplitMoE``). Each rank keeps
+dispatches its own 1/tp of the tokens, see ``ExpertParallelExperts.forward``). The meshes come from the
+run plan (seektrain/parallel/mesh.py), which has also checked that ``ep`` fits the model and layout. Each rank keeps
 ``E / ep`` experts as a DTensor ``Shard(0)`` of the full ``[E, ...]`` weights (so state-dict names, DCP
 checkpoints and the layout-independent init are unchanged). Each rank routes its own tokens as before;
 the experts module then
@@ -18,8 +19,6 @@ on this rank (E / R), R ranks of the ep group, D hidden size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -27,59 +26,20 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from seektrain.models.config import ModelConfig
 from seektrain.models.moe import GroupedExperts, MoE, grouped_swiglu
-from seektrain.parallel.layout import ep_layout_error
+from seektrain.parallel.tp_styles import SumGrad
 
 
-def validate_ep(cfg: ModelConfig, ep: int, dp_shard: int, tp: int) -> None:
-    """Raise a one-line ValueError if ``ep`` experts-parallel ranks cannot serve this model and layout."""
-    error = ep_layout_error(ep, dp_shard, tp)
-    if error:
-        raise ValueError(error)
-    if ep == 1:
-        return
-    if not cfg.is_moe:
-        raise ValueError(f"parallel.ep={ep} needs a MoE model but {cfg.name!r} is dense: set parallel.ep=1")
-    if cfg.n_routed_experts % ep:
-        raise ValueError(f"parallel.ep={ep} does not divide the {cfg.n_routed_experts} routed experts of "
-                         f"{cfg.name!r}: choose a divisor of {cfg.n_routed_experts}")
-
-
-@dataclass(frozen=True)
-class EPMeshes:
-    """``ep``: the 1-D mesh of ranks that split the experts (``dp_shard_in_ep × tp`` ranks, tp innermost).
-    ``efsdp``: the data-parallel ranks left over (``dp_replicate × dp_shard / (ep / tp)``), over which
-    every rank's expert shard is further sharded by FSDP (2-D ``(dp_replicate, dp_shard_mod_ep)`` for
-    HSDP when dp_replicate > 1). ``tp``: how many ranks of an ep group are tensor-parallel peers, which
-    read the same batch and split its tokens."""
-
-    ep: DeviceMesh
-    efsdp: DeviceMesh
-    tp: int = 1
-
-
-def build_ep_meshes(world_mesh: DeviceMesh, ep: int) -> EPMeshes:
-    """Split the world mesh's ``dp_shard`` dimension into ``(dp_shard_mod_ep, dp_shard_in_ep)`` and join
-    ``dp_shard_in_ep`` with ``tp`` into ``ep`` (innermost dimensions, so an expert exchange stays among
-    neighbouring ranks). Every rank must call this (it creates process groups). Both views share the
-    world mesh's root, as FSDP requires."""
-    names = world_mesh.mesh_dim_names
-    dp_shard = world_mesh["dp_shard"].size()
-    tp = world_mesh["tp"].size() if "tp" in names else 1
-    error = ep_layout_error(ep, dp_shard, tp)
-    if error:
-        raise ValueError(error)
-    in_ep = ep // tp
-    if tp == 1:
-        split = world_mesh._unflatten("dp_shard", (dp_shard // in_ep, in_ep), ("dp_shard_mod_ep", "ep"))
-        ep_mesh = split["ep"]
-    else:
-        split = world_mesh._unflatten("dp_shard", (dp_shard // in_ep, in_ep), ("dp_shard_mod_ep", "dp_shard_in_ep"))
-        ep_mesh = split["dp_shard_in_ep", "tp"]._flatten("ep")
-    replicate = "dp_replicate" in names and world_mesh["dp_replicate"].size() > 1
-    efsdp = split["dp_replicate", "dp_shard_mod_ep"] if replicate else split["dp_shard_mod_ep"]
-    return EPMeshes(ep=ep_mesh, efsdp=efsdp, tp=tp)
+def shard_expert_weights(module: nn.Module, experts: GroupedExperts, mesh: DeviceMesh) -> None:
+    """Register on ``module`` this rank's ``E / R`` experts of ``experts`` as DTensor ``Shard(0)`` over the
+    1-D ``mesh`` (full ``[E, ...]`` shapes, so names, checkpoints and the layout-independent init stay as
+    in the plain model). Meta tensors stay meta; real values are kept."""
+    ranks, rank = mesh.size(), mesh.get_local_rank()
+    for name in ("gate_up_proj", "down_proj"):
+        full = getattr(experts, name)
+        local = full.detach().chunk(ranks, dim=0)[rank].clone()
+        dt = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride())
+        module.register_parameter(name, nn.Parameter(dt, requires_grad=full.requires_grad))
 
 
 class _AllToAll(torch.autograd.Function):
@@ -114,24 +74,36 @@ class _ScaleGrad(torch.autograd.Function):
 
 
 class ExpertParallelExperts(GroupedExperts):
-    """This rank's ``E / R`` experts; ``forward(x_sorted, counts_E)`` has ``GroupedExperts``' contract over
-    all E experts (slots sorted by global expert in, results in the same order out). ``tp``: how many
-    ranks of the ep group are tensor-parallel peers splitting one batch's tokens (1 without TP)."""
+    """This rank's ``E / R`` experts, with ``GroupedExperts``' contract over all E experts.
 
-    def __init__(self, experts: GroupedExperts, ep_mesh: DeviceMesh, tp: int = 1):
+    ``tp_mesh``: when the ep group is made of whole tensor-parallel groups (``ep = tp × k``), every tp rank
+    has routed the same all-gathered sequence; each then dispatches only tokens ``[N·t/tp, N·(t+1)/tp)``
+    so a token's experts run once in the tp group, and returns a partial sum (zero elsewhere), which the
+    MoE block's tensor-parallel output layout reduce-scatters."""
+
+    def __init__(self, experts: GroupedExperts, ep_mesh: DeviceMesh, tp_mesh: DeviceMesh | None = None):
         nn.Module.__init__(self)
-        if ep_mesh.size() % tp:
-            raise ValueError(f"an ep group of {ep_mesh.size()} ranks cannot hold whole tp groups of {tp}")
-        self.ep_mesh, self.tp = ep_mesh, tp
-        ranks, rank = ep_mesh.size(), ep_mesh.get_local_rank()
-        for name in ("gate_up_proj", "down_proj"):
-            full = getattr(experts, name)
-            local = full.detach().chunk(ranks, dim=0)[rank].clone()  # meta stays meta, real values are kept
-            dt = DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False, shape=full.shape,
-                                    stride=full.stride())
-            self.register_parameter(name, nn.Parameter(dt, requires_grad=full.requires_grad))
+        self.ep_mesh, self.tp_mesh = ep_mesh, tp_mesh
+        self.tp = tp_mesh.size() if tp_mesh is not None else 1
+        shard_expert_weights(self, experts, ep_mesh)
 
-    def forward(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor,
+                counts_E: torch.Tensor) -> torch.Tensor:
+        if self.tp == 1:
+            return super().forward(x_ND, weights_NK, idx_NK, counts_E)
+        group, t = self.tp_mesh.get_group(), self.tp_mesh.get_local_rank()
+        # The output is a partial sum over tp ranks, so the gradients reaching the router's weights and
+        # the routed tokens are partial too: sum them (the router itself sees full gradients).
+        weights_NK = SumGrad.apply(weights_NK, group)
+        x_ND = SumGrad.apply(x_ND, group)
+        N = x_ND.shape[0]
+        lo, hi = N * t // self.tp, N * (t + 1) // self.tp
+        mine_idx = idx_NK[lo:hi]
+        mine_counts = torch.bincount(mine_idx.flatten(), minlength=counts_E.numel())
+        y = super().forward(x_ND[lo:hi], weights_NK[lo:hi], mine_idx, mine_counts)
+        return torch.nn.functional.pad(y, (0, 0, lo, N - hi))
+
+    def run_sorted(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         group, R = self.ep_mesh.get_group(), self.ep_mesh.size()
         E = counts_E.numel()
         L = E // R
@@ -167,21 +139,14 @@ class ExpertParallelExperts(GroupedExperts):
         return _AllToAll.apply(y_recv, send_splits, recv_splits, group)
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh, tp: int = 1) -> None:
+def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh, tp_mesh: DeviceMesh | None = None) -> None:
     """Split the routed experts of every MoE layer (MTP modules included) over ``ep_mesh``, in place.
-    ``tp`` > 1: the ep group includes every rank of its tensor-parallel groups (``EPMeshes.tp``); then
-    apply tensor parallelism *after* this, so each tp rank dispatches only its share of the tokens.
-    Call on the meta-device model before FSDP, ``to_empty`` and ``init_weights``."""
-    if ep_mesh.ndim != 1:
-        raise ValueError(f"apply_expert_parallel needs a 1-D ep mesh, got {ep_mesh.ndim}-D")
+    ``tp_mesh``: the ep group includes every rank of its tensor-parallel groups; apply tensor parallelism
+    *after* this. Call on the meta-device model before FSDP, ``to_empty`` and ``init_weights``."""
     if ep_mesh.size() == 1:
         return
     for moe in [m for m in model.modules() if isinstance(m, MoE)]:
-        if isinstance(moe.experts, ExpertParallelExperts):
-            raise ValueError("apply_expert_parallel: the model's experts are already expert-parallel")
-        if moe.n_experts % ep_mesh.size():
-            raise ValueError(f"ep={ep_mesh.size()} does not divide the {moe.n_experts} routed experts")
-        moe.experts = ExpertParallelExperts(moe.experts, ep_mesh, tp)
+        moe.experts = ExpertParallelExperts(moe.experts, ep_mesh, tp_mesh)
 
 
 def shard_experts(model: nn.Module, efsdp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,

@@ -19,97 +19,17 @@ FSDP on top, DCP checkpoints and gradient clipping see one kind of tensor.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, loss_parallel, parallelize_module)
+                                               SequenceParallel, parallelize_module)
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from seektrain.models.config import ModelConfig
 from seektrain.models.moe import MoE
-
-
-def validate_tp(cfg: ModelConfig, tp: int) -> None:
-    """Raise a one-line ValueError when a sharded dimension of ``cfg`` does not divide by ``tp``."""
-    if tp < 1:
-        raise ValueError(f"parallel.tp={tp} must be >= 1")
-    checks = [("num_attention_heads", cfg.num_attention_heads), ("vocab_size", cfg.vocab_size)]
-    if not cfg.is_mla:
-        checks.append(("num_key_value_heads", cfg.num_key_value_heads))
-    n_layers = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
-    if any(not cfg.is_moe_layer(i) for i in range(n_layers)):
-        checks.append(("intermediate_size", cfg.intermediate_size))
-    if cfg.is_moe:
-        checks.append(("n_routed_experts", cfg.n_routed_experts))
-        if cfg.n_shared_experts:
-            checks.append(("moe_intermediate_size × n_shared_experts",
-                           cfg.moe_intermediate_size * cfg.n_shared_experts))
-    for what, size in checks:
-        if size % tp:
-            raise ValueError(f"parallel.tp={tp} does not divide {what}={size} of model {cfg.name!r}: "
-                             f"choose a tp that divides it")
-
-
-def tp_loss_context(enabled: bool):
-    """``loss_parallel()`` when the logits are vocabulary-sharded (tensor parallelism), else a no-op.
-    Wrap both the loss computation and its ``backward()``."""
-    return loss_parallel() if enabled else contextlib.nullcontext()
-
-
-# ----------------------------------------------------------------------------- building blocks
-class SumGrad(torch.autograd.Function):
-    """Identity forward; backward sums the gradient over ``group`` (from column ``start`` of the last dim
-    on; earlier columns pass unchanged). For a replicated tensor whose consumers on each rank see only
-    their own heads or experts and so produce partial gradients."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, start: int = 0) -> torch.Tensor:
-        ctx.group, ctx.start = group, start
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous() if ctx.start == 0 else grad.clone()
-        part = grad if ctx.start == 0 else grad[..., ctx.start:].contiguous()
-        dist.all_reduce(part, group=ctx.group)
-        if ctx.start:
-            grad[..., ctx.start:] = part
-        return grad, None, None
-
-
-class LocalParams(ParallelStyle):
-    """Parameters become DTensors (``placement``, default ``Replicate``), but the module computes on plain
-    local tensors: its parameters are swapped for their local shards for the duration of each call.
-    With ``Replicate``, correct only when inputs and output gradients are identical on every tp rank
-    (then so are the parameter gradients)."""
-
-    def __init__(self, placement: Placement | None = None):
-        super().__init__()
-        self.placement = placement or Replicate()
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        for name, param in list(module.named_parameters(recurse=False)):
-            dt = distribute_tensor(param.data, device_mesh, [self.placement])
-            module.register_parameter(name, nn.Parameter(dt, requires_grad=param.requires_grad))
-        forward = module.forward
-
-        def local_forward(*args, **kwargs):
-            saved = dict(module._parameters)
-            try:
-                for name, param in saved.items():
-                    if isinstance(param, DTensor):
-                        module._parameters[name] = param.to_local()
-                return forward(*args, **kwargs)
-            finally:
-                module._parameters.update(saved)
-
-        module.forward = local_forward
-        return module
+from seektrain.parallel.moe_tensor_parallel import moe_plan
+from seektrain.parallel.tp_styles import LocalParams, SumGrad
 
 
 def _reduce_partial_grads(model: nn.Module) -> None:
@@ -159,12 +79,10 @@ def _swiglu_plan(prefix: str, output: Placement, use_local_output: bool) -> dict
 
 
 def _layer_plan(layer: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: DeviceMesh) -> dict:
-    from seektrain.parallel.moe_tensor_parallel import moe_plan
-
     plan = {f"{prefix}.input_layernorm": _norm_style(sp), f"{prefix}.post_attention_layernorm": _norm_style(sp)}
     plan.update(_attention_plan(layer.self_attn, f"{prefix}.self_attn", seq, sp, mesh))
     if isinstance(layer.mlp, MoE):
-        plan.update(moe_plan(layer.mlp, f"{prefix}.mlp", seq, sp, mesh))
+        plan.update(moe_plan(layer.mlp, f"{prefix}.mlp", seq, sp))
     else:
         plan[f"{prefix}.mlp"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
                                                    use_local_output=True)
@@ -175,12 +93,10 @@ def _layer_plan(layer: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: D
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = True) -> None:
     """Shard ``model`` (a ``Transformer``, possibly a pipeline stage with some pieces ``None``) over the 1-D
     ``tp_mesh``, in place. Call on the meta-device model before FSDP, ``to_empty`` and ``init_weights``;
-    compute the loss under ``tp_loss_context(True)``."""
-    if tp_mesh.ndim != 1:
-        raise ValueError(f"apply_tensor_parallel needs a 1-D tp mesh, got {tp_mesh.ndim}-D")
+    compute the loss under ``RunPlan.loss_context()``. The run plan has checked that every sharded
+    dimension divides (seektrain/plan/layout_checks.py)."""
     if tp_mesh.size() == 1:
         return
-    validate_tp(model.cfg, tp_mesh.size())
     sp = sequence_parallel
     seq = Shard(1) if sp else Replicate()
     plan: dict[str, ParallelStyle] = {}

@@ -28,13 +28,13 @@ def _labelled(labels_BT: torch.Tensor) -> int:
 def model_loss(output, labels_BT: torch.Tensor, mtp_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean next-token loss (+ weighted mean MTP loss) of one micro-batch and its parts for logging.
 
-    ``output`` is what the model returned: logits, (logits, [MTP logits]), or the fused path's
+    ``output`` is what the model returned: logits, (logits, *MTP logits), or the fused path's
     ``HeadLosses`` of cross-entropy sums."""
     if isinstance(output, HeadLosses):
         main = output.main / max(_labelled(labels_BT), 1)
         mtp_sums = [(s, _labelled(shift_labels(labels_BT, d))) for d, s in enumerate(output.mtp, start=1)]
     else:
-        logits, mtp_logits = output if isinstance(output, tuple) else (output, [])
+        logits, *mtp_logits = output if isinstance(output, tuple) else (output,)
         ce_sum, n = token_ce_sum(logits, labels_BT)
         main = ce_sum / max(n, 1)
         mtp_sums = [token_ce_sum(lg, shift_labels(labels_BT, d)) for d, lg in enumerate(mtp_logits, start=1)]

@@ -1,4 +1,5 @@
-"""Which model to train: a named preset (random init) or a Hugging Face folder (its weights)."""
+"""Which model a job trains, in one place for the launcher, the workers and ``seektrain flops``: a named
+preset (random init) or a Hugging Face folder (its config, and its weights when training starts)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,24 @@ import torch
 
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
-from seektrain.models.presets import get_preset
 
 
-def resolve_model(cfg: JobConfig) -> tuple[ModelConfig, dict[str, torch.Tensor] | None]:
-    """(model config, full fp32 state dict or None for random init)."""
+def configured_model_config(cfg: JobConfig) -> ModelConfig:
+    """The model config the job asks for, without loading weights (a Hugging Face folder's config.json,
+    or the preset)."""
+    if cfg.model.hf_path:
+        from seektrain.models.hf_config import config_from_hf, read_config_json
+
+        return config_from_hf(read_config_json(cfg.model.hf_path))
+    from seektrain.models.presets import get_preset
+
+    return get_preset(cfg.model.preset)
+
+
+def initial_weights(cfg: JobConfig) -> dict[str, torch.Tensor] | None:
+    """Full fp32 weights to start from: the Hugging Face folder's, or None for random init."""
     if not cfg.model.hf_path:
-        return get_preset(cfg.model.preset), None
+        return None
     from seektrain.models.hf_io import from_pretrained
 
-    model = from_pretrained(cfg.model.hf_path, dtype=torch.float32)
-    return model.cfg, model.state_dict()
+    return from_pretrained(cfg.model.hf_path, dtype=torch.float32).state_dict()

@@ -1,0 +1,59 @@
+"""Every DeviceMesh of a run, built in one place from the run plan's degrees.
+
+World mesh dimensions, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``. Data-parallel
+ranks (the ones that see different data) are ``dp_replicate × dp_shard``; expert parallelism borrows its
+ranks from inside ``dp_shard`` and, with tensor parallelism, every ``tp`` rank too
+(``seektrain.plan.layout_checks.ep_layout_error``).
+
+Every view is kept here as it is made, so nothing slices a flattened dimension from the root mesh later
+(torch 2.11 warns that this will be deprecated) and every parallel function receives exactly the mesh
+it works on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+
+@dataclass(frozen=True)
+class Meshes:
+    world: DeviceMesh
+    pp: DeviceMesh
+    tp: DeviceMesh
+    dp: DeviceMesh  # every data-parallel rank, flattened: data sharding, loss and expert-load reductions
+    dp_replicate: DeviceMesh
+    fsdp: DeviceMesh  # FSDP over dp_shard; HSDP over (dp_replicate, dp_shard)
+    ep: DeviceMesh | None = None  # ranks that split the routed experts (ep > 1 only)
+    efsdp: DeviceMesh | None = None  # data-parallel ranks left over, which FSDP-shard each expert shard
+
+
+def build_meshes(plan) -> Meshes:
+    """All meshes of ``plan`` (a ``RunPlan``); every rank must call this, since it creates process groups."""
+    names = ("pp", "dp_replicate", "dp_shard", "tp")
+    shape = (plan.pp, plan.dp_replicate, plan.dp_shard, plan.tp)
+    world = init_device_mesh(plan.device_type, shape, mesh_dim_names=names)
+    dp = world["dp_replicate", "dp_shard"]._flatten("dp")
+    fsdp = world["dp_replicate", "dp_shard"] if plan.dp_replicate > 1 else world["dp_shard"]
+    ep = efsdp = None
+    if plan.ep > 1:
+        ep, efsdp = _expert_meshes(world, plan.ep, plan.dp_shard, plan.tp, plan.dp_replicate)
+    return Meshes(world, world["pp"], world["tp"], dp, world["dp_replicate"], fsdp, ep, efsdp)
+
+
+def _expert_meshes(world: DeviceMesh, ep: int, dp_shard: int, tp: int,
+                   dp_replicate: int) -> tuple[DeviceMesh, DeviceMesh]:
+    """Split ``dp_shard`` into ``(dp_shard_mod_ep, dp_shard_in_ep)`` and join ``dp_shard_in_ep`` with ``tp``
+    into the 1-D ``ep`` mesh (innermost dimensions, so an expert exchange stays among neighbouring ranks).
+    The expert-FSDP mesh is what is left of the data-parallel ranks: ``dp_shard_mod_ep``, 2-D with
+    ``dp_replicate`` for HSDP. Both views share the world mesh's root, as FSDP requires."""
+    in_ep = ep // tp
+    if tp == 1:
+        split = world._unflatten("dp_shard", (dp_shard // in_ep, in_ep), ("dp_shard_mod_ep", "ep"))
+        ep_mesh = split["ep"]
+    else:
+        split = world._unflatten("dp_shard", (dp_shard // in_ep, in_ep), ("dp_shard_mod_ep", "dp_shard_in_ep"))
+        ep_mesh = split["dp_shard_in_ep", "tp"]._flatten("ep")
+    efsdp = split["dp_replicate", "dp_shard_mod_ep"] if dp_replicate > 1 else split["dp_shard_mod_ep"]
+    return ep_mesh, efsdp

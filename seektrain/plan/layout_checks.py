@@ -1,0 +1,119 @@
+"""Every check of a parallel layout, against the world size and against the model, in one place.
+
+Each returns or raises one line naming the setting and the fix. They run once, when a ``RunPlan`` is
+resolved (in the launcher, before any worker starts, and again in each worker); the parallel functions
+that apply a layout trust the plan and check nothing.
+"""
+
+from __future__ import annotations
+
+from seektrain.config.loader import ConfigError
+from seektrain.config.schema import ParallelSection
+from seektrain.models.config import ModelConfig
+from seektrain.plan.pipeline_split import MULTI_STAGE, split_layers, stages_per_rank
+
+
+def ep_layout_error(ep: int, dp_shard: int, tp: int) -> str | None:
+    """Why ``ep`` expert-parallel ranks do not fit the layout (one line), or None.
+
+    Without tensor parallelism the ep ranks are data-parallel shard ranks, so ``ep`` must divide
+    ``dp_shard``. With it, an ep group takes whole tensor-parallel groups (each tp rank dispatches its
+    own share of the tokens, torchtitan's "ETP=1"): ``ep = tp × k`` with ``k`` dividing ``dp_shard``.
+    """
+    if ep < 1:
+        return f"parallel.ep={ep} must be >= 1"
+    if ep == 1:
+        return None
+    if tp == 1:
+        if dp_shard % ep:
+            return (f"parallel.ep={ep} must divide parallel.dp_shard={dp_shard}: experts are spread over the "
+                    "data-parallel shard ranks")
+        return None
+    if ep % tp:
+        return (f"parallel.ep={ep} must be a multiple of parallel.tp={tp}: expert parallelism borrows every "
+                f"tensor-parallel rank; set parallel.ep to tp × a divisor of parallel.dp_shard={dp_shard}")
+    if dp_shard % (ep // tp):
+        return (f"parallel.ep={ep} must divide parallel.dp_shard × tp = {dp_shard}×{tp} = {dp_shard * tp}: "
+                f"set parallel.ep to tp × a divisor of parallel.dp_shard")
+    return None
+
+
+def check_degrees(world_size: int, pp: int, dp_replicate: int, dp_shard: int, tp: int, ep: int,
+                  data_parallel: str) -> None:
+    """The degrees multiply to the world size and compose (model-independent)."""
+    product = pp * dp_replicate * dp_shard * tp
+    if product != world_size:
+        raise ConfigError(
+            f"parallel.pp × dp_replicate × dp_shard × tp = {pp}×{dp_replicate}×{dp_shard}×{tp} = {product} but the "
+            f"world size is {world_size}; set parallel.dp_shard=-1 or fix the degrees")
+    error = ep_layout_error(ep, dp_shard, tp)
+    if error:
+        raise ConfigError(error)
+    dp = dp_replicate * dp_shard
+    if ep > 1 and data_parallel == "ddp" and dp > 1:
+        raise ConfigError(f"parallel.ep={ep} needs parallel.data_parallel=fsdp: DDP cannot hold expert shards")
+    if data_parallel == "ddp" and dp_shard > 1:
+        raise ConfigError("parallel.data_parallel=ddp replicates the model: set parallel.dp_shard=1 and "
+                          "parallel.dp_replicate to the data-parallel size, or use data_parallel=fsdp")
+    if pp > 1 and data_parallel == "ddp" and dp > 1:
+        raise ConfigError("parallel.pp > 1 composes with data_parallel=fsdp; set parallel.data_parallel=fsdp")
+
+
+def tp_error(cfg: ModelConfig, tp: int) -> str | None:
+    """Why the model's sharded dimensions do not divide by ``tp`` (one line), or None."""
+    if tp == 1:
+        return None
+    checks = [("num_attention_heads", cfg.num_attention_heads), ("vocab_size", cfg.vocab_size)]
+    if not cfg.is_mla:
+        checks.append(("num_key_value_heads", cfg.num_key_value_heads))
+    n_layers = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
+    if any(not cfg.is_moe_layer(i) for i in range(n_layers)):
+        checks.append(("intermediate_size", cfg.intermediate_size))
+    if cfg.is_moe:
+        checks.append(("n_routed_experts", cfg.n_routed_experts))
+        if cfg.n_shared_experts:
+            checks.append(("moe_intermediate_size × n_shared_experts",
+                           cfg.moe_intermediate_size * cfg.n_shared_experts))
+    for what, size in checks:
+        if size % tp:
+            return f"parallel.tp={tp} does not divide {what}={size} of model {cfg.name!r}: choose a tp that divides it"
+    return None
+
+
+def ep_model_error(cfg: ModelConfig, ep: int) -> str | None:
+    """Why the model cannot split its experts over ``ep`` ranks (one line), or None."""
+    if ep == 1:
+        return None
+    if not cfg.is_moe:
+        return f"parallel.ep={ep} needs a MoE model but {cfg.name!r} is dense: set parallel.ep=1"
+    if cfg.n_routed_experts % ep:
+        return (f"parallel.ep={ep} does not divide the {cfg.n_routed_experts} routed experts of {cfg.name!r}: "
+                f"choose a divisor of {cfg.n_routed_experts}")
+    return None
+
+
+def check_model(cfg: ModelConfig, tp: int, ep: int, dp_shard: int) -> None:
+    for error in (tp_error(cfg, tp), ep_layout_error(ep, dp_shard, tp), ep_model_error(cfg, ep)):
+        if error:
+            raise ConfigError(error)
+
+
+def pipeline_microbatches(n: int, local_sequences: int) -> int:
+    """Micro-batches per pipeline step; the step's sequences on one rank must split evenly into them."""
+    if n < 1 or local_sequences % n:
+        raise ConfigError(f"parallel.pp_microbatches={n} does not divide the {local_sequences} sequences each "
+                          "data-parallel rank gets per step; pick a divisor")
+    return n
+
+
+def check_pipeline(cfg: ModelConfig, p: ParallelSection, n_micro: int, dp: int) -> tuple[tuple[int, ...], ...]:
+    """The layer ranges of every stage, after checking the schedule, split and micro-batch count."""
+    per_rank = stages_per_rank(p.pp_schedule, p.pp_stages_per_rank)
+    stages = split_layers(cfg, p.pp * per_rank, p.pp_split or None)
+    if p.pp_schedule == "1f1b" and n_micro < p.pp:
+        raise ConfigError(f"parallel.pp_schedule=1f1b needs at least parallel.pp={p.pp} micro-batches per step "
+                          f"but gets {n_micro}; set parallel.pp_microbatches or raise train.global_batch_size")
+    if p.pp_schedule in MULTI_STAGE and n_micro % p.pp:
+        raise ConfigError(f"parallel.pp_schedule={p.pp_schedule} needs the number of pipeline micro-batches "
+                          f"({n_micro}) to be a multiple of parallel.pp={p.pp}")
+    return tuple(tuple(s) for s in stages)

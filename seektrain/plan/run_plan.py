@@ -1,0 +1,170 @@
+"""The run plan: everything a run derives from (job config, model, world size, device), resolved and
+validated once.
+
+Why one object: a parallel degree used to be read from the config in one place, from a layout object in
+another and from a mesh in a third, and each place validated what it needed (``validate_tp`` ran four
+times per launch). Now the launcher resolves a ``RunPlan`` before any worker starts (refusing a bad
+layout with one line), every worker resolves the same plan again from the same inputs, and
+``parallelize_model``, the step and the trainer read degrees, counts and flags only from it. The meshes
+are built from it in one place (``plan.meshes``, seektrain/parallel/mesh.py), only inside workers.
+
+Resolving needs no process group and no torch.distributed state, so the planner (``seektrain plan``)
+can enumerate candidate plans on any machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass, field
+
+import torch
+
+from seektrain.config.loader import ConfigError
+from seektrain.config.schema import JobConfig
+from seektrain.models.config import ModelConfig
+from seektrain.plan import layout_checks
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    job: JobConfig
+    model: ModelConfig
+    world_size: int
+    device_type: str  # "cpu" | "cuda": the process group backend and the platform policy follow it
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    ep: int
+    data_parallel: str  # "fsdp" | "ddp"
+    accum_steps: int  # micro-batches per optimizer step on one data-parallel rank
+    pp_microbatches: int = 1  # micro-batches the pipeline schedule splits a step into
+    pp_stage_layers: tuple[tuple[int, ...], ...] = field(default=())  # decoder layers of each stage
+
+    # ------------------------------------------------------------------ resolving
+    @classmethod
+    def resolve(cls, job: JobConfig, model: ModelConfig, world_size: int,
+                device_type: str = "cpu") -> "RunPlan":
+        """The plan for ``world_size`` processes, or a ``ConfigError`` naming the setting to change."""
+        p, t = job.parallel, job.train
+        others = p.dp_replicate * p.tp * p.pp
+        dp_shard = p.dp_shard
+        if dp_shard == -1:
+            if world_size % others:
+                raise ConfigError(
+                    f"world size {world_size} is not divisible by parallel.dp_replicate × tp × pp = {others}; "
+                    "change the degrees or the number of processes")
+            dp_shard = world_size // others
+        layout_checks.check_degrees(world_size, p.pp, p.dp_replicate, dp_shard, p.tp, p.ep, p.data_parallel)
+        dp = p.dp_replicate * dp_shard
+        per_step = t.micro_batch_size * dp
+        if t.global_batch_size % per_step:
+            raise ConfigError(
+                f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size × "
+                f"data-parallel size = {t.micro_batch_size}×{dp} = {per_step}; adjust one of them")
+        accum = t.global_batch_size // per_step
+        layout_checks.check_model(model, p.tp, p.ep, dp_shard)
+        n_micro, stages = 1, ()
+        if p.pp > 1:
+            n_micro = layout_checks.pipeline_microbatches(p.pp_microbatches or accum, accum * t.micro_batch_size)
+            stages = layout_checks.check_pipeline(model, p, n_micro, dp)
+        return cls(job, model, world_size, device_type, p.dp_replicate, dp_shard, p.tp, p.pp, p.ep,
+                   p.data_parallel, accum, n_micro, stages)
+
+    # ------------------------------------------------------------------ derived sizes and flags
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: the ones that read different data."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def uses_fsdp(self) -> bool:
+        """FSDP only where there is something to shard over; one data-parallel rank trains the plain model."""
+        return self.data_parallel == "fsdp" and self.dp > 1
+
+    @property
+    def uses_ddp(self) -> bool:
+        """DistributedDataParallel proper (a tensor-parallel model replicates with FSDP2's replicate instead)."""
+        return self.data_parallel == "ddp" and self.dp > 1 and self.tp == 1
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        """Under pipelining, parameters stay gathered across the micro-batches of one step."""
+        return self.job.parallel.reshard_after_forward and self.pp == 1
+
+    @property
+    def fused_loss(self) -> bool:
+        """Head + cross-entropy fused in the model: needs a head that is not vocabulary-sharded (no TP)
+        and the whole model on this rank (no pipeline, whose last stage hands logits to the schedule)."""
+        return self.tp == 1 and self.pp == 1
+
+    @property
+    def loss_parallel(self) -> bool:
+        """The logits are a vocabulary-sharded DTensor: compute the loss under ``loss_parallel()``."""
+        return self.tp > 1
+
+    @property
+    def use_mtp(self) -> bool:
+        return self.model.num_nextn_predict_layers > 0 and self.job.train.mtp_loss_weight > 0
+
+    @property
+    def bias_update_speed(self) -> float:
+        """DeepSeek-V3's auxiliary-loss-free balancing step; 0 for models that route without a bias."""
+        return self.job.train.bias_update_speed if self.model.topk_method == "noaux_tc" else 0.0
+
+    @property
+    def aux_loss_grad_scale(self) -> float:
+        """Gradient scale of the balance loss per micro-batch: the pipeline schedule divides every gradient
+        by its micro-batch count itself, accumulation needs 1/accum_steps."""
+        return 1.0 if self.pp > 1 else 1.0 / self.accum_steps
+
+    @property
+    def pp_stages_per_rank(self) -> int:
+        return max(1, len(self.pp_stage_layers) // self.pp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.job.train.global_batch_size * self.job.train.seq_len
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        from seektrain.train.precision import DTYPES
+
+        return DTYPES[self.job.precision.dtype]
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """Autocast where parameters are fp32 in compute; FSDP's mixed-precision policy casts them itself."""
+        if self.job.precision.dtype == "fp32" or self.uses_fsdp:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=self.compute_dtype)
+
+    def loss_context(self) -> contextlib.AbstractContextManager:
+        """Wraps the loss and its backward: ``loss_parallel()`` under tensor parallelism."""
+        if not self.loss_parallel:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
+    @functools.cached_property
+    def platform(self):
+        """What this device type needs that others must not see (``seektrain.platform``): CPU/gloo
+        workarounds live behind it, and the CUDA path never imports them."""
+        from seektrain.platform import policy_for
+
+        return policy_for(torch.device(self.device_type))
+
+    # ------------------------------------------------------------------ meshes (workers only)
+    @functools.cached_property
+    def meshes(self):
+        """Every DeviceMesh of the run (``seektrain.parallel.mesh.Meshes``), built on first use; needs the
+        process group, so only workers touch it."""
+        from seektrain.parallel.mesh import build_meshes
+
+        return build_meshes(self)
+
+    def describe(self) -> str:
+        text = (f"world={self.world_size} pp={self.pp} dp_replicate={self.dp_replicate} "
+                f"dp_shard={self.dp_shard} tp={self.tp} ep={self.ep} ({self.data_parallel})")
+        return text + (f" pp_schedule={self.job.parallel.pp_schedule}" if self.pp > 1 else "")

@@ -1,0 +1,86 @@
+"""What a run reports while it trains: per-step metrics to every sink (JSONL, TensorBoard, Prometheus,
+experiment trackers), the console line and progress bar, the profiler window, and ``summary.json`` at
+the end. The trainer calls it around each step and knows nothing of the outlets."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from seektrain.observe.flops import mfu, model_flops_per_token, peak_flops
+from seektrain.observe.memory import gpu_stats, memory_stats
+from seektrain.observe.sink import MetricsSink
+from seektrain.observe.summary import format_summary, write_summary
+from seektrain.train.progress import Progress
+
+log = logging.getLogger("seektrain.train")
+
+
+class RunMonitor:
+    def __init__(self, plan, run_dir: Path, rank: int, local_rank: int, device: torch.device, start_step: int):
+        job = plan.job
+        self.plan, self.run_dir, self.rank, self.device = plan, run_dir, rank, device
+        self.flops_per_token = model_flops_per_token(plan.model, job.train.seq_len)
+        self.peak, self.peak_source = peak_flops(device, plan.compute_dtype)
+        m = job.metrics
+        self.sink = MetricsSink(run_dir, rank=rank, prometheus_port=m.prometheus_port,
+                                prometheus_host=m.prometheus_host, all_ranks_serve=m.all_ranks,
+                                local_rank=local_rank, tensorboard=m.tensorboard)
+        self.sink.set_run_info(run=job.run.name or run_dir.name, model=plan.model.name, world_size=plan.world_size)
+        self.profiler = None
+        if job.profile.steps and rank == 0:
+            from seektrain.observe.profiler import StepProfiler
+
+            self.profiler = StepProfiler(run_dir, job.profile.steps)
+        self.progress = Progress(start_step, job.train.steps, enabled=rank == 0 and job.run.progress_bar)
+        self.start_step = start_step
+        self.records: list[dict] = []
+
+    def before_step(self, step: int) -> None:
+        if self.profiler:
+            self.profiler.before_step(step)
+
+    def after_step(self, step: int, metrics: dict) -> None:
+        if self.profiler:
+            self.profiler.after_step(step)
+        metrics["tokens_per_s"] = self.plan.tokens_per_step / metrics["step_time_s"]
+        metrics["mfu"] = mfu(metrics["tokens_per_s"] / self.plan.world_size, self.flops_per_token, self.peak)
+        metrics.update(memory_stats(self.device))
+        if self.device.type == "cuda":
+            metrics.update(gpu_stats(self.device.index))  # NVML: utilisation, power (empty when absent)
+        self.sink.log(step, metrics)
+        self.records.append({"step": step, **metrics})
+        self.progress.update(step, metrics)
+        if step % self.plan.job.run.log_interval == 0 or step == self.start_step + 1:
+            self.progress.write(_format_line(step, self.plan.job.train.steps, metrics))
+
+    def close(self) -> None:
+        self.progress.close()
+        self.sink.close()
+
+    def summarise(self, wall_s: float, param_elements_rank0: int) -> dict:
+        """Write ``summary.json`` (rank 0) and log its lines; {} elsewhere or when no step ran."""
+        if self.rank != 0 or not self.records:
+            return {}
+        summary = write_summary(self.run_dir, self.records, {
+            "wall_time_s": wall_s, "device_flops_peak": self.peak, "device_flops_source": self.peak_source,
+            "flops_per_token": self.flops_per_token, "world_size": self.plan.world_size,
+            "layout": self.plan.describe(), "model": self.plan.model.name,
+            "tokens_per_step": self.plan.tokens_per_step, "param_elements_rank0": param_elements_rank0,
+            "device": str(self.device)})
+        log.info("%s", format_summary(summary))
+        return summary
+
+
+def _format_line(step: int, total: int, m: dict) -> str:
+    parts = [f"step {step}/{total}", f"loss {m['loss']:.4f}", f"lr {m['lr']:.2e}", f"grad_norm {m['grad_norm']:.3f}",
+             f"tok/s {m['tokens_per_s']:.0f}", f"mfu {100 * m['mfu']:.1f}%"]
+    if "val_loss" in m:
+        parts.append(f"val_loss {m['val_loss']:.4f}")
+    if "expert_imbalance" in m:
+        parts.append(f"imbalance {m['expert_imbalance']:.2f}")
+    if m.get("skipped"):
+        parts.append(f"SKIPPED (loss scale {m['loss_scale']:.0f})")
+    return " | ".join(parts)
