@@ -33,7 +33,7 @@ def worker(mb: float, iters: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from seektrain.parallel.gloo_collectives import P2PAllGather, P2PReduceScatter
+    from seektrain.platform.cpu_gloo_collectives import P2PAllGather, P2PReduceScatter
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)

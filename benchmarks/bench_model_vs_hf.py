@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from seektrain.models import build_model, get_preset
 from seektrain.models.hf_io import save_pretrained
+from seektrain.platform import policy_for
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -55,7 +56,8 @@ def build_pair(preset: str, impls: list[str], seed: int):
     import transformers
 
     cfg = get_preset(preset).replace(num_nextn_predict_layers=0)
-    ours = build_model(cfg, dtype=torch.float32, seed=seed)
+    cpu_kernels = policy_for(torch.device("cpu")).model_kernels()  # what training on CPU runs
+    ours = build_model(cfg, dtype=torch.float32, seed=seed, kernels=cpu_kernels)
     theirs = {}
     with tempfile.TemporaryDirectory() as tmp:
         save_pretrained(ours, tmp, dtype=torch.float32)
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
 
     import transformers
 
-    from seektrain.train.cpu_allocator import keep_freed_memory
+    from seektrain.platform.cpu_allocator import keep_freed_memory
 
     kept = not args.system_malloc and keep_freed_memory()
     torch.set_num_threads(args.threads)

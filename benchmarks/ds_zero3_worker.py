@@ -68,15 +68,16 @@ def main() -> None:
     ap.add_argument("--reduce-dtype", choices=["fp32", "bf16"], default="fp32",
                     help="communication_data_type (seektrain's precision.reduce_dtype)")
     ap.add_argument("--keep-freed-memory", action="store_true",
-                    help="the allocator setting seektrain's CPU workers use (train.cpu_keep_freed_memory: keep "
+                    help="the allocator setting seektrain's CPU workers use (cpu.keep_freed_memory: keep "
                          "freed memory during a step, malloc_trim after it)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    from seektrain.train.cpu_allocator import keep_freed_memory, release_free_memory
+    from seektrain.platform import policy_for
 
-    kept = args.keep_freed_memory and keep_freed_memory()
+    platform = policy_for(torch.device("cpu"))  # the CPU policy seektrain's workers use
+    platform.prepare_process(deterministic=False, keep_freed_memory=args.keep_freed_memory)
     import deepspeed
 
     from seektrain.config.schema import JobConfig
@@ -96,7 +97,8 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     cfg = get_preset(args.preset)
-    model = build_model(cfg, dtype=torch.float32, seed=args.seed)  # same values as seektrain's init
+    # same values as seektrain's init, and the same CPU kernels
+    model = build_model(cfg, dtype=torch.float32, seed=args.seed, kernels=platform.model_kernels())
     optimizer = build_optimizer(model, optim_cfg)
     scheduler = build_scheduler(optimizer, optim_cfg, args.steps)
     ds_config = {
@@ -129,8 +131,7 @@ def main() -> None:
             engine.backward(loss)
             engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
         update_balance_bias(engine.module, collect_expert_load(engine.module, dist.group.WORLD), speed)
-        if kept:  # as seektrain's trainer does at the end of each step
-            release_free_memory()
+        platform.end_of_step()  # as seektrain's trainer does at the end of each step
         loss_t = loss.detach().float().reshape(1)
         dist.all_reduce(loss_t)
         times.append(time.perf_counter() - t0)

@@ -1,4 +1,4 @@
-"""train.cpu_keep_freed_memory: with glibc told to keep freed memory, a freed 256 MB tensor stays resident
+"""cpu.keep_freed_memory: with glibc told to keep freed memory, a freed 256 MB tensor stays resident
 (to be reused without page faults within the step) instead of being unmapped, and release_free_memory
 (run after every step) hands it back to the OS."""
 
@@ -11,7 +11,7 @@ import pytest
 
 PROBE = """
 import sys, torch
-from seektrain.train.cpu_allocator import keep_freed_memory, release_free_memory
+from seektrain.platform.cpu_allocator import keep_freed_memory, release_free_memory
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 if sys.argv[1] == "keep":

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from seektrain.parallel.gloo_collectives import P2PAllGather, P2PReduceScatter
+from seektrain.platform.cpu_gloo_collectives import P2PAllGather, P2PReduceScatter
 
 N = 1003
 
@@ -96,6 +96,7 @@ def _fsdp_bf16_worker(rank: int, port: int, out_dir: str) -> None:
 
     from seektrain.models import build_model, get_preset
     from seektrain.parallel.data_parallel import apply_fsdp
+    from seektrain.platform import policy_for
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -103,9 +104,11 @@ def _fsdp_bf16_worker(rank: int, port: int, out_dir: str) -> None:
     cfg = get_preset("tiny-v3")
     tokens = torch.randint(0, cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(rank))
     grads = {}
-    for narrow in (True, False):
-        model = apply_fsdp(build_model(cfg, seed=0), mesh, MixedPrecisionPolicy(torch.bfloat16, torch.float32),
+    platform, mp = policy_for(torch.device("cpu")), MixedPrecisionPolicy(torch.bfloat16, torch.float32)
+    for narrow in (True, False):  # as training shards a model part: apply_fsdp, then the policy's collectives
+        model = apply_fsdp(build_model(cfg, seed=0, kernels=platform.model_kernels()), mesh, mp,
                            reshard_after_forward=True)
+        platform.configure_fsdp(model, mp)
         rs = next(m for m in model.modules() if isinstance(m, FSDPModule))._get_fsdp_state()._fsdp_param_group
         comm = rs._reduce_scatter_comm
         if not narrow:

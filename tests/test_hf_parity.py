@@ -16,8 +16,12 @@ transformers = pytest.importorskip("transformers")
 
 from seektrain.models import ModelConfig, RopeScaling, build_model, count_params, get_preset  # noqa: E402
 from seektrain.models.hf_io import from_pretrained, save_pretrained  # noqa: E402
+from seektrain.platform import policy_for  # noqa: E402
 
 TOL = 1e-4
+# transformers -> ours runs our model with the kernels CPU training uses (value-padded MLA attention,
+# padded expert rows); ours -> transformers with the default ones
+CPU_KERNELS = policy_for(torch.device("cpu")).model_kernels()
 YARN = dict(type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0,
             mscale=0.707, mscale_all_dim=0.707)
 
@@ -51,7 +55,7 @@ def _hf_to_ours(hf_cfg, tmp_path, seed=0):
     hf_model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
     _randomize(hf_model, seed)
     hf_model.save_pretrained(tmp_path)
-    ours = from_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path, kernels=CPU_KERNELS)
     return hf_model, ours
 
 
@@ -120,7 +124,7 @@ def test_transformers_in_memory_fused_layout_loads(tmp_path):
     assert "model.layers.1.mlp.experts.gate_up_proj" in state
     save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
     (tmp_path / "config.json").write_text(hf_model.config.to_json_string())
-    assert _logits_diff(hf_model, from_pretrained(tmp_path), 96) <= TOL
+    assert _logits_diff(hf_model, from_pretrained(tmp_path, kernels=CPU_KERNELS), 96) <= TOL
 
 
 # ------------------------------------------------------------------------- ours -> transformers

@@ -1,12 +1,12 @@
-"""Row moves of the MoE dispatch: padding each expert's rows on CPU changes no output and no gradient."""
-
-import contextlib
+"""Row moves of the MoE dispatch: padding each expert's rows (the CPU kernels') changes no output and no
+gradient."""
 
 import pytest
 import torch
 
 from seektrain.models import moe
-from seektrain.models.moe_rows import PermuteRows, exact_group_rows, group_rows_multiple, padded_group_positions
+from seektrain.models.moe_rows import PermuteRows, padded_group_positions
+from seektrain.platform import policy_for
 
 
 def test_padded_positions_round_every_group_up():
@@ -26,19 +26,14 @@ def test_permute_rows_backward_is_the_inverse_permutation():
     assert torch.autograd.gradcheck(lambda t: PermuteRows.apply(t, order, inverse), (x,))
 
 
-def _swiglu_outputs(counts, padded: bool, dtype):
-    """grouped_swiglu's output and gradients on fixed data, with or without the CPU padding."""
-    with contextlib.nullcontext() if padded else exact_group_rows():
-        return _swiglu_run(counts, dtype)
-
-
-def _swiglu_run(counts, dtype):
+def _swiglu_outputs(counts, row_multiple: int, dtype):
+    """grouped_swiglu's output and gradients on fixed data, each expert's rows padded to ``row_multiple``."""
     gen = torch.Generator().manual_seed(0)
     E, D, F = counts.numel(), 32, 24
     x = torch.randn(int(counts.sum()), D, generator=gen).to(dtype).requires_grad_()
     gate_up = (torch.randn(E, 2 * F, D, generator=gen) / D**0.5).to(dtype).requires_grad_()
     down = (torch.randn(E, D, F, generator=gen) / F**0.5).to(dtype).requires_grad_()
-    out = moe.grouped_swiglu(x, counts, gate_up, down)
+    out = moe.grouped_swiglu(x, counts, gate_up, down, row_multiple)
     out.backward(torch.randn(out.shape, generator=gen).to(dtype))
     return [t.detach().float() for t in (out, x.grad, gate_up.grad, down.grad)]
 
@@ -48,17 +43,16 @@ def test_cpu_group_padding_changes_no_output_or_gradient(monkeypatch, dtype):
     if not moe.grouped_mm_supported(torch.zeros(1, dtype=dtype), 48, 32):
         pytest.skip("no grouped GEMM on this build")
     counts = torch.tensor([5, 0, 17, 16, 1, 40])  # empty, below, at and above a multiple of 16
-    assert group_rows_multiple(torch.device("cpu")) == 16
-    with exact_group_rows():
-        assert group_rows_multiple(torch.device("cpu")) == 1
-    padded = _swiglu_outputs(counts, True, dtype)
-    plain = _swiglu_outputs(counts, False, dtype)
+    multiple = policy_for(torch.device("cpu")).model_kernels().expert_row_multiple
+    assert multiple == 16
+    padded = _swiglu_outputs(counts, multiple, dtype)
+    plain = _swiglu_outputs(counts, 1, dtype)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     for a, b, name in zip(padded, plain, ["output", "x grad", "gate_up grad", "down grad"]):
         torch.testing.assert_close(a, b, **tol, msg=lambda m, n=name: f"{n}: {m}")
     # and the batched-matmul reference (no grouped GEMM) agrees in fp32
     if dtype == torch.float32:
         monkeypatch.setattr(moe, "grouped_mm_supported", lambda *a: False)
-        reference = _swiglu_outputs(counts, True, dtype)
+        reference = _swiglu_outputs(counts, multiple, dtype)
         for a, b in zip(padded, reference):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -45,16 +45,3 @@ def restore_trainer_state(state: dict, scheduler, scaler, loader, loss_guard=Non
         loss_guard.load_state_dict(state.get("faults", {}))
     return int(state["step"])
 
-
-def reproducible_cpu_math() -> None:
-    """Make MKL's fp32 kernels bit-reproducible in this process (for ``train.deterministic``).
-
-    Why: MKL picks code paths by memory alignment, so two identical CPU runs differ in the last bits
-    from step 1 on (measured: ~1e-7 relative in the loss) and no resume can equal "the" uninterrupted
-    run. ``MKL_CBWR=AUTO,STRICT`` (conditional numerical reproducibility) removes that, at ~20% sgemm
-    speed. MKL reads the variable at its first call, so this must run before any matmul; a value the
-    user set wins.
-    """
-    import os
-
-    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")

@@ -1,6 +1,7 @@
 """Causal self-attention: grouped-query attention (DeepSeek-LLM) and multi-head latent attention (V2/V3).
 
-Both run through ``F.scaled_dot_product_attention`` so the fastest kernel of the platform is used.
+Both run through ``Kernels.attention`` (``F.scaled_dot_product_attention`` by default) so the fastest
+kernel of the platform is used.
 Head counts are read from the weight shapes at run time, so tensor parallelism (which shards the
 projections over heads) needs no change here.
 """
@@ -8,36 +9,29 @@ projections over heads) needs no change here.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from seektrain.models.config import ModelConfig
+from seektrain.models.kernels import Kernels
 from seektrain.models.layers import RMSNorm, apply_rope, softmax_scale
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            kernels: Kernels) -> torch.Tensor:
     """q [B,H,T,K], k [B,Hkv,T,K], v [B,Hkv,T,Kv] -> [B,T,H*Kv]."""
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-    v_dim = v.shape[-1]
-    if q.device.type == "cpu" and v_dim < q.shape[-1]:
-        # The CPU flash kernel (3x faster than the math fallback, forward and backward) needs one head
-        # dim for q, k and v: zero-pad v (MLA's v_head_dim < qk_head_dim); the padded output columns
-        # are exactly zero and are sliced off.
-        out = F.scaled_dot_product_attention(q, k, F.pad(v, (0, q.shape[-1] - v_dim)), is_causal=True,
-                                             scale=scale)[..., :v_dim]
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    return out.transpose(1, 2).flatten(2)
+    return kernels.attention(q, k, v, scale).transpose(1, 2).flatten(2)
 
 
 class GQAttention(nn.Module):
     """Llama-style attention with rotate-half RoPE; MHA when num_key_value_heads == num_attention_heads."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels | None = None):
         super().__init__()
+        self.kernels = kernels or Kernels()
         d, hd = cfg.hidden_size, cfg.head_dim
         self.head_dim = hd
         self.scale = hd ** -0.5
@@ -52,15 +46,16 @@ class GQAttention(nn.Module):
         k = self.k_proj(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin, interleaved=False), apply_rope(k, cos, sin, interleaved=False)
-        return self.o_proj(_attend(q, k, v, self.scale))
+        return self.o_proj(_attend(q, k, v, self.scale, self.kernels))
 
 
 class MLAttention(nn.Module):
     """Multi-head latent attention: queries (optionally) and keys/values pass through low-rank latents;
     a small decoupled key carries RoPE and is shared by all heads."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels | None = None):
         super().__init__()
+        self.kernels = kernels or Kernels()
         d, h = cfg.hidden_size, cfg.num_attention_heads
         self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.kv_lora_rank = cfg.kv_lora_rank
@@ -95,8 +90,8 @@ class MLAttention(nn.Module):
         k_rot = apply_rope(k_rot.view(B, 1, T, self.rope), cos, sin, interleaved=True)
         q = torch.cat([q_nope, q_rot], dim=-1)
         k = torch.cat([k_nope, k_rot.expand(B, heads, T, self.rope)], dim=-1)
-        return self.o_proj(_attend(q, k, v, self.scale))
+        return self.o_proj(_attend(q, k, v, self.scale, self.kernels))
 
 
-def build_attention(cfg: ModelConfig) -> nn.Module:
-    return MLAttention(cfg) if cfg.is_mla else GQAttention(cfg)
+def build_attention(cfg: ModelConfig, kernels: Kernels | None = None) -> nn.Module:
+    return MLAttention(cfg, kernels) if cfg.is_mla else GQAttention(cfg, kernels)

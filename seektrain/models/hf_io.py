@@ -29,6 +29,7 @@ from seektrain.models.hf_weights import (
     FP8_DTYPES, Entry, dequantize_fp8, dtype_name, fused_alternatives, hf_layout, is_ignored, part_shape,
     part_view, scale_shape, shard_plan,
 )
+from seektrain.models.kernels import Kernels
 from seektrain.models.transformer import Transformer, build_model
 
 log = logging.getLogger(__name__)
@@ -143,8 +144,9 @@ def _check_shapes(plan, shapes, weight_map, handles, block) -> None:
 
 
 def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu") -> Transformer:
-    """Build our ``Transformer`` from a Hugging Face folder (config.json + safetensors, sharded or not)."""
+                    device: str | torch.device = "cpu", kernels: Kernels | None = None) -> Transformer:
+    """Build our ``Transformer`` from a Hugging Face folder (config.json + safetensors, sharded or not);
+    ``kernels`` as for ``build_model``."""
     path = os.fspath(path)
     raw = read_config_json(path)
     cfg = config_from_hf(raw, name=os.path.basename(os.path.normpath(path)) or "custom",
@@ -156,7 +158,7 @@ def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
                     "with %d", path, cfg.num_nextn_predict_layers, present, present)
         cfg = cfg.replace(num_nextn_predict_layers=present)
     block = quant_block_size(raw)
-    model = build_model(cfg, device="meta", dtype=dtype, init=False)
+    model = build_model(cfg, device="meta", dtype=dtype, init=False, kernels=kernels)
     shapes = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
     plan = _plan(cfg, shapes, weight_map, path)
 

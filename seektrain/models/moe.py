@@ -15,7 +15,8 @@ from torch import nn
 
 from seektrain.models.config import ModelConfig
 from seektrain.models.layers import SwiGLU
-from seektrain.models.moe_rows import PermuteRows, group_rows_multiple, run_padded_groups
+from seektrain.models.kernels import Kernels
+from seektrain.models.moe_rows import PermuteRows, run_padded_groups
 
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
@@ -25,15 +26,18 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+# Where torch (2.13) has a grouped GEMM kernel, by device type: a test on (input, weight dims). This is
+# the operator's coverage, which decides between the grouped GEMM and the batched-matmul fallback.
+_GROUPED_MM_KERNELS = {
+    "cpu": lambda x, dims: x.dtype in (torch.float32, torch.bfloat16),
+    "cuda": lambda x, dims: (x.dtype == torch.bfloat16 and all(d % 8 == 0 for d in dims)
+                             and torch.cuda.get_device_capability(x.device) >= (9, 0)),
+}
+
+
 def grouped_mm_supported(x: torch.Tensor, *dims: int) -> bool:
-    if _grouped_mm is None:
-        return False
-    if x.device.type == "cpu":
-        return x.dtype in (torch.float32, torch.bfloat16)
-    if x.device.type == "cuda":
-        return (x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
-                and all(d % 8 == 0 for d in dims))
-    return False
+    covered = _GROUPED_MM_KERNELS.get(x.device.type)
+    return _grouped_mm is not None and covered is not None and covered(x, dims)
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -106,11 +110,13 @@ class Router(nn.Module):
 
 
 def grouped_swiglu(x_ND: torch.Tensor, counts_E: torch.Tensor, gate_up_proj: torch.Tensor,
-                   down_proj: torch.Tensor) -> torch.Tensor:
+                   down_proj: torch.Tensor, row_multiple: int = 1) -> torch.Tensor:
     """E SwiGLU experts (``gate_up [E, 2F, D]``, ``down [E, D, F]``) over token slots already sorted by
     expert, ``counts_E`` slots each: one grouped GEMM per projection, or a padded batched matmul where
     the platform has no grouped GEMM for the dtype (or no slots at all, which the grouped GEMM's backward
-    rejects on CPU). Shared by the plain and the expert-parallel experts.
+    rejects on CPU). Shared by the plain and the expert-parallel experts. ``row_multiple`` > 1 pads each
+    expert's rows with zero rows to a multiple of it before the grouped GEMM
+    (``Kernels.expert_row_multiple``; the result is the same).
 
     Under autocast both paths compute in the autocast dtype (autocast does not cover the grouped GEMM
     but does cover ``bmm``): the result's dtype must not depend on how many tokens a rank received,
@@ -124,8 +130,9 @@ def grouped_swiglu(x_ND: torch.Tensor, counts_E: torch.Tensor, gate_up_proj: tor
             gate, up = _ContiguousGrad.apply(_grouped_mm(x, gate_up_proj.transpose(-2, -1), offs=offs)).chunk(2, -1)
             return _ContiguousGrad.apply(_grouped_mm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs))
 
-        multiple = group_rows_multiple(x_ND.device)  # CPU: few matmul shapes for oneDNN's kernel cache
-        return run_padded_groups(swiglu, x_ND, counts_E, multiple) if multiple > 1 else swiglu(x_ND, counts_E)
+        if row_multiple > 1:
+            return run_padded_groups(swiglu, x_ND, counts_E, row_multiple)
+        return swiglu(x_ND, counts_E)
     return _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj)
 
 
@@ -149,8 +156,9 @@ class GroupedExperts(nn.Module):
     parallel variant replaces this module (not ``MoE``): expert parallelism overrides ``run_sorted`` to
     exchange the token slots around ``grouped_swiglu``; tensor parallelism runs only its own experts."""
 
-    def __init__(self, n_experts: int, dim: int, hidden: int):
+    def __init__(self, n_experts: int, dim: int, hidden: int, kernels: Kernels | None = None):
         super().__init__()
+        self.kernels = kernels or Kernels()
         self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * hidden, dim))
         self.down_proj = nn.Parameter(torch.empty(n_experts, dim, hidden))
 
@@ -168,7 +176,8 @@ class GroupedExperts(nn.Module):
 
     def run_sorted(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """The experts over token slots sorted by expert, ``counts_E`` slots each."""
-        return grouped_swiglu(x_ND, counts_E, self.gate_up_proj, self.down_proj)
+        return grouped_swiglu(x_ND, counts_E, self.gate_up_proj, self.down_proj,
+                              self.kernels.expert_row_multiple)
 
 
 class MoE(nn.Module):
@@ -178,11 +187,12 @@ class MoE(nn.Module):
     balance loss weight; 0 disables it) and ``aux_loss_scale`` (gradient scale, e.g. 1/accumulation).
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels | None = None):
         super().__init__()
         self.n_experts, self.top_k = cfg.n_routed_experts, cfg.num_experts_per_tok
         self.gate = Router(cfg)
-        self.experts = GroupedExperts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        self.experts = GroupedExperts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size,
+                                      kernels)
         self.shared_experts = (SwiGLU(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
                                if cfg.n_shared_experts else None)
         self.aux_loss_alpha = 0.0

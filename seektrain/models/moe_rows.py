@@ -1,46 +1,16 @@
-"""Moving token rows for the experts: permutations, and zero-row padding of each expert's group on CPU.
+"""Moving token rows for the experts: permutations, and zero-row padding of each expert's group.
 
 Autograd answers ``x[index]`` with an accumulating scatter, which runs serially on CPU. Every move here
 is a bijection onto its positions, so each backward is a plain gather (``index_select``) or an
 ``index_copy_`` into zeros: no accumulation.
 
-Why pad on CPU: the grouped GEMM runs one matmul per expert, and oneDNN compiles a kernel for every
-distinct matmul shape. It keeps the last 1,024 in a cache, at about 1 MiB each (measured: 1,500 bf16
-matmuls [M, 512] x [512, 256] with M = 1..1,500 took 11.8 s and +1.07 GiB RSS the first time; a second
-pass with a big enough cache took 5.2 s). An expert's row count changes every step, so each step made new
-kernels: one small-v3-sparse forward+backward spent 3.7 s of 5.0 s in the grouped GEMM, 0.5 s once the
-shapes repeated. Rounding every group up to a multiple of ``CPU_GROUP_ROWS`` with zero rows bounds the
-distinct shapes (a few dozen per projection) at the price of at most ``CPU_GROUP_ROWS - 1`` extra rows
-per expert. GPU grouped GEMMs do not compile per shape, so nothing is padded there.
+The padding runs when the model's ``Kernels.expert_row_multiple`` is above 1 (the CPU policy's choice,
+with its measurements, is in ``seektrain/platform/cpu_kernels.py``); it changes no output or gradient.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
-
-# rows per expert group are rounded up to this on CPU; 16 is also the row count of an AMX tile
-CPU_GROUP_ROWS = 16
-_padding_on = True
-
-
-def group_rows_multiple(device: torch.device) -> int:
-    """What every expert group's row count is rounded up to on ``device`` (1: no padding)."""
-    return CPU_GROUP_ROWS if device.type == "cpu" and _padding_on else 1
-
-
-@contextlib.contextmanager
-def exact_group_rows() -> Iterator[None]:
-    """Experts run on their exact row counts inside this block: FLOP counting (``observe/counting.py``)
-    counts the model's work, not the padding's. Results are the same either way."""
-    global _padding_on
-    saved, _padding_on = _padding_on, False
-    try:
-        yield
-    finally:
-        _padding_on = saved
 
 
 class PermuteRows(torch.autograd.Function):

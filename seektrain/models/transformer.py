@@ -17,19 +17,21 @@ from torch import nn
 from seektrain.models.attention import build_attention
 from seektrain.models.config import ModelConfig
 from seektrain.models.init import init_weights
+from seektrain.models.kernels import Kernels
 from seektrain.models.layers import RMSNorm, SwiGLU, rope_cos_sin
 from seektrain.models.linear_cross_entropy import linear_cross_entropy, shift_labels
 from seektrain.models.moe import MoE, Router
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, kernels: Kernels | None = None):
         super().__init__()
         self.layer_idx = layer_idx
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = build_attention(cfg)
+        self.self_attn = build_attention(cfg, kernels)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer_idx) else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = (MoE(cfg, kernels) if cfg.is_moe_layer(layer_idx)
+                    else SwiGLU(cfg.hidden_size, cfg.intermediate_size))
 
     def forward(self, h_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h_BTD = h_BTD + self.self_attn(self.input_layernorm(h_BTD), cos, sin)
@@ -40,12 +42,12 @@ class MTPModule(nn.Module):
     """One multi-token-prediction depth: combine the previous depth's hidden state at position i with the
     embedding of token i+k, run one decoder block, and predict token i+k+1 with the shared output head."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, kernels: Kernels | None = None):
         super().__init__()
         self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.block = DecoderLayer(cfg, layer_idx)
+        self.block = DecoderLayer(cfg, layer_idx, kernels)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, h_BTD, emb_BTD, cos, sin) -> torch.Tensor:
@@ -70,16 +72,19 @@ class Transformer(nn.Module):
     ``model(tokens, labels=labels[, mtp_labels=labels])`` -> ``HeadLosses``: the training path. The head
     and its cross-entropy run fused (models/linear_cross_entropy.py), so the [B, T, V] logits are never
     returned; it needs the plain (not vocabulary-sharded) head.
+
+    ``kernels``: the attention and expert computations to use (``models/kernels.py``; default: plain).
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels | None = None):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)})
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg, i, kernels)
+                                     for i in range(cfg.num_hidden_layers)})
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.mtp = nn.ModuleList(MTPModule(cfg, cfg.num_hidden_layers + k)
+        self.mtp = nn.ModuleList(MTPModule(cfg, cfg.num_hidden_layers + k, kernels)
                                  for k in range(cfg.num_nextn_predict_layers))
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -135,11 +140,13 @@ class Transformer(nn.Module):
 
 
 def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                init: bool = True, seed: int = 0) -> Transformer:
-    """Build on ``device`` ("meta" costs no memory for any size; call ``init_weights`` after ``to_empty``)."""
+                init: bool = True, seed: int = 0, kernels: Kernels | None = None) -> Transformer:
+    """Build on ``device`` ("meta" costs no memory for any size; call ``init_weights`` after ``to_empty``).
+    ``kernels``: the platform's (``seektrain.platform.policy_for(device).model_kernels()``) for training;
+    the default, plain ones count FLOPs exactly and serve as the reference."""
     cfg.validate()
     with torch.device(device):
-        model = Transformer(cfg)
+        model = Transformer(cfg, kernels)
     if dtype != torch.float32:
         model.to(dtype)
         for module in model.modules():  # the balancing bias accumulates tiny updates: keep it fp32

@@ -3,9 +3,10 @@
 torch's counter (2.13) has no formula for ``aten._grouped_mm`` (the MoE experts) nor for the CPU
 flash-attention kernel; without them a MoE model's routed experts and all CPU attention would read as
 zero FLOPs. The formulas here follow the model-FLOPs convention of ``flops.py``: attention backward
-is 2 x forward (torch's own CUDA flash/efficient formulas add the recomputed scores on top). While
-counting, the MoE experts run on their exact row counts (no CPU padding, ``models/moe_rows.py``), so the
-count is the model's work.
+is 2 x forward (torch's own CUDA flash/efficient formulas add the recomputed scores on top). The count
+is of the model as built: one built with the default (plain) ``Kernels``, as ``seektrain flops`` does,
+counts the model's work; one built with the CPU policy's kernels also counts their padding
+(``seektrain/platform/cpu_kernels.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
-
-from seektrain.models.moe_rows import exact_group_rows
 
 aten = torch.ops.aten
 
@@ -56,25 +55,9 @@ def extra_flop_formulas() -> dict[Any, Any]:
     return table
 
 
-class _ModelFlopCounterMode(FlopCounterMode):
-    """``FlopCounterMode`` that runs the experts unpadded while it counts."""
-
-    def __enter__(self):
-        self._exact = exact_group_rows()
-        self._exact.__enter__()
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)
-        finally:
-            self._exact.__exit__(*exc)
-
-
 def flop_counter(display: bool = False, depth: int | None = None) -> FlopCounterMode:
-    """A ``FlopCounterMode`` with ``extra_flop_formulas`` installed (nothing global is changed, except
-    that the experts run unpadded while it counts)."""
-    return _ModelFlopCounterMode(display=display, depth=depth, custom_mapping=extra_flop_formulas())
+    """A ``FlopCounterMode`` with ``extra_flop_formulas`` installed (nothing global is changed)."""
+    return FlopCounterMode(display=display, depth=depth, custom_mapping=extra_flop_formulas())
 
 
 class _Dispatch(TorchDispatchMode):
@@ -155,8 +138,6 @@ class ModuleFlopCounter:
             if name:
                 self._handles.append(module.register_forward_pre_hook(self._pre(name)))
                 self._handles.append(module.register_forward_hook(self._post(name)))
-        self._exact = exact_group_rows()
-        self._exact.__enter__()
         self._mode = _Dispatch(self)
         self._mode.__enter__()
         return self
@@ -165,7 +146,6 @@ class ModuleFlopCounter:
         if self._mode is not None:
             self._mode.__exit__(*exc)
             self._mode = None
-            self._exact.__exit__(*exc)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

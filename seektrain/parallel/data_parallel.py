@@ -2,21 +2,17 @@
 
 FSDP shards every decoder layer (and MTP module) as its own unit, then the root (embedding, final
 norm, head). ``reshard_after_forward=False`` keeps parameters gathered between forward and backward,
-trading memory for one all-gather less per layer (ZeRO-2-like). On gloo the parameter all-gather and
-gradient reduce-scatter are swapped for point-to-point versions (seektrain/parallel/gloo_collectives.py),
-2-3.5x faster there.
+trading memory for one all-gather less per layer (ZeRO-2-like). The platform policy may then change how
+FSDP communicates (``PlatformPolicy.configure_fsdp``: on CPU, point-to-point collectives over gloo).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
-
-from seektrain.parallel.gloo_collectives import use_p2p_collectives
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -37,9 +33,6 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecisionPolicy,
         fully_shard(block, mesh=dp_mesh, mp_policy=mp,
                     reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    if dist.get_backend() == "gloo":
-        low_precision = mp.param_dtype in (torch.bfloat16, torch.float16) and mp.reduce_dtype == torch.float32
-        use_p2p_collectives(model, wire_dtype=mp.param_dtype if low_precision else None)
     return model
 
 

@@ -85,6 +85,7 @@ class ExpertParallelExperts(GroupedExperts):
         nn.Module.__init__(self)
         self.ep_mesh, self.tp_mesh = ep_mesh, tp_mesh
         self.tp = tp_mesh.size() if tp_mesh is not None else 1
+        self.kernels = experts.kernels
         shard_expert_weights(self, experts, ep_mesh)
 
     def forward(self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor,
@@ -133,7 +134,7 @@ class ExpertParallelExperts(GroupedExperts):
         # scaled, not the one flowing back to the tokens.)
         scale = self.tp / R
         w1, w2 = _ScaleGrad.apply(w1, scale), _ScaleGrad.apply(w2, scale)
-        y_local = grouped_swiglu(x_recv[order], recv_RL.sum(0), w1, w2)
+        y_local = grouped_swiglu(x_recv[order], recv_RL.sum(0), w1, w2, self.kernels.expert_row_multiple)
         # 4. Back to arrival order, then back to the senders.
         y_recv = y_local[order.argsort()]
         return _AllToAll.apply(y_recv, send_splits, recv_splits, group)

@@ -40,7 +40,7 @@ class TensorParallelExperts(GroupedExperts):
 
     def __init__(self, experts: GroupedExperts, tp_mesh: DeviceMesh):
         nn.Module.__init__(self)
-        self.tp_mesh = tp_mesh
+        self.tp_mesh, self.kernels = tp_mesh, experts.kernels
         shard_expert_weights(self, experts, tp_mesh)
 
     def forward(self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor,
@@ -58,7 +58,7 @@ class TensorParallelExperts(GroupedExperts):
         lo = int(counts_E[:e0].sum())
         order = order[lo:lo + int(counts_E[e0:e0 + L].sum())]  # slots routed to my experts
         token = order // top_k
-        y = grouped_swiglu(x_ND[token], counts_E[e0:e0 + L], w1, w2)
+        y = grouped_swiglu(x_ND[token], counts_E[e0:e0 + L], w1, w2, self.kernels.expert_row_multiple)
         y = y * weights_NK.flatten()[order].unsqueeze(-1).to(y.dtype)
         return torch.zeros_like(x_ND).index_add_(0, token, y.to(x_ND.dtype))
 

@@ -1,0 +1,45 @@
+"""The platform policy's interface, its generic (do-nothing) form, and the choice by device.
+
+The trainer asks the policy at four points instead of testing the device itself: once per process
+before any matmul, after every optimizer step, after sharding each model part with FSDP, and for the
+model's kernels. So the generic path (CUDA) never touches, or imports, what only the CPU needs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from seektrain.models.kernels import Kernels
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+
+class PlatformPolicy:
+    """The generic policy: torch's defaults everywhere, plain model kernels."""
+
+    def prepare_process(self, deterministic: bool, keep_freed_memory: bool) -> None:
+        """Process-wide settings; call once, before any matmul. ``deterministic``: ``train.deterministic``;
+        ``keep_freed_memory``: ``cpu.keep_freed_memory`` (only the CPU policy reads it)."""
+
+    def end_of_step(self) -> None:
+        """Call after every optimizer step."""
+
+    def configure_fsdp(self, module: nn.Module, mp_policy: MixedPrecisionPolicy) -> None:
+        """Call once per model part, after every ``fully_shard`` on it (``mp_policy``: the one it used)."""
+
+    def model_kernels(self) -> Kernels:
+        """The kernels to build the training model with (``build_model(..., kernels=...)``)."""
+        return Kernels()
+
+
+def policy_for(device: torch.device | str) -> PlatformPolicy:
+    """The policy of ``device``: the CPU policy for a CPU device, the generic one otherwise."""
+    if torch.device(device).type == "cpu":
+        from seektrain.platform.cpu_policy import CpuPolicy  # only a CPU process loads CPU-only code
+
+        return CpuPolicy()
+    return PlatformPolicy()
