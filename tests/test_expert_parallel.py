@@ -18,7 +18,7 @@ from seektrain.models.config import ModelConfig
 from seektrain.models.moe import GroupedExperts
 from seektrain.models.presets import get_preset
 from seektrain.models.transformer import build_model
-from seektrain.parallel.expert_parallel import validate_ep
+from seektrain.plan.layout_checks import check_model
 from spawn_ranks import spawn_ranks
 
 PRESETS = ("tiny-v2", "tiny-v3")
@@ -113,7 +113,7 @@ def _empty_experts_case(meshes, rank: int) -> dict:
     ep = ExpertParallelExperts(plain, meshes.ep)
     x = torch.randn(6, 16, generator=torch.Generator().manual_seed(rank))
     counts = torch.tensor([2, 1, 3, 0, 0, 0, 0, 0])
-    y_ep, y_plain = ep(x, counts), plain(x, counts)
+    y_ep, y_plain = ep.run_sorted(x, counts), plain.run_sorted(x, counts)
     y_ep.pow(2).sum().backward()
     y_plain.pow(2).sum().backward()
     for p in plain.parameters():
@@ -131,20 +131,20 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
-    from seektrain.parallel.expert_parallel import build_ep_meshes
+    from types import SimpleNamespace
+
+    from seektrain.parallel.mesh import build_meshes
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    mesh = init_device_mesh("cpu", (1, 1, WORLD, 1), mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
-    mesh["dp_replicate", "dp_shard"]._flatten("dp")
-    meshes = build_ep_meshes(mesh, WORLD)
+    meshes = build_meshes(SimpleNamespace(device_type="cpu", pp=1, dp_replicate=1, dp_shard=WORLD, tp=1, ep=WORLD))
     rows = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
     results = {"empty": _empty_experts_case(meshes, rank)}
     for name in PRESETS:
         cfg = get_preset(name)
         results[name, "dp"] = _train(_ep_model(cfg, meshes), cfg, rows, 0, dist.group.WORLD, _average_plain_grads)
-        model = _ep_model(cfg, meshes, fsdp_mesh=mesh["dp_shard"])
+        model = _ep_model(cfg, meshes, fsdp_mesh=meshes.fsdp)
         expert = [p for n, p in model.named_parameters() if ".experts." in n]
         results[name, "expert_numel"] = (sum(p.to_local().numel() for p in expert), sum(p.numel() for p in expert))
         results[name, "fsdp"] = _train(model, cfg, rows, STEPS, dist.group.WORLD)
@@ -241,16 +241,16 @@ def test_rank_without_tokens_for_its_experts(ranks):
     ({"n_routed_experts": 0}, 2, 2, 1, r"^parallel\.ep=2 needs a MoE model"),
     ({}, 0, 2, 1, r"^parallel\.ep=0 must be >= 1"),
 ])
-def test_validate_ep_rejects(cfg_changes, ep, dp_shard, tp, message):
+def test_plan_rejects_ep_that_does_not_fit(cfg_changes, ep, dp_shard, tp, message):
     cfg = get_preset("tiny-v3").replace(**cfg_changes)
     with pytest.raises(ValueError, match=message) as err:
-        validate_ep(cfg, ep, dp_shard, tp)
+        check_model(cfg, tp=tp, ep=ep, dp_shard=dp_shard)
     assert "\n" not in str(err.value)
 
 
-def test_validate_ep_accepts():
-    validate_ep(get_preset("tiny-v3"), 2, 4, 1)
-    validate_ep(get_preset("tiny-dense"), 1, 4, 2)
-    validate_ep(get_preset("tiny-v3"), 2, 1, 2)  # ep over the two tp ranks
-    validate_ep(get_preset("tiny-v3"), 4, 2, 2)  # ep over both tp groups
-    validate_ep(get_preset("tiny-v3"), 2, 2, 2)  # ep = one tp group; FSDP over dp_shard
+def test_plan_accepts_ep_that_fits():
+    check_model(get_preset("tiny-v3"), tp=1, ep=2, dp_shard=4)
+    check_model(get_preset("tiny-dense"), tp=2, ep=1, dp_shard=4)
+    check_model(get_preset("tiny-v3"), tp=2, ep=2, dp_shard=1)  # ep over the two tp ranks
+    check_model(get_preset("tiny-v3"), tp=2, ep=4, dp_shard=2)  # ep over both tp groups
+    check_model(get_preset("tiny-v3"), tp=2, ep=2, dp_shard=2)  # ep = one tp group; FSDP over dp_shard

@@ -61,40 +61,40 @@ WORLD = 4
 LAYOUTS = {"ep4": 4, "ep2": 2, "ep1": 1}  # all dp_shard=2 × tp=2
 
 
-def _one_step_biases(model, mesh) -> list[list[float]]:
+def _one_step_biases(model, plan) -> list[list[float]]:
     """One forward/backward on this dp rank's own batch, then the V3 balancing-bias update the trainer
     does (counts all-reduced over the dp ranks): every rank must end up with the same biases."""
-    from seektrain.parallel.tensor_parallel import tp_loss_context
     from seektrain.train.balance import collect_expert_load, configure_aux_loss, moe_layers, update_balance_bias
     from seektrain.train.loss import model_loss
 
     configure_aux_loss(model, 1e-2, 1.0)
-    gen = torch.Generator().manual_seed(mesh["dp"].get_local_rank())  # tp peers share a batch
+    dp = plan.meshes.dp
+    gen = torch.Generator().manual_seed(dp.get_local_rank())  # tp peers share a batch
     tokens = torch.randint(0, model.cfg.vocab_size, (2, 32), generator=gen)
-    with tp_loss_context(True):
+    with plan.loss_context():
         loss, _ = model_loss(model(tokens, mtp_labels=tokens), tokens, 0.3)
         loss.backward()
-    update_balance_bias(model, collect_expert_load(model, mesh["dp"].get_group()), 1e-2)
+    update_balance_bias(model, collect_expert_load(model, dp.get_group()), 1e-2)
     return [m.gate.e_score_correction_bias.tolist() for m in moe_layers(model)]
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
     from torch.distributed.tensor import DTensor
 
-    from seektrain.config.schema import JobConfig
+    from seektrain.config.loader import load_config
     from seektrain.models.presets import get_preset
-    from seektrain.parallel.expert_parallel import build_ep_meshes
-    from seektrain.parallel.layout import ParallelLayout
+    from seektrain.models.transformer import build_model
     from seektrain.parallel.parallelize import parallelize_model
+    from seektrain.plan.run_plan import RunPlan
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     result = {}
     for name, ep in LAYOUTS.items():
-        layout = ParallelLayout(WORLD, dp_shard=2, tp=2, ep=ep)
-        mesh = layout.build_mesh("cpu")
-        model = parallelize_model(get_preset("tiny-v3"), JobConfig(), layout, mesh, torch.device("cpu")).model
+        job = load_config(None, ["parallel.dp_shard=2", "parallel.tp=2", f"parallel.ep={ep}"])
+        plan = RunPlan.resolve(job, get_preset("tiny-v3"), WORLD, "cpu")
+        model = parallelize_model(build_model(plan.model, device="meta"), plan, torch.device("cpu")).model
         numel = {"expert": [0, 0], "other": [0, 0]}  # [held by this rank, in the model]
         for pname, p in model.named_parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
@@ -105,10 +105,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         expert = model.get_parameter("layers.1.mlp.experts.gate_up_proj")  # a DTensor: FSDP's mesh × EP's
         result[name]["expert_mesh"] = [list(expert.device_mesh.mesh_dim_names), list(expert.device_mesh.shape)]
         if ep > 1:
-            meshes = build_ep_meshes(mesh, ep)
+            meshes = plan.meshes
             result[name]["groups"] = {"ep": dist.get_process_group_ranks(meshes.ep.get_group()),
                                       "efsdp": dist.get_process_group_ranks(meshes.efsdp.get_group())}
-            result[name]["biases"] = _one_step_biases(model, mesh)
+            result[name]["biases"] = _one_step_biases(model, plan)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()

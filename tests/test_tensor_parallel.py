@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from seektrain.config.schema import OptimSection
 from seektrain.models import get_preset
 from seektrain.models.transformer import build_model
-from seektrain.parallel.tensor_parallel import validate_tp
+from seektrain.plan.layout_checks import check_model
 
 WORLD = 2
 STEPS = 5
@@ -40,10 +40,13 @@ def _batch(cfg, seed: int):
 
 
 def _step(model, tokens, labels, loss_labels, tp: bool) -> float:
-    from seektrain.parallel.tensor_parallel import tp_loss_context
+    import contextlib
+
+    from torch.distributed.tensor.parallel import loss_parallel
+
     from seektrain.train.loss import model_loss
 
-    with tp_loss_context(tp):
+    with loss_parallel() if tp else contextlib.nullcontext():
         out = model(tokens, mtp_labels=labels if model.cfg.num_nextn_predict_layers else None)
         loss, _ = model_loss(out, loss_labels, 0.3)
         loss.backward()
@@ -152,17 +155,17 @@ def test_tp_shards_parameters(results):
     ({"vocab_size": 321}, "vocab_size=321"),
     ({"intermediate_size": 353}, "intermediate_size=353"),
 ])
-def test_validate_tp_rejects_dense(change, message):
+def test_plan_rejects_tp_that_does_not_divide_dense(change, message):
     cfg = get_preset("tiny-dense").replace(**change)
     with pytest.raises(ValueError, match=message) as err:
-        validate_tp(cfg, 2)
+        check_model(cfg, tp=2, ep=1, dp_shard=1)
     assert "\n" not in str(err.value)
 
 
-def test_validate_tp_rejects_moe():
+def test_plan_rejects_tp_that_does_not_divide_moe():
     with pytest.raises(ValueError, match="n_routed_experts=9"):
-        validate_tp(get_preset("tiny-v3").replace(n_routed_experts=9, n_group=1, topk_group=1), 2)
+        check_model(get_preset("tiny-v3").replace(n_routed_experts=9, n_group=1, topk_group=1), tp=2, ep=1, dp_shard=1)
     with pytest.raises(ValueError, match="moe_intermediate_size"):
-        validate_tp(get_preset("tiny-v3").replace(moe_intermediate_size=63), 2)
-    validate_tp(get_preset("tiny-v3"), 2)
-    validate_tp(get_preset("deepseek-v3"), 8)
+        check_model(get_preset("tiny-v3").replace(moe_intermediate_size=63), tp=2, ep=1, dp_shard=1)
+    check_model(get_preset("tiny-v3"), tp=2, ep=1, dp_shard=1)
+    check_model(get_preset("deepseek-v3"), tp=8, ep=1, dp_shard=1)

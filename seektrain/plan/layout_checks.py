@@ -93,9 +93,9 @@ def ep_model_error(cfg: ModelConfig, ep: int) -> str | None:
 
 
 def check_model(cfg: ModelConfig, tp: int, ep: int, dp_shard: int) -> None:
-    for error in (tp_error(cfg, tp), ep_layout_error(ep, dp_shard, tp), ep_model_error(cfg, ep)):
-        if error:
-            raise ConfigError(error)
+    error = tp_error(cfg, tp) or ep_layout_error(ep, dp_shard, tp) or ep_model_error(cfg, ep)
+    if error:
+        raise ConfigError(error)
 
 
 def pipeline_microbatches(n: int, local_sequences: int) -> int:
