@@ -56,27 +56,6 @@ def extra_flop_formulas() -> dict[Any, Any]:
     return table
 
 
-class _ModelFlopCounterMode(FlopCounterMode):
-    """``FlopCounterMode`` that runs the experts unpadded while it counts."""
-
-    def __enter__(self):
-        self._exact = exact_group_rows()
-        self._exact.__enter__()
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)
-        finally:
-            self._exact.__exit__(*exc)
-
-
-def flop_counter(display: bool = False, depth: int | None = None) -> FlopCounterMode:
-    """A ``FlopCounterMode`` with ``extra_flop_formulas`` installed (nothing global is changed, except
-    that the experts run unpadded while it counts)."""
-    return _ModelFlopCounterMode(display=display, depth=depth, custom_mapping=extra_flop_formulas())
-
-
 class _Dispatch(TorchDispatchMode):
     def __init__(self, owner: "ModuleFlopCounter") -> None:
         super().__init__()

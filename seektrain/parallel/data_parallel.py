@@ -16,9 +16,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from seektrain.config.dtypes import DTYPES as _DTYPES
 from seektrain.parallel.gloo_collectives import use_p2p_collectives
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def fsdp_mixed_precision(dtype_name: str, reduce_dtype_name: str = "fp32") -> MixedPrecisionPolicy:
