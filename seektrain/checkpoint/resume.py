@@ -38,8 +38,8 @@ from pathlib import Path
 
 from seektrain.checkpoint import write_lock
 from seektrain.checkpoint.finder import (
-    CHECKPOINTS, complete_checkpoints, newest_valid, read_trainer_state, resolve_checkpoint, step_dir_name,
-    step_of, verify, warn_unusable,
+    CHECKPOINTS, complete_checkpoints, is_checkpoint, newest_valid, read_trainer_state, resolve_checkpoint,
+    step_dir_name, step_of, verify, warn_unusable,
 )
 from seektrain.checkpoint.run_files import (
     MODEL_CONFIG, MODEL_SOURCE, checkpoint_model_config, model_files_dir, model_is_converted, write_model_source,
@@ -85,7 +85,7 @@ def resolve_resume(run_dir: str | Path, spec: str, configured: ModelConfig,
     if spec.isdigit():
         ckpt = root / step_dir_name(int(spec))
         available = ", ".join(str(step_of(p)) for p in complete_checkpoints(root)) or "none"
-        if not (ckpt / "COMPLETE").is_file():
+        if not is_checkpoint(ckpt):
             raise ValueError(f"checkpoint.resume={spec}: {root} has no complete checkpoint of step {int(spec)} "
                              f"(available steps: {available}); pick one of those, auto or never")
         problem = verify(ckpt)
