@@ -37,11 +37,12 @@ import time
 import torch
 import torch.nn.functional as F
 
+from seektrain.config.dtypes import dtype_from_name
 from seektrain.models import build_model, get_preset
 from seektrain.models.hf_io import save_pretrained
 from seektrain.platform import policy_for
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+BENCH_DTYPES = ("bf16", "fp32")  # fp16 is not benchmarked
 
 
 def load_avg() -> str:
@@ -128,7 +129,7 @@ def make_step(model, kind: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small-v3")
-    ap.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    ap.add_argument("--dtype", choices=BENCH_DTYPES, default="bf16")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
     kept = not args.system_malloc and keep_freed_memory()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    dtype = DTYPES[args.dtype]
+    dtype = dtype_from_name(args.dtype)
     impls = [s for s in args.hf_impls.split(",") if s]
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads={torch.get_num_threads()}, "
           f"cpu cores={os.cpu_count()}, freed memory kept: {kept}, load avg (1/5/15 min) at start: {load_avg()}")

@@ -16,13 +16,12 @@ def test_profiler_writes_traces_of_chosen_steps(tmp_path):
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
     tokens = torch.randint(0, cfg.vocab_size, (2, 32))
     profiler = StepProfiler(tmp_path, steps=[2])
-    profiler.start()
     for step in range(1, 4):
-        profiler.step(step)
+        profiler.before_step(step)
         model(tokens).float().mean().backward()
         optim.step()
         optim.zero_grad()
-    profiler.stop()
+        profiler.after_step(step)
     trace = tmp_path / "profile" / "trace-step2.json"
     assert profiler.traces == [trace]
     assert sorted(p.name for p in (tmp_path / "profile").iterdir()) == ["trace-step2.json"]
@@ -31,8 +30,9 @@ def test_profiler_writes_traces_of_chosen_steps(tmp_path):
 
 
 def test_profiler_without_steps_does_nothing(tmp_path):
-    with StepProfiler(tmp_path, steps=range(0)) as profiler:
-        profiler.step(1)
+    profiler = StepProfiler(tmp_path, steps=range(0))
+    profiler.before_step(1)
+    profiler.after_step(1)
     assert not (tmp_path / "profile").exists() and profiler.traces == []
 
 

@@ -1,15 +1,13 @@
-"""Run summary and advice, the step timer, and memory/GPU stats that never fail."""
+"""Run summary and advice, and memory/GPU stats that never fail."""
 
 from __future__ import annotations
 
 import json
-import time
 
 import torch
 
 from seektrain.observe.memory import gpu_stats, memory_stats
 from seektrain.observe.summary import format_summary, write_summary
-from seektrain.observe.timer import StepTimer
 
 
 def records(n: int = 10, **overrides) -> list[dict]:
@@ -58,21 +56,6 @@ def test_low_mfu_on_cpu_is_not_advice_and_empty_records_work(tmp_path):
 def test_nan_loss_is_advice(tmp_path):
     run = records(loss=lambda i: float("nan") if i == 10 else 1.0)
     assert any("not finite" in line for line in write_summary(tmp_path, run, {})["advice"])
-
-
-def test_step_timer_phases():
-    timer = StepTimer("cpu")
-    with timer.phase("data_wait"):
-        time.sleep(0.02)
-    for _ in range(2):  # micro-batches add up
-        with timer.phase("fwd_bwd"):
-            time.sleep(0.01)
-    timer.add("comm", 0.005)
-    lap = timer.lap()
-    assert set(lap) == {"data_wait_s", "fwd_bwd_s", "optim_s", "comm_s", "step_time_s"}
-    assert lap["data_wait_s"] >= 0.02 and lap["fwd_bwd_s"] >= 0.02 and lap["comm_s"] == 0.005
-    assert lap["optim_s"] == 0.0 and lap["step_time_s"] >= 0.04
-    assert timer.lap()["fwd_bwd_s"] == 0.0  # reset after each lap
 
 
 def test_memory_and_gpu_stats_never_fail():

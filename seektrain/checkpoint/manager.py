@@ -9,7 +9,8 @@ Layout under ``run.dir/checkpoints/`` (docs/checkpoints.md has the full story)::
         trainer_state.json    step, LR scheduler, loss scaler, data position, bad-loss history, config
         checksums.json        sha256 of every file, written after all ranks finished
         COMPLETE              written last: a checkpoint without it is never loaded
-    step-00000200.tmp/        being written (async or interrupted): invisible to resume
+    step-00000200.tmp/        being written (async or interrupted): invisible to resume; its writer
+                              holds an flock on .lock inside until it commits (write_lock.py)
     step-00000300.corrupt/    failed verification on resume; kept for inspection, never loaded
 
 Why this shape: every rank writes its own shards into the ``.tmp`` folder; after all ranks agree that
@@ -19,6 +20,11 @@ looks whole. Every decision that could differ between ranks (did the write succe
 is valid?) is taken once and shared through a small collective on a dedicated gloo group, so ranks
 never disagree and never deadlock on a path one of them considers broken. The dedicated group also
 lets async saves run their collectives in a background thread without interleaving with training's.
+
+Finding checkpoints is read-only and lives in finder.py (``seektrain sample`` and ``convert`` use it
+too); this class alone changes a run dir, and only on rank 0: it removes a ``.tmp`` whose writer's lock
+is free, moves corrupt checkpoints aside, and sets aside checkpoints that ``checkpoint.resume`` leaves
+behind (resume.py).
 """
 
 from __future__ import annotations
@@ -27,7 +33,6 @@ import datetime
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -42,20 +47,17 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
 )
 
-from seektrain.checkpoint import hooks, rng
+from seektrain.checkpoint import hooks, rng, write_lock
+from seektrain.checkpoint.finder import (
+    CHECKSUMS, COMPLETE, TRAINER_STATE, complete_checkpoints, newest_valid, step_dir_name, tmp_folders,
+)
+from seektrain.checkpoint.resume import ResumeChoice, prepare_run_dir, resolve_resume
 from seektrain.checkpoint.storage import Writer, describe_error, fsync_dir, sha256_file
+from seektrain.models.config import ModelConfig
 
 __all__ = ["CheckpointManager", "CheckpointError", "describe_error", "step_dir_name", "COMPLETE"]
 
 log = logging.getLogger("seektrain.checkpoint")
-COMPLETE = "COMPLETE"
-TRAINER_STATE = "trainer_state.json"
-CHECKSUMS = "checksums.json"
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 class CheckpointError(RuntimeError):
@@ -70,6 +72,7 @@ class _Save:
     state_json: str
     rng: dict[str, bytes]
     future: object = None  # async save in flight
+    lock: write_lock.WriteLock | None = None  # rank 0 holds the .tmp folder's write lock until commit
 
 
 class CheckpointManager:
@@ -95,44 +98,29 @@ class CheckpointManager:
         return bool(flag.item())
 
     # ------------------------------------------------------------------ discovery
-    def complete_checkpoints(self) -> list[Path]:
-        if not self.root.is_dir():
-            return []
-        found = [p for p in self.root.iterdir()
-                 if p.is_dir() and _STEP_DIR.match(p.name) and (p / COMPLETE).is_file()]
-        return sorted(found, key=lambda p: p.name)
+    def _remove_stale_tmp(self) -> None:
+        """Rank 0 at start: remove interrupted saves; a ``.tmp`` whose writer is alive is left alone."""
+        for tmp in tmp_folders(self.root):
+            if write_lock.remove_if_stale(tmp):
+                log.info("removed %s, the leftover of an interrupted save", tmp)
+            else:
+                log.warning("left %s alone: another process (%s) is writing it; two jobs should not share "
+                            "a run.dir", tmp, write_lock.holder(tmp))
 
-    def verify(self, path: Path) -> str | None:
-        """None when every file matches its recorded checksum, else what is wrong."""
+    def _set_corrupt_aside(self, path: Path, problem: str) -> None:
+        aside = path.with_name(path.name + ".corrupt")
+        shutil.rmtree(aside, ignore_errors=True)
         try:
-            recorded = json.loads((path / CHECKSUMS).read_text())
-        except (OSError, ValueError) as err:
-            return f"{path / CHECKSUMS} unreadable ({err})"
-        for name, digest in recorded.items():
-            f = path / name
-            if not f.is_file():
-                return f"{f} is missing"
-            if sha256_file(f) != digest:
-                return f"{f} does not match its checksum (truncated or corrupt)"
-        return None
+            os.replace(path, aside)
+        except OSError:
+            aside = path
+        log.warning("checkpoint %s is unusable: %s; falling back to the previous one (kept as %s)",
+                    path.name, problem, aside.name)
 
     def _choose(self) -> Path | None:
         """Rank 0's pick: newest verified checkpoint; corrupt ones are moved aside with a warning."""
-        for stale in self.root.glob("step-*.tmp") if self.root.is_dir() else []:
-            shutil.rmtree(stale, ignore_errors=True)  # an interrupted save; nothing is writing now
-        for path in reversed(self.complete_checkpoints()):
-            problem = self.verify(path)
-            if problem is None:
-                return path
-            aside = path.with_name(path.name + ".corrupt")
-            shutil.rmtree(aside, ignore_errors=True)
-            try:
-                os.replace(path, aside)
-            except OSError:
-                aside = path
-            log.warning("checkpoint %s is unusable: %s; falling back to the previous one (kept as %s)",
-                        path.name, problem, aside.name)
-        return None
+        self._remove_stale_tmp()
+        return newest_valid(self.root.parent, on_unusable=self._set_corrupt_aside)
 
     def latest_valid(self) -> Path | None:
         """Newest complete checkpoint whose checksums hold. Rank 0 alone reads and hashes the files
@@ -143,6 +131,30 @@ class CheckpointManager:
         step = torch.tensor([-1 if chosen is None else int(chosen.name[5:])], dtype=torch.int64)
         dist.broadcast(step, src=0, group=self.group)
         return None if step.item() < 0 else self.root / step_dir_name(int(step.item()))
+
+    def resume_choice(self, spec: str, configured: ModelConfig) -> ResumeChoice:
+        """What this run starts from under ``checkpoint.resume=spec`` (collective). Rank 0 tidies the
+        run dir (interrupted saves, corrupt checkpoints), decides (``resolve_resume``), sets aside what
+        the decision leaves behind (``prepare_run_dir``) and shares the outcome, so every rank loads the
+        same checkpoint or raises the same one-line ValueError."""
+        outcome: ResumeChoice | str | None = None
+        if self.rank == 0:
+            try:
+                self._remove_stale_tmp()
+                outcome = resolve_resume(self.root.parent, spec, configured, on_unusable=self._set_corrupt_aside)
+                prepare_run_dir(self.root.parent, outcome)
+            except ValueError as err:
+                outcome = str(err)
+            except OSError as err:  # the other ranks must hear of it too, or they wait for a broadcast
+                outcome = (f"cannot prepare {self.root.parent} for this run ({describe_error(err)}); check that "
+                           "run.dir is writable")
+        if self.distributed:
+            box = [outcome]
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            outcome = box[0]
+        if isinstance(outcome, str):
+            raise ValueError(outcome)
+        return outcome
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, model: nn.Module, optimizer, trainer_state: dict, blocking: bool = False) -> None:
@@ -156,17 +168,20 @@ class CheckpointManager:
         final = self.root / step_dir_name(step)
         job = _Save(step, final.with_name(final.name + ".tmp"), final, json.dumps(trainer_state, indent=1),
                     rng.capture() if optimizer is not None else {})
-        problem = ""
+        problem, fix = "", "check that run.dir is writable and has free space"
         if self.rank == 0:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
-                shutil.rmtree(job.tmp, ignore_errors=True)
-                job.tmp.mkdir()
+                if job.tmp.exists() and not write_lock.remove_if_stale(job.tmp):
+                    problem = f"another process ({write_lock.holder(job.tmp)}) is writing it"
+                    fix = "two jobs must not share a run.dir"
+                else:
+                    job.lock = write_lock.create_locked(job.tmp)
             except OSError as err:
                 problem = describe_error(err)
         if not self._agree(not problem):
             raise CheckpointError(f"cannot create checkpoint folder {job.tmp}: {problem or 'failed on rank 0'}; "
-                                  "check that run.dir is writable and has free space")
+                                  f"{fix}")
         self.last_step = step
         if optimizer is None:  # weights only (seektrain convert --to-checkpoint)
             state = {"model": get_model_state_dict(model)}
@@ -208,6 +223,8 @@ class CheckpointManager:
         self.last_step = None
         if self.rank == 0:
             shutil.rmtree(job.tmp, ignore_errors=True)
+            if job.lock is not None:
+                job.lock.release()
         raise CheckpointError(f"writing checkpoint {job.tmp} failed ({describe_error(err)}); earlier checkpoints "
                               f"in {self.root} are untouched. Free disk space or fix run.dir permissions") from None
 
@@ -223,16 +240,20 @@ class CheckpointManager:
         if self.rank == 0:
             try:
                 (job.tmp / TRAINER_STATE).write_text(job.state_json)
-                sums = {p.name: sha256_file(p) for p in sorted(job.tmp.iterdir()) if p.is_file()}
+                sums = {p.name: sha256_file(p) for p in sorted(job.tmp.iterdir())
+                        if p.is_file() and p.name != write_lock.LOCK}
                 (job.tmp / CHECKSUMS).write_text(json.dumps(sums, indent=1))
                 (job.tmp / COMPLETE).write_text("ok\n")
                 fsync_dir(job.tmp)
                 if job.final.exists():
                     shutil.rmtree(job.final)
                 os.replace(job.tmp, job.final)
+                (job.final / write_lock.LOCK).unlink(missing_ok=True)
                 fsync_dir(self.root)
             except OSError as err:
                 problem = describe_error(err)
+            if not problem and job.lock is not None:
+                job.lock.release()
         if not self._agree(not problem):
             self._fail(job, OSError(problem or "rank 0 could not commit"))
         if self.rank == 0:
@@ -240,7 +261,7 @@ class CheckpointManager:
             log.info("checkpoint %s committed (%.2f s to commit)", job.final, time.perf_counter() - t0)
 
     def _prune(self) -> None:
-        for old in self.complete_checkpoints()[:-self.keep]:
+        for old in complete_checkpoints(self.root)[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
     # ------------------------------------------------------------------ load

@@ -23,8 +23,8 @@ from typing import Callable
 
 import torch
 
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp16": torch.float16, "float16": torch.float16}
+from seektrain.config.dtypes import dtype_from_name
+
 EXIT_USER_ERROR = 2
 
 
@@ -37,7 +37,10 @@ def _load_hf(args: argparse.Namespace):
     if args.dtype is None:  # keep the source's dtype (FP8 releases declare bfloat16 here)
         declared = read_config_json(args.from_hf)
         declared = declared.get("torch_dtype") or declared.get("dtype") or "float32"
-        args.dtype = DTYPES.get(str(declared).removeprefix("torch."), torch.float32)
+        try:
+            args.dtype = dtype_from_name(declared)
+        except ValueError:  # e.g. float8 weights: the output keeps full precision
+            args.dtype = torch.float32
     # Load straight into the output dtype: FP8 dequantisation runs in fp32 one tensor at a time, so
     # nothing is lost, and a bf16 output needs half the memory of an fp32 detour.
     return from_pretrained(args.from_hf, dtype=args.dtype)
@@ -89,9 +92,10 @@ def parse_size(text: str) -> int:
 
 
 def parse_dtype(text: str) -> torch.dtype:
-    if text.lower() not in DTYPES:
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)}")
-    return DTYPES[text.lower()]
+    try:
+        return dtype_from_name(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,10 +10,9 @@ from seektrain.observe.names import EXPORTED_METRICS, STANDARD_KEYS, metric_name
 from seektrain.observe.profiler import FlopsRow, StepProfiler, flops_breakdown, format_flops_table
 from seektrain.observe.sink import MetricsSink
 from seektrain.observe.summary import format_summary, write_summary
-from seektrain.observe.timer import StepTimer
 
 __all__ = [
-    "EXPORTED_METRICS", "STANDARD_KEYS", "FlopsRow", "MetricsSink", "StepProfiler", "StepTimer",
+    "EXPORTED_METRICS", "STANDARD_KEYS", "FlopsRow", "MetricsSink", "StepProfiler",
     "active_matmul_params", "attention_flops_per_token", "flops_breakdown", "format_flops_table",
     "format_summary", "gpu_stats", "memory_stats", "metric_name", "mfu", "model_flops_per_token",
     "peak_flops", "tb_tag", "write_summary",

@@ -55,11 +55,6 @@ def extra_flop_formulas() -> dict[Any, Any]:
     return table
 
 
-def flop_counter(display: bool = False, depth: int | None = None) -> FlopCounterMode:
-    """A ``FlopCounterMode`` with ``extra_flop_formulas`` installed (nothing global is changed)."""
-    return FlopCounterMode(display=display, depth=depth, custom_mapping=extra_flop_formulas())
-
-
 class _Dispatch(TorchDispatchMode):
     def __init__(self, owner: "ModuleFlopCounter") -> None:
         super().__init__()

@@ -24,9 +24,8 @@ from seektrain.observe.counting import ModuleFlopCounter
 class StepProfiler:
     """Chrome traces ``run_dir/profile/trace-step<N>.json`` of the given steps.
 
-    Two ways to drive it from a loop: ``before_step(n)`` / ``after_step(n)`` around every step, or
-    ``start()`` once, ``step(n)`` at the top of every step (closing the previous step's trace) and
-    ``stop()`` after the loop. Open a trace in https://ui.perfetto.dev or chrome://tracing.
+    Drive it with ``before_step(n)`` / ``after_step(n)`` around every step. Open a trace in
+    https://ui.perfetto.dev or chrome://tracing.
     """
 
     def __init__(self, run_dir: Path | str, steps: Iterable[int], record_shapes: bool = True,
@@ -37,7 +36,6 @@ class StepProfiler:
         self.traces: list[Path] = []
         self._active: profile | None = None
         self._active_step: int | None = None
-        self._started = False
 
     def before_step(self, step: int) -> None:
         """Begin capturing if ``step`` is wanted (closing any capture left open)."""
@@ -58,17 +56,6 @@ class StepProfiler:
         if self._active_step == step:
             self._finish()
 
-    def start(self) -> None:
-        self._started = bool(self.steps)
-
-    def step(self, step: int) -> None:
-        if self._started:
-            self.before_step(step)
-
-    def stop(self) -> None:
-        self._finish()
-        self._started = False
-
     def _finish(self) -> None:
         if self._active is None:
             return
@@ -79,13 +66,6 @@ class StepProfiler:
         self._active.export_chrome_trace(str(path))
         self.traces.append(path)
         self._active, self._active_step = None, None
-
-    def __enter__(self) -> "StepProfiler":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 @dataclass(frozen=True)

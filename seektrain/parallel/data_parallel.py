@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from seektrain.config.dtypes import DTYPES as _DTYPES
 
 
 def fsdp_mixed_precision(dtype_name: str, reduce_dtype_name: str = "fp32") -> MixedPrecisionPolicy:

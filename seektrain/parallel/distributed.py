@@ -69,7 +69,3 @@ def _restart_safe_store(rank: int, world: int, timeout_s: float) -> dict:
                           timeout=datetime.timedelta(seconds=timeout_s))
     return {"store": dist.PrefixStore(f"seektrain/attempt_{attempt}", store), "rank": rank, "world_size": world}
 
-
-def destroy_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()

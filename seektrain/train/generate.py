@@ -7,23 +7,22 @@ from pathlib import Path
 
 import torch
 
-from seektrain.checkpoint.manager import CheckpointManager
 from seektrain.models.transformer import Transformer
 
 
 def load_run_model(run_dir: Path) -> tuple[Transformer, object, Path]:
-    """(model with the newest valid checkpoint's weights, its tokenizer, the checkpoint path)."""
+    """(model with the newest valid checkpoint's weights, its tokenizer, the checkpoint path).
+    Only reads the run dir: a training job may be writing into it right now."""
     from seektrain.checkpoint.export import load_checkpoint_model
+    from seektrain.checkpoint.finder import resolve_checkpoint
+    from seektrain.checkpoint.run_files import checkpoint_model_config, read_run_config
     from seektrain.data.dataset import TokenDataset
     from seektrain.data.tokenizer import load_tokenizer
     from seektrain.train.setup_data import data_dir
-    from seektrain.train.trainer import read_model_config, read_run_config
 
     cfg = read_run_config(run_dir)
-    path = CheckpointManager(run_dir, keep=1, async_save=False, rank=0).latest_valid()
-    if path is None:
-        raise ValueError(f"{run_dir}/checkpoints holds no complete checkpoint; train first (seektrain train)")
-    model = load_checkpoint_model(path, read_model_config(run_dir))
+    path = resolve_checkpoint(run_dir)
+    model = load_checkpoint_model(path, checkpoint_model_config(path))
     tokenizer = load_tokenizer(TokenDataset(data_dir(cfg, is_main=True)).manifest.tokenizer.spec)
     return model, tokenizer, path
 

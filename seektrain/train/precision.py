@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from seektrain.config.dtypes import DTYPES
 
 
 def autocast_context(device: torch.device, dtype_name: str, params_already_cast: bool):
