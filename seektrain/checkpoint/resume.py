@@ -212,16 +212,6 @@ def _new_aside_folder(run_dir: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------------- after loading
-def run_model_config(run_dir: Path, resolved: ModelConfig) -> ModelConfig:
-    """The model of a run dir whose newest checkpoint is being resumed (``checkpoint.resume=auto`` after
-    ``CheckpointManager.latest_valid``), with the same model rule as ``resolve_resume``.
-    Kept for the trainer until it calls ``CheckpointManager.resume_choice``."""
-    found = complete_checkpoints(Path(run_dir) / CHECKPOINTS)
-    if not found:
-        return resolved
-    return _resume_from(found[-1], Path(run_dir), resolved, explicit=False).model
-
-
 def restore_trainer_state(state: dict, scheduler, scaler, loader, loss_guard=None) -> int:
     """Apply ``trainer_state.json`` of a checkpoint; returns the step to continue after.
 

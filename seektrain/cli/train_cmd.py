@@ -33,14 +33,17 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
 
 
 def check_layout(cfg, world_size: int) -> None:
-    """Resolve the run plan before any worker starts, so a layout that cannot work is refused here with
-    one line (every worker resolves the same plan again)."""
+    """Resolve the run plan before any worker starts, so a layout that cannot work (or a model that
+    differs from the one the run dir holds) is refused here with one line; every worker resolves the
+    same plan again. Reads the run dir, changes nothing."""
     import torch
 
+    from seektrain.checkpoint.resume import resolve_resume
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.setup_model import configured_model_config
 
-    RunPlan.resolve(cfg, configured_model_config(cfg), world_size, "cuda" if torch.cuda.is_available() else "cpu")
+    model = resolve_resume(cfg.run.dir, cfg.checkpoint.resume, configured_model_config(cfg)).model
+    RunPlan.resolve(cfg, model, world_size, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def run(args: argparse.Namespace) -> int:

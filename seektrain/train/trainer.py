@@ -11,17 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from seektrain.checkpoint.manager import CheckpointManager, step_dir_name
-from seektrain.checkpoint.resume import restore_trainer_state, run_model_config
+from seektrain.checkpoint.resume import restore_trainer_state
+from seektrain.checkpoint.run_files import MODEL_CONFIG
 from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
-from seektrain.models.config import ModelConfig
 from seektrain.models.transformer import build_model
 from seektrain.parallel.distributed import DistEnv, init_distributed
 from seektrain.parallel.parallelize import parallelize_model, unwrap
@@ -39,22 +38,15 @@ from seektrain.train.setup_model import configured_model_config, initial_weights
 from seektrain.train.step import StepContext, train_step
 
 log = logging.getLogger("seektrain.train")
-MODEL_CONFIG = "model_config.json"
-
-
-@dataclass
-class Start:
-    """Where a run starts: the checkpoint to resume (None: fresh) and the model it holds."""
-
-    checkpoint: Path | None
-    model: ModelConfig
 
 
 def train(cfg: JobConfig) -> dict:
     env = init_distributed(cfg.train.collective_timeout_s)
     run_dir = Path(cfg.run.dir)
     ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank)
-    start = choose_start(cfg, run_dir, ckpt)
+    # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
+    # every rank gets the same checkpoint and model, or the same one-line refusal
+    start = ckpt.resume_choice(cfg.checkpoint.resume, configured_model_config(cfg))
     plan = RunPlan.resolve(cfg, start.model, env.world_size, env.device.type)
     plan.platform.prepare_process(cfg.train.deterministic, cfg.cpu.keep_freed_memory)
     write_run_files(plan, run_dir, env)
@@ -65,7 +57,8 @@ def train(cfg: JobConfig) -> dict:
 
     data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main)
     guard = FaultGuard(cfg.train, cfg.checkpoint, ckpt, env.rank, env.device)  # [faults] SIGTERM, bad loss, hangs
-    ctx = build_step_context(plan, env.device, data, guard, weights=None if start.checkpoint else initial_weights(cfg))
+    weights = initial_weights(cfg) if start.checkpoint is None else None
+    ctx = build_step_context(plan, env.device, data, guard, weights)
     start_step = 0
     if start.checkpoint is not None:
         state = ckpt.load(start.checkpoint, ctx.model, ctx.optimizer)
@@ -106,14 +99,6 @@ def train(cfg: JobConfig) -> dict:
         dist.barrier()
     return {"final_step": step, "records": monitor.records, "summary": summary,
             "model": unwrap(ctx.model) if env.world_size == 1 else None}
-
-
-def choose_start(cfg: JobConfig, run_dir: Path, ckpt: CheckpointManager) -> Start:
-    """Resume from the run dir's newest valid checkpoint (rank 0 picks, every rank agrees); a run dir
-    holding one keeps its own model (seektrain.checkpoint.resume)."""
-    latest = ckpt.latest_valid()
-    configured = configured_model_config(cfg)
-    return Start(latest, run_model_config(run_dir, configured) if latest is not None else configured)
 
 
 def write_run_files(plan: RunPlan, run_dir: Path, env: DistEnv) -> None:
