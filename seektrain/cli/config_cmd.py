@@ -14,6 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     show = verbs.add_parser("show", help="print the resolved config as TOML")
     show.add_argument("--config", help="TOML config file")
     show.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    show.add_argument("--comments", action="store_true", help="put each key's help above it")
     show.set_defaults(handler=run_show)
     keys = verbs.add_parser("keys", help="list every config key: section.key, type, default, help")
     keys.add_argument("--markdown", action="store_true", help="print a Markdown table instead")
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    print(config_to_toml(load_config(args.config, args.overrides)), end="")
+    print(config_to_toml(load_config(args.config, args.overrides), comments=args.comments), end="")
     return 0
 
 

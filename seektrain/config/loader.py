@@ -169,18 +169,21 @@ def validate(cfg: JobConfig) -> JobConfig:
 
 def _check_resume(spec: str) -> None:
     """The form of checkpoint.resume only; whether the checkpoint exists is decided at resume time."""
-    ok = spec in ("auto", "never") or spec.isdigit() or "/" in spec or Path(spec).expanduser().exists()
+    ok = spec in ("auto", "never") or spec.isdigit() or "/" in spec or (
+        bool(spec.strip()) and Path(spec).expanduser().exists())
     _check(ok, f"checkpoint.resume={spec!r}: use auto, never, a step number or a checkpoint path")
 
 
 def _check_trackers(cfg: JobConfig) -> None:
-    from seektrain.observe.trackers import TRACKERS, missing_packages
-
     m = cfg.metrics
+    _check(bool(m.tracker_project), "metrics.tracker_project must not be empty")
+    if not m.trackers:
+        return
+    from seektrain.observe.trackers import TRACKERS, missing_packages  # seektrain.observe imports torch
+
     for name in m.trackers:
         _check(name in TRACKERS, f"metrics.trackers: unknown tracker {name!r}; use {' or '.join(TRACKERS)}")
     _check(len(set(m.trackers)) == len(m.trackers), f"metrics.trackers={m.trackers}: a tracker is listed twice")
-    _check(bool(m.tracker_project), "metrics.tracker_project must not be empty")
     missing = missing_packages(m.trackers, m.mlflow_tracking_uri)
     _check(not missing, f"metrics.trackers={m.trackers} needs packages that are not installed; "
                         f"pip install {' '.join(missing)} (or drop the tracker)")
@@ -190,12 +193,16 @@ def config_to_dict(cfg: JobConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def config_to_toml(cfg: JobConfig) -> str:
-    """TOML text that ``load_config`` reads back to an equal config."""
+def config_to_toml(cfg: JobConfig, comments: bool = False) -> str:
+    """TOML text that ``load_config`` reads back to an equal config; ``comments`` puts each key's help
+    from the schema above it (what ``configs/default.toml`` is)."""
     lines: list[str] = []
-    for section, values in config_to_dict(cfg).items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            lines.append(f"{key} = {json.dumps(value)}")
+    for section_field in dataclasses.fields(cfg):
+        section = getattr(cfg, section_field.name)
+        lines.append(f"[{section_field.name}]")
+        for f in dataclasses.fields(section):
+            if comments:
+                lines.append(f"# {f.metadata['help']}")
+            lines.append(f"{f.name} = {json.dumps(getattr(section, f.name))}")
         lines.append("")
     return "\n".join(lines)

@@ -93,7 +93,7 @@ class CheckpointSection:
     keep: int = _key(2, "newest checkpoints kept on disk")
     async_save: bool = _key(False, "save in the background while training goes on")
     preempt_grace_s: float = _key(25.0, "after SIGTERM, save within this or exit without (torchrun kills at 30 s)")
-    resume: str = _key("auto", "auto (newest valid checkpoint of run.dir, else fresh) | never | a step | a checkpoint path")
+    resume: str = _key("auto", "auto (newest valid checkpoint of run.dir, else fresh) | never | a step | a path")
 
 
 @dataclass
@@ -122,7 +122,7 @@ class ProfileSection:
 
 @dataclass
 class CpuSection:
-    keep_freed_memory: bool = _key(True, "CPU runs: glibc keeps freed memory during a step and returns free pages after it")
+    keep_freed_memory: bool = _key(True, "glibc keeps freed memory during a step, returns free pages after it (CPU)")
 
 
 @dataclass
