@@ -35,7 +35,7 @@ def _load_hf(args: argparse.Namespace):
     if args.dtype is None and getattr(args, "to_checkpoint", None):
         args.dtype = torch.float32  # training checkpoints hold fp32 master weights
     if args.dtype is None:  # keep the source's dtype (FP8 releases declare bfloat16 here)
-        declared = read_config_json(args.from_hf)
+        declared = read_config_json(args.from_hf, "--from-hf")
         declared = declared.get("torch_dtype") or declared.get("dtype") or "float32"
         try:
             args.dtype = dtype_from_name(declared)
@@ -43,7 +43,7 @@ def _load_hf(args: argparse.Namespace):
             args.dtype = torch.float32
     # Load straight into the output dtype: FP8 dequantisation runs in fp32 one tensor at a time, so
     # nothing is lost, and a bf16 output needs half the memory of an fp32 detour.
-    return from_pretrained(args.from_hf, dtype=args.dtype)
+    return from_pretrained(args.from_hf, dtype=args.dtype, what="--from-hf")
 
 
 def _random_preset(args: argparse.Namespace):
@@ -100,7 +100,8 @@ def parse_dtype(text: str) -> torch.dtype:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("source (exactly one)")
-    src.add_argument("--from-hf", metavar="HF_DIR", help="a Hugging Face folder (config.json + safetensors)")
+    src.add_argument("--from-hf", metavar="HF_DIR",
+                     help="a Hugging Face folder (config.json + safetensors), or a hub id org/name in the local cache")
     src.add_argument("--preset", metavar="NAME", help="randomly initialise a model preset (see docs/models.md)")
     src.add_argument("--from-checkpoint", metavar="RUN_DIR[/checkpoints/step-N]",
                      help="a training checkpoint: a run dir (its newest valid checkpoint) or one step folder")

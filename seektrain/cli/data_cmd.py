@@ -25,7 +25,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="tokenize text/jsonl/parquet files into token shards + manifest.json")
     p.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files or directories (walked recursively)")
     p.add_argument("--output", required=True, metavar="DIR", help="directory to create")
-    p.add_argument("--tokenizer", default="byte", help="'byte' (built-in) or a path to a Hugging Face tokenizer.json")
+    p.add_argument("--tokenizer", default="byte",
+                   help="'byte' (built-in), a path to a Hugging Face tokenizer.json, or a cached hub id org/name")
     p.add_argument("--format", default="auto", choices=FORMATS, help="input format; auto picks by file extension")
     p.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text")
     p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, metavar="N", help="tokens per shard file")

@@ -19,6 +19,12 @@ class ConfigError(ValueError):
     """A user mistake in a config file or override."""
 
 
+# Keys that moved: an old config gets one line naming the new key instead of "unknown key".
+RENAMED_KEYS = {
+    "train.cpu_keep_freed_memory": "cpu.keep_freed_memory",
+}
+
+
 def _sections(cfg: JobConfig) -> dict[str, object]:
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
 
@@ -74,6 +80,9 @@ def _coerce(key: str, value, typ):
 
 
 def _assign(cfg: JobConfig, dotted: str, value) -> None:
+    if dotted in RENAMED_KEYS:
+        new = RENAMED_KEYS[dotted]
+        raise ConfigError(f"config key {dotted!r} moved to {new!r}; rename it in your config or --set")
     section_name, _, key = dotted.partition(".")
     sections = _sections(cfg)
     if section_name not in sections or not key:
@@ -150,20 +159,50 @@ def validate(cfg: JobConfig) -> JobConfig:
            f"train.spike_factor={t.spike_factor}: use 0 (off) or a factor > 1, e.g. 3")
     _check(t.collective_timeout_s > 0, "train.collective_timeout_s must be > 0 seconds")
     _check(0 <= cfg.metrics.prometheus_port < 65536, "metrics.prometheus_port must be within 0..65535")
+    _check(t.eval_interval >= 0, "train.eval_interval must be >= 0 (0 = no validation loss)")
+    _check(t.eval_steps >= 1, "train.eval_steps must be >= 1")
+    _check_resume(cfg.checkpoint.resume)
+    _check_trackers(cfg)
     _check(bool(cfg.run.dir), "run.dir must not be empty")
     return cfg
+
+
+def _check_resume(spec: str) -> None:
+    """The form of checkpoint.resume only; whether the checkpoint exists is decided at resume time."""
+    ok = spec in ("auto", "never") or spec.isdigit() or "/" in spec or (
+        bool(spec.strip()) and Path(spec).expanduser().exists())
+    _check(ok, f"checkpoint.resume={spec!r}: use auto, never, a step number or a checkpoint path")
+
+
+def _check_trackers(cfg: JobConfig) -> None:
+    m = cfg.metrics
+    _check(bool(m.tracker_project), "metrics.tracker_project must not be empty")
+    if not m.trackers:
+        return
+    from seektrain.observe.trackers import TRACKERS, missing_packages  # seektrain.observe imports torch
+
+    for name in m.trackers:
+        _check(name in TRACKERS, f"metrics.trackers: unknown tracker {name!r}; use {' or '.join(TRACKERS)}")
+    _check(len(set(m.trackers)) == len(m.trackers), f"metrics.trackers={m.trackers}: a tracker is listed twice")
+    missing = missing_packages(m.trackers, m.mlflow_tracking_uri)
+    _check(not missing, f"metrics.trackers={m.trackers} needs packages that are not installed; "
+                        f"pip install {' '.join(missing)} (or drop the tracker)")
 
 
 def config_to_dict(cfg: JobConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def config_to_toml(cfg: JobConfig) -> str:
-    """TOML text that ``load_config`` reads back to an equal config."""
+def config_to_toml(cfg: JobConfig, comments: bool = False) -> str:
+    """TOML text that ``load_config`` reads back to an equal config; ``comments`` puts each key's help
+    from the schema above it (what ``configs/default.toml`` is)."""
     lines: list[str] = []
-    for section, values in config_to_dict(cfg).items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            lines.append(f"{key} = {json.dumps(value)}")
+    for section_field in dataclasses.fields(cfg):
+        section = getattr(cfg, section_field.name)
+        lines.append(f"[{section_field.name}]")
+        for f in dataclasses.fields(section):
+            if comments:
+                lines.append(f"# {f.metadata['help']}")
+            lines.append(f"{f.name} = {json.dumps(getattr(section, f.name))}")
         lines.append("")
     return "\n".join(lines)

@@ -1,111 +1,128 @@
 """The typed run configuration: one dataclass per component, nested in ``JobConfig``.
 
-Every key here is public interface (TOML files and ``--set section.key=value`` use these names).
-Validation that needs no world size lives in ``validate``; checks against the launched world size are
+Every key here is public interface (TOML files and ``--set section.key=value`` use these names). Each
+field carries one line of help in its metadata, which ``seektrain config keys`` and
+``docs/configuration.md`` list, so the schema is the one place a key is described. Validation that needs
+no world size lives in ``seektrain.config.loader.validate``; checks against the launched world size are
 in ``seektrain.parallel.layout``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+
+def _key(default: Any, help: str) -> Any:
+    """A config field with its one line of help; list defaults get a fresh list per config."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class ModelSection:
-    preset: str = "tiny-v3"
-    hf_path: str = ""  # start from a Hugging Face folder instead of random init (preset ignored)
+    preset: str = _key("tiny-v3", "preset name (`seektrain models` lists them); ignored when hf_path is set")
+    hf_path: str = _key("", "start from a Hugging Face model folder or hub id (org/name) instead of random init")
 
 
 @dataclass
 class TrainSection:
-    steps: int = 300  # total optimizer steps of the run (a resumed run continues up to this)
-    global_batch_size: int = 16  # sequences per optimizer step, over all data-parallel ranks
-    micro_batch_size: int = 8  # sequences per forward/backward on one rank
-    seq_len: int = 256
-    seed: int = 1234
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
-    activation_checkpoint: str = "none"  # none | full | every:K
-    mtp_loss_weight: float = 0.3
-    aux_loss_alpha: float = 0.0  # sequence-wise balance loss weight (0 = off)
-    bias_update_speed: float = 0.01  # V3 aux-loss-free balancing step (DeepSeek-V3 used 0.001 over 14.8T tokens; short runs need more); 0 = off
-    deterministic: bool = False  # torch.use_deterministic_algorithms
-    compile: bool = False
-    # failure handling (seektrain.train.faults, docs/checkpoints.md)
-    on_bad_loss: str = "skip"  # NaN/Inf or spiking loss: skip (drop the update) | stop (exit, one line)
-    spike_factor: float = 0.0  # a loss above factor × running mean of recent losses is bad; 0 = off
-    collective_timeout_s: float = 600.0  # a collective waiting longer fails with a message naming the rank
-    # CPU runs: glibc keeps freed memory for reuse during a step instead of unmapping it (big tensors
-    # stop page-faulting every step) and returns free pages after each step (seektrain/train/cpu_allocator.py)
-    cpu_keep_freed_memory: bool = True
+    steps: int = _key(300, "total optimizer steps of the run (a resumed run continues up to this)")
+    global_batch_size: int = _key(16, "sequences per optimizer step, over all data-parallel ranks")
+    micro_batch_size: int = _key(8, "sequences per forward/backward on one rank")
+    seq_len: int = _key(256, "tokens per training sequence")
+    seed: int = _key(1234, "seed of model init and data order")
+    grad_clip: float = _key(1.0, "max global grad norm; 0 disables clipping (the norm is still logged)")
+    activation_checkpoint: str = _key("none", "recompute activations in backward: none | full | every:K layers")
+    mtp_loss_weight: float = _key(0.3, "weight of the multi-token-prediction loss (models with MTP layers)")
+    aux_loss_alpha: float = _key(0.0, "sequence-wise expert balance loss weight (0 = off)")
+    bias_update_speed: float = _key(0.01, "V3 aux-loss-free balancing bias step (DeepSeek-V3: 0.001); 0 = off")
+    deterministic: bool = _key(False, "torch.use_deterministic_algorithms: bit-exact reruns and resumes")
+    compile: bool = _key(False, "reserved for torch.compile; not applied yet")
+    eval_interval: int = _key(100, "compute the validation loss every N steps on the prepared val split (0 = off)")
+    eval_steps: int = _key(4, "micro-batches per validation-loss evaluation")
+    on_bad_loss: str = _key("skip", "NaN/Inf or spiking loss: skip (drop the update) | stop (exit with one line)")
+    spike_factor: float = _key(0.0, "a loss above factor x the running mean of recent losses is bad; 0 = off")
+    collective_timeout_s: float = _key(600.0, "a collective waiting longer fails with a message naming the rank")
 
 
 @dataclass
 class OptimSection:
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    lr: float = _key(3e-3, "peak AdamW learning rate")
+    min_lr_ratio: float = _key(0.1, "cosine decay ends at lr x min_lr_ratio")
+    warmup_steps: int = _key(30, "linear warmup steps before the cosine decay")
+    weight_decay: float = _key(0.1, "AdamW decoupled weight decay")
+    beta1: float = _key(0.9, "AdamW beta1")
+    beta2: float = _key(0.95, "AdamW beta2")
+    eps: float = _key(1e-8, "AdamW epsilon")
 
 
 @dataclass
 class PrecisionSection:
-    dtype: str = "bf16"  # fp32 | bf16 | fp16 (compute dtype; master weights and optimizer stay fp32)
-    reduce_dtype: str = "fp32"  # fp32 | bf16: dtype of FSDP's gradient reduce-scatter (bf16 halves its bytes)
-    loss_scale_init: float = 2.0**16
-    loss_scale_growth_interval: int = 200
+    dtype: str = _key("bf16", "compute dtype: fp32 | bf16 | fp16 (master weights and optimizer stay fp32)")
+    reduce_dtype: str = _key("fp32", "dtype of FSDP's gradient reduce-scatter: fp32 | bf16 (halves its bytes)")
+    loss_scale_init: float = _key(2.0**16, "fp16: initial dynamic loss scale")
+    loss_scale_growth_interval: int = _key(200, "fp16: double the loss scale after this many good steps")
 
 
 @dataclass
 class ParallelSection:
-    dp_replicate: int = 1
-    dp_shard: int = -1  # -1: whatever the world size leaves after the other degrees
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1  # expert-parallel ranks: a divisor of dp_shard, or with tp > 1 tp × a divisor of dp_shard
-    data_parallel: str = "fsdp"  # fsdp | ddp (ddp requires dp_shard == 1)
-    reshard_after_forward: bool = True  # False keeps params gathered after forward (ZeRO-2-like)
-    pp_schedule: str = "1f1b"
-    pp_microbatches: int = 0  # 0: one per micro batch of the accumulation
-    pp_stages_per_rank: int = 2  # stages each rank runs under interleaved-1f1b (zbv always uses 2)
-    pp_split: list[int] = field(default_factory=list)  # decoder layers per stage; empty = balanced automatically
+    dp_replicate: int = _key(1, "data-parallel replicas (HSDP when > 1 with FSDP)")
+    dp_shard: int = _key(-1, "FSDP shard degree; -1 takes what the world size leaves after the other degrees")
+    tp: int = _key(1, "tensor-parallel degree (keep it within a node)")
+    pp: int = _key(1, "pipeline-parallel stages")
+    ep: int = _key(1, "expert-parallel ranks: a divisor of dp_shard, or with tp > 1 tp x a divisor of dp_shard")
+    data_parallel: str = _key("fsdp", "fsdp | ddp (ddp requires dp_shard == 1)")
+    reshard_after_forward: bool = _key(True, "FSDP: false keeps params gathered after forward (ZeRO-2-like)")
+    pp_schedule: str = _key("1f1b", "pipeline schedule: gpipe | 1f1b | interleaved-1f1b | zbv")
+    pp_microbatches: int = _key(0, "pipeline micro-batches per step; 0 = one per micro batch of the accumulation")
+    pp_stages_per_rank: int = _key(2, "stages each rank runs under interleaved-1f1b (zbv always uses 2)")
+    pp_split: list[int] = _key([], "decoder layers per pipeline stage; empty = balanced automatically")
 
 
 @dataclass
 class DataSection:
-    path: str = "builtin"  # a folder made by `seektrain data prepare`, or "builtin"
-    tokenizer: str = "byte"  # tokenizer for the built-in corpus: byte or a tokenizer.json path
+    path: str = _key("builtin", "a folder made by `seektrain data prepare`, or builtin")
+    tokenizer: str = _key("byte", "built-in corpus tokenizer: byte, a tokenizer.json path or a hub id (org/name)")
 
 
 @dataclass
 class CheckpointSection:
-    interval: int = 100  # save every N steps (0 = only at the end)
-    keep: int = 2
-    async_save: bool = False
-    preempt_grace_s: float = 25.0  # after SIGTERM, save within this or exit without (torchrun kills at 30 s)
+    interval: int = _key(100, "save every N steps (0 = only at the end)")
+    keep: int = _key(2, "newest checkpoints kept on disk")
+    async_save: bool = _key(False, "save in the background while training goes on")
+    preempt_grace_s: float = _key(25.0, "after SIGTERM, save within this or exit without (torchrun kills at 30 s)")
+    resume: str = _key("auto", "auto (newest valid checkpoint of run.dir, else fresh) | never | a step | a path")
 
 
 @dataclass
 class RunSection:
-    dir: str = "runs/default"
-    name: str = ""
-    log_interval: int = 10  # log a line every N steps (metrics.jsonl gets every step)
-    progress_bar: bool = True
+    dir: str = _key("runs/default", "the run folder: config, metrics, logs, checkpoints")
+    name: str = _key("", "run name in metrics and trackers (default: the folder name)")
+    log_interval: int = _key(10, "log a line every N steps (metrics.jsonl gets every step)")
+    progress_bar: bool = _key(True, "show a progress bar on rank 0")
 
 
 @dataclass
 class MetricsSection:
-    prometheus_port: int = 0  # 0 = no HTTP endpoint
-    prometheus_host: str = "127.0.0.1"
-    all_ranks: bool = False
-    tensorboard: bool = True
+    prometheus_port: int = _key(0, "serve /metrics for Prometheus on this port (0 = off)")
+    prometheus_host: str = _key("127.0.0.1", "address the Prometheus endpoint listens on")
+    all_ranks: bool = _key(False, "every rank serves /metrics at prometheus_port + local_rank (per-GPU numbers)")
+    tensorboard: bool = _key(True, "write TensorBoard event files under run.dir/tensorboard")
+    trackers: list[str] = _key([], "experiment trackers fed by rank 0: wandb, mlflow (each needs its package)")
+    tracker_project: str = _key("seektrain", "W&B project / MLflow experiment the run is logged to")
+    mlflow_tracking_uri: str = _key("", "MLflow tracking URI; empty = sqlite:///<run.dir>/mlflow.db")
 
 
 @dataclass
 class ProfileSection:
-    steps: list[int] = field(default_factory=list)  # torch.profiler trace for these steps
+    steps: list[int] = _key([], "write a torch.profiler Chrome trace for these steps")
+
+
+@dataclass
+class CpuSection:
+    keep_freed_memory: bool = _key(True, "glibc keeps freed memory during a step, returns free pages after it (CPU)")
 
 
 @dataclass
@@ -120,3 +137,4 @@ class JobConfig:
     run: RunSection = field(default_factory=RunSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     profile: ProfileSection = field(default_factory=ProfileSection)
+    cpu: CpuSection = field(default_factory=CpuSection)

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Protocol
 
+from seektrain.models.hub import is_hub_id, resolve_local_path
+
 BYTE_SPEC = "byte"
 
 # Special tokens looked for, in order, when a tokenizer.json carries no tokenizer_config.json beside it.
@@ -129,12 +131,17 @@ def _configured_specials(path: Path) -> tuple[str | None, str | None]:
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
-    """``"byte"`` or a path to a ``tokenizer.json`` (or to a directory holding one)."""
+    """``"byte"``, a path to a ``tokenizer.json`` (or to a directory holding one), or a hub id
+    (``org/name``) in the local Hugging Face cache. ``spec`` stays what the user typed."""
     if spec == BYTE_SPEC:
         return ByteTokenizer()
-    path = Path(spec).expanduser()
+    path = resolve_local_path(spec, "tokenizer")
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise ValueError(f"tokenizer={spec}: not 'byte' and no such tokenizer.json; pass --tokenizer byte or a path to tokenizer.json")
-    return HFTokenizer(path.resolve())
+        raise ValueError(f"tokenizer={spec}: not 'byte' and no such tokenizer.json; pass --tokenizer byte, a path to "
+                         "tokenizer.json or a cached hub id org/name")
+    tokenizer = HFTokenizer(path.resolve())
+    if is_hub_id(spec) and not Path(spec).expanduser().exists():
+        tokenizer.spec = spec  # the hub id, not this machine's cache path, goes into manifests
+    return tokenizer

@@ -1,11 +1,40 @@
-"""The DeepSeek model family in plain PyTorch (dense DeepSeek-LLM, DeepSeek-V2, DeepSeek-V3)."""
+"""The DeepSeek model family in plain PyTorch (dense DeepSeek-LLM, DeepSeek-V2, DeepSeek-V3).
 
-from seektrain.models.config import ModelConfig, RopeScaling
-from seektrain.models.param_count import ParamCounts, count_params
-from seektrain.models.presets import OFFICIAL_PRESETS, PRESETS, get_preset
-from seektrain.models.transformer import Transformer, build_model
+``from_pretrained`` / ``save_pretrained`` read and write Hugging Face folders (``hf_io``). Every name
+is imported on first use, so code that needs only a light submodule (``seektrain.models.hub`` for the
+tokenizer of ``seektrain data``) does not pay for torch.
+"""
 
-__all__ = [
-    "ModelConfig", "RopeScaling", "ParamCounts", "count_params", "OFFICIAL_PRESETS", "PRESETS",
-    "get_preset", "Transformer", "build_model",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOME = {
+    "ModelConfig": "config", "RopeScaling": "config",
+    "ParamCounts": "param_count", "count_params": "param_count",
+    "OFFICIAL_PRESETS": "presets", "PRESETS": "presets", "get_preset": "presets",
+    "Transformer": "transformer", "build_model": "transformer",
+    "from_pretrained": "hf_io", "save_pretrained": "hf_io",
+}
+
+__all__ = list(_HOME)
+
+if TYPE_CHECKING:
+    from seektrain.models.config import ModelConfig, RopeScaling
+    from seektrain.models.hf_io import from_pretrained, save_pretrained
+    from seektrain.models.param_count import ParamCounts, count_params
+    from seektrain.models.presets import OFFICIAL_PRESETS, PRESETS, get_preset
+    from seektrain.models.transformer import Transformer, build_model
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'seektrain.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"seektrain.models.{_HOME[name]}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])

@@ -13,6 +13,7 @@ import json
 import os
 
 from seektrain.models.config import ModelConfig, RopeScaling
+from seektrain.models.hub import resolve_local_path
 
 # architecture name in config.json -> (our arch, transformers model_type)
 ARCH_BY_HF = {
@@ -47,10 +48,13 @@ class HFConfigError(ValueError):
     """A config.json that cannot describe a model we build; the message is one line naming the field."""
 
 
-def read_config_json(path: str) -> dict:
-    """Parse ``path/config.json``, turning every failure into one readable line."""
+def read_config_json(path: str | os.PathLike, what: str = "model.hf_path") -> dict:
+    """Parse ``path/config.json`` (``path`` may be a hub id in the local cache), turning every failure
+    into one readable line; ``what`` names the option ``path`` came from in those lines."""
+    path = os.fspath(resolve_local_path(os.fspath(path), what))
     if not os.path.isdir(path):
-        raise HFConfigError(f"{path}: no such directory (expected a Hugging Face model folder)")
+        raise HFConfigError(f"{path}: no such directory (expected a Hugging Face model folder or a cached "
+                            "hub id org/name)")
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
         raise HFConfigError(f"{file}: missing (a Hugging Face model folder needs a config.json)")

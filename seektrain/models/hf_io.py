@@ -30,6 +30,7 @@ from seektrain.models.hf_weights import (
     part_view, scale_shape, shard_plan,
 )
 from seektrain.models.kernels import Kernels
+from seektrain.models.hub import resolve_local_path
 from seektrain.models.transformer import Transformer, build_model
 
 log = logging.getLogger(__name__)
@@ -144,13 +145,17 @@ def _check_shapes(plan, shapes, weight_map, handles, block) -> None:
 
 
 def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu", kernels: Kernels | None = None) -> Transformer:
-    """Build our ``Transformer`` from a Hugging Face folder (config.json + safetensors, sharded or not);
+                    device: str | torch.device = "cpu", what: str = "model.hf_path",
+                    kernels: Kernels | None = None) -> Transformer:
+    """Build our ``Transformer`` from a Hugging Face folder (config.json + safetensors, sharded or not),
+    or from a hub id (``org/name``) already in the local Hugging Face cache (``seektrain.models.hub``);
     ``kernels`` as for ``build_model``."""
-    path = os.fspath(path)
-    raw = read_config_json(path)
-    cfg = config_from_hf(raw, name=os.path.basename(os.path.normpath(path)) or "custom",
-                         where=os.path.join(path, "config.json"))
+    spec = os.fspath(path)
+    path = os.fspath(resolve_local_path(spec, what))
+    raw = read_config_json(path, what)
+    from_hub = os.path.normpath(path) != os.path.normpath(os.path.expanduser(spec))
+    name = spec.rsplit("/", 1)[-1] if from_hub else os.path.basename(os.path.normpath(path))
+    cfg = config_from_hf(raw, name=name or "custom", where=os.path.join(path, "config.json"))
     weight_map = _weight_map(path)
     present = _present_mtp_layers(cfg, weight_map)
     if present < cfg.num_nextn_predict_layers:

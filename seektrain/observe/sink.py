@@ -1,4 +1,5 @@
-"""One ``log(step, metrics)`` call feeds every consumer: a JSONL file, TensorBoard and Prometheus.
+"""One ``log(step, metrics)`` call feeds every consumer: a JSONL file, TensorBoard, Prometheus and the
+experiment trackers.
 
 * ``run_dir/metrics.jsonl``: one JSON object per call, flushed at once, so a crashed run keeps its
   history and ``tail -f`` works. The summary and the tests read it back.
@@ -6,6 +7,8 @@
 * Prometheus: a gauge per key (``names.metric_name``) in a registry private to this sink, served over
   HTTP so a Prometheus server can scrape a live run and alert on it. A private registry keeps two
   sinks in one process (tests, notebooks) from colliding in prometheus_client's global registry.
+* Experiment trackers (``trackers``: ``wandb``, ``mlflow``; ``seektrain.observe.trackers``), on rank 0
+  only: ``params`` (the run config) once, then every numeric value under its ``metrics.jsonl`` name.
 
 Files are written by rank 0 only (or the ranks passed ``enabled=True``: their files get a ``.rank<N>``
 suffix). The HTTP endpoint runs on rank 0, or on every rank at ``port + local_rank`` when
@@ -23,6 +26,7 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry, Gauge, Info, start_http_server
 
 from seektrain.observe.names import RUN_INFO, STANDARD_KEYS, metric_name, tb_tag
+from seektrain.observe.trackers import Tracker, close_all, log_to, open_trackers
 
 Number = float | int
 
@@ -49,7 +53,10 @@ def _json_default(value: Any) -> Any:
 class MetricsSink:
     def __init__(self, run_dir: Path | str, rank: int = 0, enabled: bool | None = None,
                  prometheus_port: int = 0, prometheus_host: str = "127.0.0.1",
-                 all_ranks_serve: bool = False, local_rank: int = 0, tensorboard: bool = True) -> None:
+                 all_ranks_serve: bool = False, local_rank: int = 0, tensorboard: bool = True,
+                 trackers: list[str] | tuple[str, ...] = (), tracker_project: str = "seektrain",
+                 run_name: str = "", mlflow_tracking_uri: str = "", params: dict | None = None,
+                 resume: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
         self.enabled = (rank == 0) if enabled is None else enabled
@@ -62,15 +69,21 @@ class MetricsSink:
         self._gauges: dict[str, Gauge] = {}
         self._info: Info | None = None
         self._info_labels: dict[str, str] = {}
+        self._trackers: list[Tracker] = []
         self.port = 0
 
         # Serve first: a bad port then fails before any file is opened.
         if prometheus_port != 0 and (rank == 0 or all_ranks_serve):
             self._serve(prometheus_port + (local_rank if all_ranks_serve else 0), prometheus_host)
             self.set_run_info(run=self.run_dir.name, rank=str(rank))
-        if self.enabled:
+        if self.enabled or (rank == 0 and trackers):
             try:
-                self._open_files(rank, tensorboard)
+                if self.enabled:
+                    self._open_files(rank, tensorboard)
+                if rank == 0 and trackers:
+                    self._trackers = open_trackers(trackers, self.run_dir, tracker_project,
+                                                   run_name or self.run_dir.name, params, mlflow_tracking_uri,
+                                                   resume)
             except BaseException:
                 self.close()
                 raise
@@ -143,6 +156,8 @@ class MetricsSink:
                 self._gauge("step").set(step)
                 for key, value in numeric.items():
                     self._gauge(key).set(value)
+            if self._trackers:
+                self._trackers = log_to(self._trackers, step, numeric)
 
     def flush(self) -> None:
         with self._lock:
@@ -166,6 +181,8 @@ class MetricsSink:
             if self._jsonl is not None:
                 self._jsonl.close()
                 self._jsonl = None
+            trackers, self._trackers = self._trackers, []
+            close_all(trackers)
 
     def __enter__(self) -> "MetricsSink":
         return self

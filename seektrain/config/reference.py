@@ -1,0 +1,52 @@
+"""Every config key with its type, default and help, read from the schema (``seektrain config keys``).
+
+The listing is generated, never written by hand, so it cannot drift from what the loader accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from typing import NamedTuple
+
+from seektrain.config.schema import JobConfig
+
+
+class KeyDoc(NamedTuple):
+    key: str  # section.key, as TOML and --set spell it
+    type: str
+    default: str  # as it would be written in TOML
+    help: str
+
+
+def _type_name(typ: object) -> str:
+    if typing.get_origin(typ) is list:
+        (item,) = typing.get_args(typ)
+        return f"list[{item.__name__}]"
+    return typ.__name__  # type: ignore[attr-defined]
+
+
+def config_keys(cfg: JobConfig | None = None) -> list[KeyDoc]:
+    """One row per key, in schema order; defaults are those of ``cfg`` (the built-in ones by default)."""
+    cfg = cfg or JobConfig()
+    rows = []
+    for section_field in dataclasses.fields(cfg):
+        section = getattr(cfg, section_field.name)
+        hints = typing.get_type_hints(type(section))
+        for f in dataclasses.fields(section):
+            rows.append(KeyDoc(f"{section_field.name}.{f.name}", _type_name(hints[f.name]),
+                               json.dumps(getattr(section, f.name)), f.metadata.get("help", "")))
+    return rows
+
+
+def format_keys(rows: list[KeyDoc], markdown: bool = False) -> str:
+    """Aligned plain-text columns, or a Markdown table (what docs/configuration.md holds)."""
+    if markdown:
+        lines = ["| key | type | default | help |", "|---|---|---|---|"]
+        bar = "\\|"  # a | inside a table cell
+        lines += [f"| `{r.key}` | {r.type} | `{r.default}` | {r.help.replace('|', bar)} |" for r in rows]
+        return "\n".join(lines) + "\n"
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "".join(f"{r.key:<{widths[0]}}  {r.type:<{widths[1]}}  {r.default:<{widths[2]}}  {r.help}\n"
+                   for r in rows)
