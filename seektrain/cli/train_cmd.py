@@ -10,10 +10,11 @@ from seektrain.launch.elastic import LaunchOptions, launch
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a model (the built-in default when no --config is given)")
+    p = sub.add_parser("train", help="train a model (the built-in default when no --config is given)",
+                       epilog="every config key with its type, default and help: seektrain config keys")
     p.add_argument("--config", help="TOML config file (default: the built-in tiny-v3 run)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config key (repeatable)")
+                   help="override one config key (repeatable; `seektrain config keys` lists them)")
     p.add_argument("--nproc-per-node", type=int, default=1, help="worker processes on this node")
     p.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for elastic")
     p.add_argument("--node-rank", type=int, default=None)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from seektrain.config.loader import config_to_dict
 from seektrain.observe.flops import mfu, model_flops_per_token, peak_flops
 from seektrain.observe.memory import gpu_stats, memory_stats
 from seektrain.observe.sink import MetricsSink
@@ -19,7 +20,8 @@ log = logging.getLogger("seektrain.train")
 
 
 class RunMonitor:
-    def __init__(self, plan, run_dir: Path, rank: int, local_rank: int, device: torch.device, start_step: int):
+    def __init__(self, plan, run_dir: Path, rank: int, local_rank: int, device: torch.device, start_step: int,
+                 resumed: bool):
         job = plan.job
         self.plan, self.run_dir, self.rank, self.device = plan, run_dir, rank, device
         self.flops_per_token = model_flops_per_token(plan.model, job.train.seq_len)
@@ -27,7 +29,9 @@ class RunMonitor:
         m = job.metrics
         self.sink = MetricsSink(run_dir, rank=rank, prometheus_port=m.prometheus_port,
                                 prometheus_host=m.prometheus_host, all_ranks_serve=m.all_ranks,
-                                local_rank=local_rank, tensorboard=m.tensorboard)
+                                local_rank=local_rank, tensorboard=m.tensorboard, trackers=m.trackers,
+                                tracker_project=m.tracker_project, run_name=job.run.name,
+                                mlflow_tracking_uri=m.mlflow_tracking_uri, params=config_to_dict(job), resume=resumed)
         self.sink.set_run_info(run=job.run.name or run_dir.name, model=plan.model.name, world_size=plan.world_size)
         self.profiler = None
         if job.profile.steps and rank == 0:

@@ -67,7 +67,8 @@ def train(cfg: JobConfig) -> dict:
     log_layout(plan, ctx, data, env)
 
     evaluator = Evaluator(plan, data.path, plan.meshes.dp.get_local_rank(), env.device)
-    monitor = RunMonitor(plan, run_dir, env.rank, env.local_rank, env.device, start_step)
+    monitor = RunMonitor(plan, run_dir, env.rank, env.local_rank, env.device, start_step,
+                         resumed=start.checkpoint is not None)
     trainer_state = _trainer_state_fn(plan, ctx, data, guard, env)
     ctx.model.train()
     t_run = time.perf_counter()
