@@ -203,6 +203,9 @@ def _two_ranks(rank: int, port: int, out_dir: str) -> None:
     choice = manager.resume_choice("never", V3)
     lines.append(f"never: {choice.checkpoint} {choice.start_fresh}")
     (out / f"rank{rank}.txt").write_text("\n".join(lines))
+    import torch.distributed as dist
+
+    dist.destroy_process_group()  # a process group left open can abort the process at exit
 
 
 def test_every_rank_gets_rank_0s_decision(tmp_path):

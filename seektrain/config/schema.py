@@ -39,7 +39,7 @@ class TrainSection:
     aux_loss_alpha: float = _key(0.0, "sequence-wise expert balance loss weight (0 = off)")
     bias_update_speed: float = _key(0.01, "V3 aux-loss-free balancing bias step (DeepSeek-V3: 0.001); 0 = off")
     deterministic: bool = _key(False, "torch.use_deterministic_algorithms: bit-exact reruns and resumes")
-    compile: bool = _key(False, "reserved for torch.compile; not applied yet")
+    compile: bool = _key(False, "torch.compile each decoder block (regional; off by default: on CPU it costs minutes for a few percent)")
     eval_interval: int = _key(100, "compute the validation loss every N steps on the prepared val split (0 = off)")
     eval_steps: int = _key(4, "micro-batches per validation-loss evaluation")
     on_bad_loss: str = _key("skip", "NaN/Inf or spiking loss: skip (drop the update) | stop (exit with one line)")

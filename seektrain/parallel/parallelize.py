@@ -1,7 +1,7 @@
 """Turn a plain model into the parallelised, initialised parts this rank trains, as the run plan says
 (torchtitan's recipe): cut out this rank's pipeline stages, apply expert and tensor parallelism (experts
 first: the tensor-parallel plan of an MoE block leaves expert-parallel experts alone), activation
-checkpointing and FSDP/HSDP, materialise only this rank's shards, then initialise them. DDP wraps the
+checkpointing, regional ``torch.compile`` (``train.compile``) and FSDP/HSDP, materialise only this rank's shards, then initialise them. DDP wraps the
 initialised model last, because it needs real tensors; a tensor-parallel model takes FSDP2's replicate
 mode instead, applied like FSDP (``_replicate_tensor_parallel``).
 
@@ -11,6 +11,7 @@ either: the plan's platform policy adds what one platform needs (e.g. gloo's col
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,8 @@ from torch import nn
 from seektrain.models.transformer import Transformer
 from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
 from seektrain.parallel.data_parallel import apply_ddp, apply_fsdp, fsdp_mixed_precision
+
+log = logging.getLogger("seektrain.parallel")
 
 
 @dataclass
@@ -52,6 +55,10 @@ def _parallelize_part(part: Transformer, plan) -> None:
 
         apply_tensor_parallel(part, meshes.tp, sequence_parallel=True)
     apply_activation_checkpointing(part, plan.job.train.activation_checkpoint)
+    if plan.job.train.compile:
+        from seektrain.parallel.compile import apply_compile
+
+        log.info("train.compile: %d blocks compile at their first call", apply_compile(part))
     if plan.uses_fsdp:
         mp = fsdp_mixed_precision(plan.job.precision.dtype, plan.job.precision.reduce_dtype)
         if plan.ep > 1:  # experts first, on their own mesh; the per-layer FSDP then skips them
