@@ -6,7 +6,7 @@ Launches itself under torchrun with ``p = 2`` gloo workers (``OMP_NUM_THREADS=1`
 one core) and, for every schedule (gpipe, 1f1b, interleaved-1f1b, zbv) and micro-batch count ``m``,
 trains a dense Llama-architecture model (vocab 320, hidden 512 by default: big enough that one stage's
 forward of one micro-batch takes ~100 ms while the activation sent between ranks is ~0.5 MB) with the
-stages seektrain itself builds (``pipeline.split_layers`` / ``stage_ids`` / ``build_stage_model`` /
+stages seektrain itself builds (the run plan's layer split, ``pipeline.rank_stages`` /
 ``build_schedule``).
 
 What is measured. Each rank times the compute of its stage(s): every ``PipelineStage.forward_one_chunk``
@@ -96,9 +96,11 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
+    from seektrain.config.loader import load_config
     from seektrain.models.config import ModelConfig
     from seektrain.models.transformer import build_model
     from seektrain.parallel import pipeline
+    from seektrain.plan.run_plan import RunPlan
     from seektrain.train.loss import model_loss
 
     torch.set_num_threads(args.threads)
@@ -114,26 +116,25 @@ def worker(args: argparse.Namespace) -> None:
     results = []
     for schedule in args.schedules:
         for m in args.microbatches:
-            per_rank = pipeline.stages_per_rank(schedule, 2)
-            n_stages = P * per_rank
-            bounds = pipeline.split_layers(cfg, n_stages)
-            ids = pipeline.stage_ids(rank, P, per_rank, schedule)
-            whole = build_model(cfg, device="meta")
-            parts = []
-            for i in ids:
-                part = pipeline.build_stage_model(whole, bounds[i], i == 0, i == n_stages - 1)
+            # the plan seektrain train would resolve: P stages of 2 per rank under the multi-stage schedules
+            job = load_config(None, [f"parallel.pp={P}", "parallel.dp_shard=1", f"parallel.pp_schedule={schedule}",
+                                     "parallel.pp_stages_per_rank=2", f"parallel.pp_microbatches={m}",
+                                     f"train.micro_batch_size={args.mb}", f"train.global_batch_size={m * args.mb}"])
+            plan = RunPlan.resolve(job, cfg, world, "cpu")
+            per_rank, bounds = plan.pp_stages_per_rank, plan.pp_stage_layers
+            parts, ids = pipeline.rank_stages(build_model(cfg, device="meta"), plan, rank)
+            for part in parts:
                 part.to_empty(device=device)
                 part.init_weights(1234)
-                parts.append(part)
             timer = Timer()
             loss_fn = timer.wrap("loss", lambda out, labels: model_loss(out, labels, 0.0)[0])
-            sched = pipeline.build_schedule(parts, ids, n_stages, device, dist.group.WORLD, schedule, m, loss_fn)
+            sched = pipeline.build_schedule(parts, ids, plan, device, loss_fn)
             stages = getattr(sched, "_stages", None) or [sched._stage]
             for st in stages:
                 st.forward_one_chunk = timer.wrap("F", st.forward_one_chunk)
                 st.backward_one_chunk = timer.wrap("B", st.backward_one_chunk)
                 st.backward_weight_one_chunk = timer.wrap("W", st.backward_weight_one_chunk)
-            first, last = 0 in ids, (n_stages - 1) in ids
+            first, last = 0 in ids, (len(bounds) - 1) in ids
             rows = []
             for step in range(args.warmup + args.steps):
                 tokens = torch.randint(0, cfg.vocab_size, (m * args.mb, args.seq), generator=gen)
@@ -175,7 +176,7 @@ def worker(args: argparse.Namespace) -> None:
                 }
                 results.append(res)
                 print(json.dumps(res), flush=True)
-            del sched, parts, whole
+            del sched, parts
             dist.barrier()
     if rank == 0:
         print("RESULTS " + json.dumps({"results": results, "model": cfg.name, "seq": args.seq, "mb": args.mb,
