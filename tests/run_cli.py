@@ -49,10 +49,3 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
         proc.kill()
         proc.wait(timeout=10)
 
-
-def run_layout(run_dir: Path, model: str, nproc: int, *overrides: str, global_batch: int = 4,
-               steps: int = 5) -> list[dict]:
-    """Metrics of a ``steps``-step run of ``model`` with the tiny settings on ``nproc`` ranks."""
-    train(run_dir, f"train.steps={steps}", f"model.preset={model}", f"train.global_batch_size={global_batch}",
-          *overrides, nproc=nproc, timeout=600)
-    return metrics(run_dir)

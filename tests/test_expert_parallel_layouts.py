@@ -1,10 +1,10 @@
 """Expert parallelism over tensor-parallel ranks, and with pipeline stages, is the same computation as
-one process (fp32, gloo, the real `seektrain train`): losses and global gradient norms over 5 AdamW
-steps with the V3 balancing-bias update; plus who holds which expert shard on 4 ranks.
+one process (fp32, gloo, the real `seektrain train`): losses, global gradient norms, balancing statistics
+and every parameter and balancing bias after 5 steps with the V3 balancing-bias update (compare_runs.py);
+plus who holds which expert shard on 4 ranks.
 
-Gradient norms are compared as well as losses because AdamW hides a mis-scaled expert gradient from
-the losses (measured: scaling tp×ep's expert gradients by 1/2 moved no loss by 1e-5 but every norm by
-~0.5%); with `train.grad_clip=1.0` the norm is also what clipping divides by.
+(Measured before the parameter comparison existed: scaling tp×ep's expert gradients by 1/2 moved no loss
+by 1e-5 but every gradient norm by ~0.5%: losses alone do not see a mis-scaled expert gradient.)
 """
 
 from __future__ import annotations
@@ -15,45 +15,42 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from run_cli import run_layout
+from compare_runs import assert_same_run, run_layout
 from spawn_ranks import spawn_ranks
-
-TOL = dict(rel=1e-4, abs=1e-4)
-
-
-def _assert_same_run(got: list[dict], want: list[dict]) -> None:
-    assert len(got) == len(want) == 5
-    assert [m["loss"] for m in got] == pytest.approx([m["loss"] for m in want], **TOL)
-    assert [m["grad_norm"] for m in got] == pytest.approx([m["grad_norm"] for m in want], **TOL)
-    if "expert_imbalance" in want[0]:  # the balancing statistics every rank agrees on
-        assert [m["expert_imbalance"] for m in got] == [m["expert_imbalance"] for m in want]
 
 
 @pytest.mark.parametrize("model", ["tiny-v2", "tiny-v3"])
 def test_tp2_x_ep2(tmp_path, one_process_run, model):
     """2 ranks: one tp group, which is also the ep group (no FSDP: a single data-parallel rank)."""
     got = run_layout(tmp_path, model, 2, "parallel.tp=2", "parallel.ep=2", "parallel.dp_shard=1")
-    _assert_same_run(got, one_process_run(model))
+    assert_same_run(got, one_process_run(model))
 
 
 def test_dp2_x_tp2_x_ep4(tmp_path, one_process_run):
     """4 ranks: every rank of both tp groups in one ep group; each expert on one rank (efsdp = 1)."""
     got = run_layout(tmp_path, "tiny-v3", 4, "parallel.tp=2", "parallel.ep=4", "parallel.dp_shard=2")
-    _assert_same_run(got, one_process_run("tiny-v3"))
+    assert_same_run(got, one_process_run("tiny-v3"))
+
+
+def test_dp4_x_ep2_fsdp_sharded_experts(tmp_path, one_process_run):
+    """4 ranks, FSDP=4 × EP=2: each expert's weights FSDP-sharded over the 2 ranks of its efsdp group
+    (efsdp = 2), one sequence per rank."""
+    got = run_layout(tmp_path, "tiny-v3", 4, "parallel.ep=2", "parallel.dp_shard=4", "train.micro_batch_size=1")
+    assert_same_run(got, one_process_run("tiny-v3"))
 
 
 @pytest.mark.slow
 def test_dp2_x_tp2_x_ep2(tmp_path, one_process_run):
     """4 ranks: each tp group is an ep group; expert shards FSDP-sharded over the 2 dp_shard ranks."""
     got = run_layout(tmp_path, "tiny-v3", 4, "parallel.tp=2", "parallel.ep=2", "parallel.dp_shard=2")
-    _assert_same_run(got, one_process_run("tiny-v3"))
+    assert_same_run(got, one_process_run("tiny-v3"))
 
 
 def test_pp2_x_dp2_x_ep2(tmp_path, one_process_run):
     """4 ranks: 2 pipeline stages (1F1B, 2 micro-batches of 1 sequence), each an FSDP=2 × EP=2 group."""
     got = run_layout(tmp_path, "tiny-v3", 4, "parallel.pp=2", "parallel.ep=2", "parallel.dp_shard=2",
                      "parallel.pp_microbatches=2")
-    _assert_same_run(got, one_process_run("tiny-v3"))
+    assert_same_run(got, one_process_run("tiny-v3"))
 
 
 # ------------------------------------------------------------------------------ shards per rank

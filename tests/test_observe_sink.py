@@ -120,13 +120,21 @@ def test_port_zero_and_other_ranks(tmp_path):
     assert not list(tmp_path.glob("metrics.rank*"))
 
 
+def two_adjacent_free_ports() -> int:
+    """A port p with p + 1 free as well (checked now; the kernel may reuse them later, rarely)."""
+    for _ in range(100):
+        base = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", base + 1))
+                return base
+            except OSError:
+                continue
+    raise AssertionError("no two adjacent free ports on 127.0.0.1 in 100 tries")
+
+
 def test_all_ranks_serve_on_port_plus_local_rank(tmp_path):
-    base = free_port()
-    with socket.socket() as probe:  # make sure base + 1 is free too, or pick again
-        try:
-            probe.bind(("127.0.0.1", base + 1))
-        except OSError:
-            pytest.skip("no two adjacent free ports")
+    base = two_adjacent_free_ports()
     with MetricsSink(tmp_path, rank=3, local_rank=1, prometheus_port=base, all_ranks_serve=True,
                      tensorboard=False) as sink:
         sink.log(5, {"mem_allocated_gib": 1.25})
