@@ -16,19 +16,21 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float,
     different meshes (expert weights under EP live on their own) are reduced separately and their
     squares summed. ``extra_group`` adds ranks that hold *different* parameters (pipeline stages).
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    by_mesh: dict = {}
-    for g in grads:
-        by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    with_grad = [p for p in params if p.grad is not None]
+    by_mesh: dict = {}  # parameters grouped by the mesh of their gradient (None: plain tensors)
+    for p in with_grad:
+        by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
     squares = []
     for group in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm(group, norm_type=2.0, foreach=True)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type=2.0, foreach=True)
         squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float().pow(2))
     squared = torch.stack(squares).sum() if squares else torch.zeros(())
     if extra_group is not None and dist.get_world_size(extra_group) > 1:
         dist.all_reduce(squared, group=extra_group)
     norm = squared.sqrt()
     if max_norm > 0:
+        # clip_grads_with_norm_ takes the parameters and scales their .grad (given gradients, whose own
+        # .grad is None, it silently scaled nothing: clipping was off until this was found)
         for group in by_mesh.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return norm
