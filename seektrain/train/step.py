@@ -131,6 +131,17 @@ def train_step(ctx: StepContext, step: int) -> dict[str, float]:
     }
     if plan.use_mtp:
         metrics["mtp_loss"] = float(loss_sum[2])
-    if loads:
-        metrics["expert_imbalance"] = expert_imbalance(loads)
+    if plan.model.is_moe:
+        metrics["expert_imbalance"] = _worst_imbalance(plan, loads, ctx.device)
     return metrics
+
+
+def _worst_imbalance(plan: RunPlan, loads: list[torch.Tensor], device: torch.device) -> float:
+    """The worst MoE layer's imbalance over the whole model: a pipeline rank holds only its stages'
+    layers, so the worst is taken over the pipeline ranks too."""
+    worst = expert_imbalance(loads) if loads else 1.0
+    if plan.pp > 1:
+        value = torch.tensor([worst], dtype=torch.float64, device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=plan.meshes.pp.get_group())
+        worst = float(value)
+    return worst
