@@ -1,0 +1,37 @@
+"""Validation loss: ``train.eval_interval`` evaluates the prepared ``val`` split on schedule and at the
+end, logs ``val_loss`` with the step's metrics, and a tensor-parallel run (same data on both ranks)
+computes the one-process value."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from run_cli import metrics, train
+
+from seektrain.observe.names import EXPORTED_METRICS, metric_name, tb_tag
+
+
+def test_val_loss_every_interval_and_at_the_end(tmp_path):
+    train(tmp_path / "one", "train.steps=5", "train.eval_interval=2", "train.eval_steps=2")
+    records = metrics(tmp_path / "one")
+    evaluated = [m["step"] for m in records if "val_loss" in m]
+    assert evaluated == [2, 4, 5]
+    values = [m["val_loss"] for m in records if "val_loss" in m]
+    assert all(math.isfinite(v) and 0 < v < 10 for v in values)
+    assert values[-1] < values[0]  # the model learns, and the same val batches show it
+
+    train(tmp_path / "tp", "train.steps=5", "train.eval_interval=2", "train.eval_steps=2", "parallel.tp=2",
+          "parallel.dp_shard=1", nproc=2)
+    tp_values = [m["val_loss"] for m in metrics(tmp_path / "tp") if "val_loss" in m]
+    assert tp_values == pytest.approx(values, rel=1e-4)
+
+
+def test_eval_off(tmp_path):
+    train(tmp_path / "r", "train.steps=2", "train.eval_interval=0")
+    assert all("val_loss" not in m for m in metrics(tmp_path / "r"))
+
+
+def test_val_loss_is_an_exported_metric():
+    assert metric_name("val_loss") in EXPORTED_METRICS
+    assert tb_tag("val_loss") == "train/val_loss"
