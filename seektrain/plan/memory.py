@@ -1,0 +1,342 @@
+"""Per-rank memory of a run plan, itemised: what the planner and ``parallel.auto`` compare with a
+device's memory.
+
+Two kinds of items:
+
+- **State** (parameters, gradients, AdamW moments) is predicted exactly, by applying the layout rules of
+  ``seektrain.parallel`` to the parameter shapes of the meta-device model: the pipeline keeps a stage's
+  layers (embedding on the first stage, norm/head/MTP on the last); tensor parallelism shards
+  column-wise weights on dim 0 and row-wise ones on dim 1, routed experts by expert; expert parallelism
+  splits experts over ``ep``; FSDP2 then cuts dim 0 of each local tensor into ``torch.chunk`` pieces
+  (ceil-sized, the last ones shorter) over ``dp_shard`` (experts: over the expert-FSDP ranks). Parameters
+  are fp32 master weights whatever the compute dtype, gradients likewise, and fused AdamW keeps two fp32
+  moments per element plus a 4-byte step per parameter tensor.
+- **Transients** (activations, logits, MoE dispatch, gathered parameters) are an analytic model of the
+  tensors our modules save for backward, counted per layer; ``tests/test_plan_accuracy.py`` compares it
+  with ``MemTracker`` on CPU. Allocator fragmentation and the CUDA context are an allowance, stated here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+
+from seektrain.models.config import ModelConfig
+from seektrain.plan.pipeline_split import stage_ids
+
+FP32 = 4
+FRAGMENTATION = 0.05  # share of the tensor peak lost to allocator fragmentation (an allowance)
+_COLWISE = ("q_proj", "k_proj", "v_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj")
+_ROWWISE = ("o_proj", "down_proj")
+
+
+# ----------------------------------------------------------------------------- parameter shapes
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    layer: int | None  # decoder layer index, None outside the decoder layers
+    part: str  # "embed" | "layer" | "head" (final norm, lm_head, MTP)
+    tp_dim: int | None  # dimension tensor parallelism shards, None = replicated
+    expert: bool  # a routed-expert weight (sharded by expert under TP or EP)
+
+
+def _tp_dim(name: str) -> int | None:
+    module = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else name
+    if name in ("embed_tokens.weight", "lm_head.weight"):
+        return 0
+    if name.startswith("mtp.") and ".block." not in name:
+        return None  # enorm, hnorm, eh_proj, norm: replicated (SequenceParallel)
+    if module in _COLWISE:
+        return 0
+    if module in _ROWWISE and name.endswith(".weight"):
+        return 1
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _specs_cached(cfg_json: str) -> tuple[ParamSpec, ...]:
+    from seektrain.models.transformer import build_model
+
+    model = build_model(ModelConfig.from_dict(json.loads(cfg_json)), device="meta")
+    specs = []
+    for name, p in model.named_parameters():
+        expert = ".experts." in name
+        if name.startswith("layers."):
+            layer, part = int(name.split(".")[1]), "layer"
+        else:
+            layer, part = None, "embed" if name.startswith("embed_tokens") else "head"
+        specs.append(ParamSpec(name, tuple(p.shape), layer, part, 0 if expert else _tp_dim(name), expert))
+    return tuple(specs)
+
+
+def param_specs(cfg: ModelConfig) -> tuple[ParamSpec, ...]:
+    """Every parameter of the model (MTP included) with its shape; builds the model on the meta device once."""
+    return _specs_cached(json.dumps(cfg.to_dict(), sort_keys=True))
+
+
+def _chunk_rows(n: int, parts: int, index: int) -> int:
+    """Rows of piece ``index`` when ``torch.chunk`` cuts ``n`` rows into ``parts`` (FSDP2's sharding)."""
+    size = -(-n // parts)
+    return max(0, min(size, n - index * size))
+
+
+# ----------------------------------------------------------------------------- rank coordinates
+@dataclass(frozen=True)
+class RankCoords:
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+
+
+def rank_coords(plan, rank: int) -> RankCoords:
+    """Coordinates of ``rank`` on the world mesh (pp, dp_replicate, dp_shard, tp), row-major as
+    ``seektrain.parallel.mesh.build_meshes`` lays it out."""
+    tp = rank % plan.tp
+    rest = rank // plan.tp
+    shard = rest % plan.dp_shard
+    rest //= plan.dp_shard
+    return RankCoords(rest // plan.dp_replicate, rest % plan.dp_replicate, shard, tp)
+
+
+def _local_numel(spec: ParamSpec, plan, at: RankCoords, keep_layers: set[int], first: bool, last: bool) -> int:
+    if spec.part == "layer" and spec.layer not in keep_layers:
+        return 0
+    if (spec.part == "embed" and not first) or (spec.part == "head" and not last):
+        return 0
+    shape = list(spec.shape)
+    if spec.expert and plan.ep > 1:
+        shape[0] //= plan.ep
+    elif spec.tp_dim is not None and plan.tp > 1:
+        shape[spec.tp_dim] //= plan.tp
+    if plan.uses_fsdp:
+        if spec.expert and plan.ep > 1:
+            in_ep = plan.ep // plan.tp if plan.tp > 1 else plan.ep
+            parts, index = plan.dp_shard // in_ep, at.dp_shard // in_ep
+        else:
+            parts, index = plan.dp_shard, at.dp_shard
+        shape[0] = _chunk_rows(shape[0], parts, index)
+    numel = 1
+    for s in shape:
+        numel *= s
+    return numel
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    params: int  # fp32 master weights held by this rank
+    grads: int  # fp32 gradients (sharded like the parameters)
+    optimizer: int  # AdamW: exp_avg + exp_avg_sq (fp32) + one 4-byte step per parameter tensor
+    tensors: int  # parameter tensors this rank holds (non-empty shards)
+
+
+def state_bytes(plan, rank: int = 0) -> StateBytes:
+    """Exact bytes of parameters, gradients and AdamW state on ``rank`` of ``plan`` (a ``RunPlan``)."""
+    at = rank_coords(plan, rank)
+    if plan.pp > 1:
+        n_stages = len(plan.pp_stage_layers)
+        ids = stage_ids(at.pp, plan.pp, plan.pp_stages_per_rank, plan.job.parallel.pp_schedule)
+        keep = {layer for i in ids for layer in plan.pp_stage_layers[i]}
+        first, last = 0 in ids, n_stages - 1 in ids
+    else:
+        keep, first, last = set(range(plan.model.num_hidden_layers)), True, True
+    numel = grad_numel = tensors = 0
+    for spec in param_specs(plan.model):
+        n = _local_numel(spec, plan, at, keep, first, last)
+        numel += n
+        grad_numel += n
+        if spec.part == "embed" and first and plan.tp > 1 and not plan.uses_fsdp:
+            # measured: the vocabulary-sharded embedding's gradient is a whole (Replicate) table
+            grad_numel += n * (plan.tp - 1)
+        tensors += _held(spec, keep, first, last)
+    return StateBytes(FP32 * numel, FP32 * grad_numel, 2 * FP32 * numel + FP32 * tensors, tensors)
+
+
+def _held(spec: ParamSpec, keep: set[int], first: bool, last: bool) -> bool:
+    """Whether this rank's stages hold the parameter (an empty FSDP shard still gets an AdamW step)."""
+    if spec.part == "layer":
+        return spec.layer in keep
+    return first if spec.part == "embed" else last
+
+
+def max_state_bytes(plan) -> StateBytes:
+    """The rank with the most state: FSDP's first shard is the largest; every pipeline rank differs."""
+    ranks = range(0, plan.world_size, plan.tp * plan.dp_shard * plan.dp_replicate)
+    return max((state_bytes(plan, r) for r in ranks), key=lambda s: s.params + s.optimizer)
+
+
+# ----------------------------------------------------------------------------- activations
+def _norm(width: int, a: int, tp: int) -> float:
+    """RMSNorm over ``width`` per token: its fp32 input, the normalised value (saved by the weight's
+    multiply) and its output (saved by the next matmul); under TP+SP those are sequence-sharded and the
+    matmul saves the all-gathered output instead."""
+    sharded = (FP32 + 2 * a) * width / tp
+    return sharded + (a * width if tp > 1 else 0)
+
+
+def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool) -> float:
+    """Bytes per token saved by attention (after its input norm): flash attention keeps q, k, v, the
+    output and the fp32 log-sum-exp; o_proj keeps its (re-laid-out) input."""
+    h = cfg.num_attention_heads / tp
+    lse = FP32 * h
+    if not cfg.is_mla:
+        hd = cfg.head_dim
+        return a * h * hd * 5 + lse  # q, k and v (GQA expanded), output, o_proj input
+    qk, v = cfg.qk_head_dim, cfg.v_head_dim
+    v_kernel = qk if pad_values and v < qk else v  # the CPU flash kernel gets values zero-padded to qk
+    low_rank = (FP32 + 2 * a) * cfg.kv_lora_rank + a * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    if cfg.q_lora_rank is not None:
+        low_rank += (FP32 + 2 * a) * cfg.q_lora_rank + a * cfg.q_lora_rank
+    return low_rank + a * h * (2 * qk + 2 * v_kernel + v) + lse
+
+
+def _swiglu(width: float, a: int) -> float:
+    """gate and up outputs, silu(gate), and the product down_proj keeps."""
+    return 4 * a * width
+
+
+def _moe(cfg: ModelConfig, a: int, tp: int, ep: int) -> float:
+    """Router scores (fp32), and per routed slot the dispatched token, the grouped SwiGLU's tensors and
+    the weighted output. Under TP without EP each rank computes the slots of its E/tp experts."""
+    k = cfg.num_experts_per_tok / tp  # TP: E/tp experts per rank; TP×EP: each tp rank its share of tokens
+    router = 2 * FP32 * cfg.n_routed_experts
+    routed = k * (2 * a * cfg.hidden_size + _swiglu(cfg.moe_intermediate_size, a) + a * cfg.moe_intermediate_size)
+    shared = _swiglu(cfg.n_shared_experts * cfg.moe_intermediate_size / tp, a)
+    return router + routed + shared
+
+
+def layer_activation_bytes(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool) -> float:
+    """Bytes per token (of the micro-batch's sequence, before SP's split) one decoder layer keeps for
+    backward without checkpointing."""
+    d = cfg.hidden_size
+    mlp = (_moe(cfg, a, tp, ep) if cfg.is_moe_layer(layer)
+           else _swiglu(cfg.intermediate_size / tp, a))
+    return 2 * _norm(d, a, tp) + _attention(cfg, a, tp, pad_values) + mlp
+
+
+@dataclass(frozen=True)
+class Activations:
+    layers: float  # saved by the decoder layers of this rank, all in-flight micro-batches
+    backward: float  # working set of backward: activation gradients, half the largest layer's tensors
+    recompute: float  # one layer's activations rebuilt in backward (checkpointing)
+    head: float  # final norm, logits/loss buffer (fused or not), MTP
+    moe_dispatch: float  # all-to-all send buffer of one MoE layer (EP)
+    in_flight: int  # micro-batches whose activations a pipeline rank holds at once
+
+    def phases(self, root_buffer: float = 0.0, layer_buffer: float = 0.0) -> tuple[float, float]:
+        """Peak bytes in the two moments backward can peak: the head's backward (every saved tensor, the
+        head's, the root FSDP unit gathered; plus the working set unless layers are recomputed later)
+        and a decoder layer's backward (its recomputed tensors, the working set, its unit gathered)."""
+        head = self.layers + self.head + root_buffer + (0.0 if self.recompute else self.backward)
+        layer = self.layers + self.recompute + self.backward + layer_buffer
+        return head + self.moe_dispatch, layer + self.moe_dispatch
+
+    @property
+    def total(self) -> float:
+        return max(self.phases())
+
+
+def in_flight_microbatches(schedule: str, pp: int, n_micro: int) -> int:
+    """Micro-batches the first pipeline rank holds activations of: all of them under GPipe, ``pp`` under
+    1F1B and zero-bubble V; interleaved 1F1B runs ahead by about one more round of its stages."""
+    if pp == 1:
+        return 1
+    if schedule == "gpipe":
+        return n_micro
+    if schedule == "interleaved-1f1b":
+        return min(n_micro, 2 * pp)
+    return min(n_micro, pp)
+
+
+def activation_bytes(plan, pad_values: bool | None = None) -> Activations:
+    """Peak activation bytes of the busiest rank of ``plan`` for one micro-batch step."""
+    cfg, job = plan.model, plan.job
+    a = 4 if job.precision.dtype == "fp32" else 2
+    if pad_values is None:
+        pad_values = plan.device_type == "cpu"
+    tp, ep = plan.tp, plan.ep
+    d, V = cfg.hidden_size, cfg.vocab_size
+    if plan.pp > 1:
+        local_seqs = job.train.micro_batch_size * plan.accum_steps // plan.pp_microbatches
+        ids = stage_ids(0, plan.pp, plan.pp_stages_per_rank, job.parallel.pp_schedule)
+        layers = [layer for i in ids for layer in plan.pp_stage_layers[i]]
+        last = len(plan.pp_stage_layers) - 1 in ids
+        in_flight = in_flight_microbatches(job.parallel.pp_schedule, plan.pp, plan.pp_microbatches)
+    else:
+        local_seqs, layers, last, in_flight = job.train.micro_batch_size, range(cfg.num_hidden_layers), True, 1
+    tokens = local_seqs * job.train.seq_len
+    from seektrain.parallel.activation_checkpoint import checkpoint_every
+
+    every = checkpoint_every(job.train.activation_checkpoint)
+    per_layer = [layer_activation_bytes(cfg, i, a, tp, ep, pad_values) for i in layers]
+    kept = sum(a * d / tp if every and i % every == 0 else b for i, b in zip(layers, per_layer))
+    largest = max(per_layer, default=0.0)
+    recompute = largest if every else 0.0
+    head = 0.0
+    use_mtp = plan.use_mtp
+    if last or plan.pp == 1:
+        if plan.fused_loss:
+            logits = a * V + a * d  # the one [tokens, vocab] buffer turned into its gradient, and h
+        else:
+            logits = a * V / tp + 2 * FP32 * V / tp  # logits, their fp32 copy and log-softmax
+        head = _norm(d, a, tp) + logits
+        if use_mtp:
+            for k in range(cfg.num_nextn_predict_layers):
+                block = layer_activation_bytes(cfg, cfg.num_hidden_layers + k, a, tp, ep, pad_values)
+                head += block + 2 * _norm(d, a, tp) + 2 * a * d + _norm(d, a, tp) + logits
+    dispatch = cfg.num_experts_per_tok * a * d / tp if cfg.is_moe and ep > 1 else 0.0
+    return Activations(kept * tokens * in_flight, 0.5 * largest * tokens, recompute * tokens, head * tokens, dispatch * tokens, in_flight)
+
+
+# ----------------------------------------------------------------------------- communication buffers
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+@dataclass(frozen=True)
+class CommBuffers:
+    root: float  # the root FSDP unit (embedding, final norm, head) gathered, with unsharded gradients
+    layer: float  # the largest layer unit's gathered parameters and compute-dtype gradients
+    autocast: float  # without FSDP: autocast's compute-dtype copy of every weight
+
+
+def comm_buffer_bytes(plan) -> CommBuffers:
+    """Parameters and gradients that exist unsharded for a while. Under FSDP, a unit's parameters are
+    gathered in the compute dtype for its forward and backward, and its gradients exist unsharded (in the
+    compute dtype, and the root's also as the fp32 copy reduce-scatter sends) until reduced. Without
+    FSDP, autocast caches a compute-dtype copy of every weight for the step."""
+    a = 4 if plan.job.precision.dtype == "fp32" else 2
+    if not plan.uses_fsdp:
+        return CommBuffers(0.0, 0.0, 0.0 if a == 4 else state_bytes(plan, 0).params / FP32 * a)
+    if plan.dp_shard == 1:
+        return CommBuffers(0.0, 0.0, 0.0)
+    units: dict[str, int] = {}
+    for spec in param_specs(plan.model):
+        if spec.layer is not None:
+            unit = "layer"
+            key = f"layer{spec.layer}"
+        elif spec.name.startswith("mtp."):
+            unit, key = "layer", "mtp" + spec.name.split(".")[1]
+        else:
+            unit = key = "root" if plan.pp == 1 or spec.part == "head" else "root-first"
+        shape = list(spec.shape)
+        if spec.expert and plan.ep > 1:
+            shape[0] //= plan.ep
+        elif spec.tp_dim is not None and plan.tp > 1:
+            shape[spec.tp_dim] //= plan.tp
+        units[key] = units.get(key, 0) + _numel(tuple(shape))
+    root = max((n for k, n in units.items() if k.startswith("root")), default=0)
+    layer = max((n for k, n in units.items() if not k.startswith("root")), default=0)
+    return CommBuffers((2 * a + FP32) * root, 2 * a * layer, 0.0)
+
+
+def transient_bytes(plan, pad_values: bool | None = None) -> tuple[Activations, CommBuffers, float]:
+    """(activations, communication buffers, peak of both together) on the busiest rank."""
+    acts = activation_bytes(plan, pad_values)
+    comm = comm_buffer_bytes(plan)
+    return acts, comm, max(acts.phases(comm.root, comm.layer)) + comm.autocast

@@ -1,0 +1,176 @@
+"""Enumerate the layouts a job could run with on given hardware, resolve each through ``RunPlan.resolve``
+(whose ``ConfigError`` is the reason a layout cannot work), drop those that do not fit in memory, and rank
+the rest by predicted step time."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass, field
+
+from seektrain.config.loader import ConfigError
+from seektrain.config.schema import JobConfig
+from seektrain.models.config import ModelConfig
+from seektrain.plan import memory
+from seektrain.plan.hardware import Hardware
+from seektrain.plan.run_plan import RunPlan
+from seektrain.plan.speed import StepTime, step_time
+
+GIB = 2**30
+CHECKPOINT_MODES = ("none", "every:2", "full")
+MICRO_BATCHES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    params: float
+    grads: float
+    optimizer: float
+    activations: memory.Activations
+    comm_buffers: float  # gathered parameters (FSDP) or autocast's low-precision copies
+    allowance: float  # CUDA context + fragmentation
+
+    @property
+    def total(self) -> float:
+        return (self.params + self.grads + self.optimizer + self.activations.total + self.comm_buffers
+                + self.allowance)
+
+    def items(self) -> dict[str, float]:
+        a = self.activations
+        return {"parameters (fp32 master)": self.params, "gradients (fp32)": self.grads,
+                "optimizer (AdamW fp32 moments)": self.optimizer,
+                f"activations ({a.in_flight} micro-batch(es) in flight)": a.layers,
+                "backward working set": a.backward, "checkpoint recompute": a.recompute,
+                "logits / loss and MTP": a.head, "MoE dispatch buffers": a.moe_dispatch,
+                "communication buffers": self.comm_buffers, "CUDA context + fragmentation": self.allowance,
+                "total": self.total}
+
+
+@dataclass
+class Candidate:
+    settings: dict[str, object]  # the config keys this layout sets
+    plan: RunPlan | None = None
+    reason: str = ""  # why it cannot run ("" = feasible)
+    memory: MemoryBreakdown | None = None
+    time: StepTime | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return not self.reason
+
+
+@dataclass
+class SearchResult:
+    hardware: Hardware
+    world_size: int
+    ranked: list[Candidate]  # feasible, fastest first
+    rejected: list[Candidate] = field(default_factory=list)
+
+
+def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
+    state = _state(plan)
+    acts, buffers, peak = memory.transient_bytes(plan, pad_values=hw.name == "cpu")
+    comm = peak - acts.total  # what the buffers add to the activations' own peak
+    tensors = state.params + state.grads + state.optimizer + peak
+    allowance = hw.context_gib * GIB + memory.FRAGMENTATION * tensors
+    return MemoryBreakdown(state.params, state.grads, state.optimizer, acts, comm, allowance)
+
+
+@functools.lru_cache(maxsize=4096)
+def _state_cached(key) -> memory.StateBytes:
+    return memory.max_state_bytes(key[0])
+
+
+class _PlanKey:
+    """Hashable view of what the state bytes depend on (not batch or checkpointing)."""
+
+    def __init__(self, plan: RunPlan):
+        self.plan = plan
+        p = plan.job.parallel
+        self.key = (plan.model.name, plan.model.num_hidden_layers, plan.model.hidden_size, plan.tp, plan.pp,
+                    plan.ep, plan.dp_shard, plan.dp_replicate, plan.uses_fsdp, p.pp_schedule, plan.pp_stage_layers)
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return self.key == other.key
+
+    def __getitem__(self, i):
+        return self.plan
+
+
+def _state(plan: RunPlan) -> memory.StateBytes:
+    return _state_cached(_PlanKey(plan))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def layouts(model: ModelConfig, world: int, gpus_per_node: int, global_batch: int,
+            checkpoint_modes=CHECKPOINT_MODES, micro_batches=MICRO_BATCHES):
+    """Candidate settings: tp within a node; pp up to the layer count; dp_replicate so that a shard
+    group spans 1, 2, 4, ... nodes (or everything); ep over the experts; micro-batch; checkpointing."""
+    for tp in [t for t in _powers_of_two(min(gpus_per_node, 8)) if world % t == 0]:
+        for pp in [p for p in _divisors(world // tp) if p <= model.num_hidden_layers and p <= 16]:
+            dp = world // (tp * pp)
+            shard_sizes = {dp} | {s for s in (gpus_per_node // tp * k for k in _powers_of_two(dp))
+                                  if s >= 1 and dp % s == 0}
+            for dp_shard in sorted(shard_sizes):
+                eps = [1]
+                if model.is_moe:
+                    eps += [tp * k for k in _powers_of_two(dp_shard) if tp * k > 1
+                            and model.n_routed_experts % (tp * k) == 0]
+                for ep in eps:
+                    for micro in micro_batches:
+                        if global_batch % (micro * dp):
+                            continue
+                        for ckpt in checkpoint_modes:
+                            yield {"parallel.tp": tp, "parallel.pp": pp, "parallel.dp_replicate": dp // dp_shard,
+                                   "parallel.dp_shard": dp_shard, "parallel.ep": ep,
+                                   "train.micro_batch_size": micro, "train.activation_checkpoint": ckpt}
+
+
+def apply_settings(job: JobConfig, settings: dict[str, object]) -> JobConfig:
+    job = copy.deepcopy(job)
+    for key, value in settings.items():
+        section, name = key.split(".")
+        setattr(getattr(job, section), name, value)
+    if settings.get("parallel.pp", 1) > 1 or "parallel.pp" in settings:
+        job.parallel.pp_microbatches = 0
+    return job
+
+
+def evaluate(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, settings: dict) -> Candidate:
+    cand = Candidate(settings)
+    try:
+        cand.plan = RunPlan.resolve(apply_settings(job, settings), model, world,
+                                    "cpu" if hw.name == "cpu" else "cuda")
+    except ConfigError as err:
+        cand.reason = str(err)
+        return cand
+    cand.memory = memory_breakdown(cand.plan, hw)
+    if cand.memory.total > hw.memory_gib * GIB:
+        cand.reason = (f"needs {cand.memory.total / GIB:.1f} GiB per rank, {hw.name} has {hw.memory_gib:.1f} GiB")
+        return cand
+    cand.time = step_time(cand.plan, hw)
+    return cand
+
+
+def search(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, **layout_kw) -> SearchResult:
+    """Every candidate layout of ``job`` for ``world`` ranks on ``hw``; feasible ones ranked fastest first."""
+    ranked, rejected = [], []
+    for settings in layouts(model, world, hw.gpus_per_node, job.train.global_batch_size, **layout_kw):
+        cand = evaluate(job, model, world, hw, settings)
+        (ranked if cand.feasible else rejected).append(cand)
+    ranked.sort(key=lambda c: (c.time.total_s, c.memory.total))
+    return SearchResult(hw, world, ranked, rejected)

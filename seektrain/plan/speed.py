@@ -1,0 +1,100 @@
+"""Predicted step time of a run plan on given hardware: a roofline of the step's FLOPs at a stated
+efficiency, plus the communication that is not hidden behind compute, times the pipeline bubble.
+
+Assumptions (each a number here, so they can be argued with):
+
+- Matmuls reach ``MATMUL_EFFICIENCY`` of the dense bf16 peak (fp32 compute: a quarter of it on GPUs,
+  whose fp32 is not tensor-core). Checkpointed layers are computed forward twice (+1/3 of their FLOPs).
+- Ring collectives move ``(n-1)/n`` of the data per rank at the link's one-direction bandwidth: NVLink when
+  the group fits in a node, else the network (per GPU).
+- FSDP's all-gathers and reduce-scatters overlap with compute (only what exceeds compute shows).
+  Tensor-parallel all-gathers/reduce-scatters and expert all-to-alls sit on the critical path.
+- Pipeline: the bubble is ``(pp-1)/micro-batches`` (1F1B, GPipe), divided by the stages per rank
+  (interleaved), halved for zero-bubble V; activations sent between stages are added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from seektrain.observe.flops import model_flops_per_token
+from seektrain.plan.hardware import Hardware
+
+MATMUL_EFFICIENCY = 0.45  # of the dense peak; a typical well-tuned large-model figure (see docs/planning.md)
+CPU_EFFICIENCY = 0.35  # of the measured matmul probe
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    fsdp_s: float  # FSDP/HSDP/DDP traffic per step (overlapped: only the excess counts)
+    tp_s: float
+    ep_s: float
+    pp_s: float  # stage-to-stage activations
+    bubble: float  # fraction added by the pipeline bubble
+    total_s: float
+    model_flops: float  # per step, all ranks (what MFU counts)
+
+
+def _ring(bytes_: float, n: int, bandwidth: float) -> float:
+    return 0.0 if n <= 1 else bytes_ * (n - 1) / n / bandwidth
+
+
+def _link(hw: Hardware, group_span: int) -> float:
+    """Bandwidth of a group whose ranks are ``group_span`` consecutive ranks apart at most."""
+    return hw.intra_bytes_per_s if group_span <= hw.gpus_per_node else hw.inter_bytes_per_s
+
+
+def step_time(plan, hw: Hardware) -> StepTime:
+    cfg, job = plan.model, plan.job
+    seq, tokens = job.train.seq_len, plan.tokens_per_step
+    a = 4 if job.precision.dtype == "fp32" else 2
+    flops = model_flops_per_token(cfg, seq, include_mtp=plan.use_mtp) * tokens
+    from seektrain.parallel.activation_checkpoint import checkpoint_every
+
+    every = checkpoint_every(job.train.activation_checkpoint)
+    recompute = (1 / 3) * (1 / every) if every else 0.0
+    peak = hw.bf16_tflops * 1e12 * (CPU_EFFICIENCY if hw.name == "cpu" else MATMUL_EFFICIENCY)
+    if a == 4 and hw.name != "cpu":
+        peak /= 4
+    compute = flops * (1 + recompute) / plan.world_size / peak
+
+    # parameters of one pipeline rank's share, per tensor-parallel rank (what FSDP moves)
+    from seektrain.plan.memory import max_state_bytes
+
+    state = max_state_bytes(plan)
+    local_params = state.params / 4 * plan.dp_shard if plan.uses_fsdp else state.params / 4
+    micro = plan.accum_steps if plan.pp == 1 else 1
+    fsdp = 0.0
+    if plan.uses_fsdp and plan.dp_shard > 1:
+        gathers = 2 if plan.reshard_after_forward else 1
+        reduce_bytes = 2 if job.precision.reduce_dtype == "bf16" else 4
+        per_micro = local_params * (gathers * a + reduce_bytes)
+        fsdp = micro * _ring(per_micro, plan.dp_shard, _link(hw, plan.tp * plan.dp_shard))
+    if plan.dp_replicate > 1:  # HSDP/DDP: gradients all-reduced across replicas (twice a ring's bytes)
+        shard = plan.dp_shard if plan.uses_fsdp else 1
+        fsdp += 2 * _ring(local_params / shard * 4, plan.dp_replicate, _link(hw, plan.world_size // plan.pp))
+    exposed_fsdp = max(0.0, fsdp - compute)
+
+    local_tokens = tokens / plan.dp  # per data-parallel rank per step (all micro-batches)
+    d = cfg.hidden_size
+    n_layers = cfg.num_hidden_layers / plan.pp
+    tp = 0.0
+    if plan.tp > 1:  # per layer: attention and MLP each all-gather and reduce-scatter, forward and backward
+        tp = _ring(8 * n_layers * local_tokens * d * a, plan.tp, _link(hw, plan.tp))
+    ep = 0.0
+    if plan.ep > 1:  # dispatch + combine, forward and backward, per MoE layer
+        moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)) / plan.pp
+        slots = local_tokens * cfg.num_experts_per_tok / plan.tp
+        ep = _ring(4 * moe_layers * slots * d * a, plan.ep, _link(hw, plan.ep * (1 if plan.tp > 1 else plan.tp)))
+    pp = bubble = 0.0
+    if plan.pp > 1:
+        pp = 2 * local_tokens * d * a / hw.inter_bytes_per_s
+        schedule = job.parallel.pp_schedule
+        bubble = (plan.pp - 1) / plan.pp_microbatches
+        if schedule == "interleaved-1f1b":
+            bubble /= plan.pp_stages_per_rank
+        elif schedule == "zbv":
+            bubble /= 2
+    total = (compute + exposed_fsdp + tp + ep + pp) * (1 + bubble)
+    return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops)

@@ -1,0 +1,94 @@
+"""Measure what the planner predicts, on a real parallelised model built as the trainer builds it: local
+bytes of parameters, of gradients after a backward and of AdamW state after a step, and the peak
+activation bytes of one forward + backward (``MemTracker``'s ACT + TEMP, not RSS)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def _local_bytes(tensors) -> int:
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for t in tensors:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        total += t.numel() * t.element_size()
+    return total
+
+
+def measure(job, model_cfg, world: int, device: torch.device) -> dict:
+    """One training step of ``job`` on this rank: the measured numbers as a dict."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from seektrain.models.transformer import build_model
+    from seektrain.parallel.parallelize import parallelize_model
+    from seektrain.plan.run_plan import RunPlan
+    from seektrain.train.loss import model_loss
+    from seektrain.train.optim import build_optimizer
+    from seektrain.train.pipeline_step import PipelineLoss
+    from seektrain.train.precision import DynamicLossScaler
+
+    plan = RunPlan.resolve(job, model_cfg, world, device.type)
+    loss_fn = PipelineLoss(DynamicLossScaler(False, 1.0, 1), job.train.mtp_loss_weight) if plan.pp > 1 else None
+    pm = parallelize_model(build_model(plan.model, device="meta", kernels=plan.platform.model_kernels()), plan,
+                           device, loss_fn=loss_fn)
+    model = pm.model
+    optimizer = build_optimizer(model, job.optim)
+    dp_rank = plan.meshes.dp.get_local_rank()
+    gen = torch.Generator().manual_seed(dp_rank)
+    local = job.train.micro_batch_size * (plan.accum_steps if plan.pp > 1 else 1)
+    tokens = torch.randint(0, model_cfg.vocab_size, (local, job.train.seq_len), generator=gen)
+    # MemTracker's autograd hooks clash with the pipeline schedule's autograd.grad: under pp only the
+    # state is measured
+    tracker = MemTracker() if plan.pp == 1 else None
+    if tracker is not None:
+        tracker.track_external(*pm.parts, optimizer)
+    with tracker or contextlib.nullcontext():
+        with plan.autocast(device), plan.loss_context():
+            if plan.pp > 1:
+                args = ((tokens, tokens) if plan.use_mtp else (tokens,)) if pm.has_first_stage else ()
+                if pm.has_last_stage:
+                    pm.schedule.step(*args, target=tokens, losses=[])
+                else:
+                    pm.schedule.step(*args)
+            else:
+                kwargs = {"labels": tokens} if plan.fused_loss else {}
+                if plan.use_mtp:
+                    kwargs["mtp_labels"] = tokens
+                loss, _ = model_loss(model(tokens, **kwargs), tokens, job.train.mtp_loss_weight)
+                loss.backward()
+    acts = None
+    if tracker is not None:
+        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+        acts = sum(v for k, v in peak.items() if str(k).endswith(("ACT", "TEMP")))
+    grads = _local_bytes(p.grad for p in model.parameters() if p.grad is not None)
+    optimizer.step()
+    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    return {"params": _local_bytes(model.parameters()), "grads": grads, "optimizer": _local_bytes(state),
+            "activations": acts}
+
+
+def worker(rank: int, port: int, out_dir: str) -> None:
+    """Spawned rank: measure every case of ``cases.json`` in ``out_dir`` (each a world size and overrides)."""
+    from seektrain.config.loader import load_config
+    from seektrain.models.presets import get_preset
+
+    cases = json.loads(open(os.path.join(out_dir, "cases.json")).read())
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    world = cases["world"]
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = {}
+    for name, case in cases["cases"].items():
+        job = load_config(None, case["overrides"])
+        results[name] = measure(job, get_preset(case["model"]), world, torch.device("cpu"))
+        dist.barrier()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()
