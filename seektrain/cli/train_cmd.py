@@ -33,18 +33,21 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def check_layout(cfg, world_size: int) -> None:
+def check_layout(cfg, world_size: int, ranks_per_node: int | None = None) -> None:
     """Resolve the run plan before any worker starts, so a layout that cannot work (or a model that
     differs from the one the run dir holds) is refused here with one line; every worker resolves the
     same plan again. Reads the run dir, changes nothing."""
     import torch
 
     from seektrain.checkpoint.resume import resolve_resume
+    from seektrain.plan.auto import auto_layout
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.setup_model import configured_model_config
 
     model = resolve_resume(cfg.run.dir, cfg.checkpoint.resume, configured_model_config(cfg)).model
-    RunPlan.resolve(cfg, model, world_size, "cuda" if torch.cuda.is_available() else "cpu")
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg, _ = auto_layout(cfg, model, world_size, device_type, ranks_per_node)
+    RunPlan.resolve(cfg, model, world_size, device_type)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if not under_launcher and (opts.nproc_per_node > 1 or opts.multi_node or opts.max_restarts > 0):
         world = opts.fixed_world_size()
         if world is not None:
-            check_layout(cfg, world)
+            check_layout(cfg, world, opts.nproc_per_node)
         return launch(opts, worker_argv(args))
     if not under_launcher:
         check_layout(cfg, 1)

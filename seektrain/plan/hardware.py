@@ -61,15 +61,22 @@ def _host_memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
-def cpu_hardware(ranks_per_node: int) -> Hardware:
+NOMINAL_CPU_TFLOPS = 0.1  # parallel.auto on CPU: every rank must rank layouts alike, so no timing probe
+
+
+def cpu_hardware(ranks_per_node: int, measure: bool = True) -> Hardware:
     """This machine's CPU as ``ranks_per_node`` ranks: each gets an equal share of the host memory and of
     the matmul peak measured here (seektrain.observe.flops probe, bf16, current thread count); gloo over
-    loopback is taken as 1 GB/s (an assumption, not measured)."""
+    loopback is taken as 1 GB/s (an assumption, not measured). ``measure=False`` uses a nominal
+    ``NOMINAL_CPU_TFLOPS`` instead, the same on every rank."""
     import torch
 
     from seektrain.observe.flops import peak_flops
 
-    flops, how = peak_flops("cpu", torch.bfloat16)
+    if measure:
+        flops, how = peak_flops("cpu", torch.bfloat16)
+    else:
+        flops, how = NOMINAL_CPU_TFLOPS * 1e12, f"nominal {NOMINAL_CPU_TFLOPS} TFLOP/s (not measured)"
     share = max(1, ranks_per_node)
     return Hardware("cpu", _host_memory_gib() / share, flops / 1e12 / share, 0.0, 2.0, 1.0, share, 0.0,
                     f"measured on this machine ({os.cpu_count()} cores, {_host_memory_gib():.1f} GiB RAM): "

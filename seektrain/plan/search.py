@@ -65,6 +65,7 @@ class SearchResult:
     world_size: int
     ranked: list[Candidate]  # feasible, fastest first
     rejected: list[Candidate] = field(default_factory=list)
+    batch_skipped: int = 0  # layouts whose data-parallel size does not divide the global batch
 
 
 def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
@@ -118,7 +119,8 @@ def _powers_of_two(limit: int) -> list[int]:
 
 def layouts(model: ModelConfig, world: int, gpus_per_node: int, global_batch: int,
             checkpoint_modes=CHECKPOINT_MODES, micro_batches=MICRO_BATCHES):
-    """Candidate settings: tp within a node; pp up to the layer count; dp_replicate so that a shard
+    """Candidate settings (None for a layout whose data-parallel size does not divide the global batch,
+    so the caller can tell that apart): tp within a node; pp up to the layer count; dp_replicate so that a shard
     group spans 1, 2, 4, ... nodes (or everything); ep over the experts; micro-batch; checkpointing."""
     for tp in [t for t in _powers_of_two(min(gpus_per_node, 8)) if world % t == 0]:
         for pp in [p for p in _divisors(world // tp) if p <= model.num_hidden_layers and p <= 16]:
@@ -133,6 +135,7 @@ def layouts(model: ModelConfig, world: int, gpus_per_node: int, global_batch: in
                 for ep in eps:
                     for micro in micro_batches:
                         if global_batch % (micro * dp):
+                            yield None  # the global batch does not split over this data-parallel size
                             continue
                         for ckpt in checkpoint_modes:
                             yield {"parallel.tp": tp, "parallel.pp": pp, "parallel.dp_replicate": dp // dp_shard,
@@ -141,12 +144,14 @@ def layouts(model: ModelConfig, world: int, gpus_per_node: int, global_batch: in
 
 
 def apply_settings(job: JobConfig, settings: dict[str, object]) -> JobConfig:
+    """A copy of ``job`` with ``settings`` (``section.key: value``). A changed pipeline degree drops a
+    manual ``pp_split`` and ``pp_microbatches``, which were for the old one."""
     job = copy.deepcopy(job)
+    if settings.get("parallel.pp", job.parallel.pp) != job.parallel.pp:
+        job.parallel.pp_split, job.parallel.pp_microbatches = [], 0
     for key, value in settings.items():
         section, name = key.split(".")
         setattr(getattr(job, section), name, value)
-    if settings.get("parallel.pp", 1) > 1 or "parallel.pp" in settings:
-        job.parallel.pp_microbatches = 0
     return job
 
 
@@ -160,7 +165,7 @@ def evaluate(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, setti
         return cand
     cand.memory = memory_breakdown(cand.plan, hw)
     if cand.memory.total > hw.memory_gib * GIB:
-        cand.reason = (f"needs {cand.memory.total / GIB:.1f} GiB per rank, {hw.name} has {hw.memory_gib:.1f} GiB")
+        cand.reason = f"does not fit in {hw.memory_gib:.1f} GiB per rank (needs {cand.memory.total / GIB:.1f} GiB)"
         return cand
     cand.time = step_time(cand.plan, hw)
     return cand
@@ -168,9 +173,12 @@ def evaluate(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, setti
 
 def search(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, **layout_kw) -> SearchResult:
     """Every candidate layout of ``job`` for ``world`` ranks on ``hw``; feasible ones ranked fastest first."""
-    ranked, rejected = [], []
+    ranked, rejected, skipped = [], [], 0
     for settings in layouts(model, world, hw.gpus_per_node, job.train.global_batch_size, **layout_kw):
+        if settings is None:
+            skipped += 1
+            continue
         cand = evaluate(job, model, world, hw, settings)
         (ranked if cand.feasible else rejected).append(cand)
     ranked.sort(key=lambda c: (c.time.total_s, c.memory.total))
-    return SearchResult(hw, world, ranked, rejected)
+    return SearchResult(hw, world, ranked, rejected, skipped)

@@ -24,6 +24,7 @@ from seektrain.config.schema import JobConfig
 from seektrain.models.transformer import build_model
 from seektrain.parallel.distributed import DistEnv, init_distributed
 from seektrain.parallel.parallelize import parallelize_model, unwrap
+from seektrain.plan.auto import auto_layout
 from seektrain.plan.run_plan import RunPlan
 from seektrain.train.balance import configure_aux_loss
 from seektrain.train.evaluate import Evaluator
@@ -47,10 +48,13 @@ def train(cfg: JobConfig) -> dict:
     # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
     # every rank gets the same checkpoint and model, or the same one-line refusal
     start = ckpt.resume_choice(cfg.checkpoint.resume, configured_model_config(cfg))
+    cfg, auto_why = auto_layout(cfg, start.model, env.world_size, env.device.type)  # parallel.auto
     plan = RunPlan.resolve(cfg, start.model, env.world_size, env.device.type)
     plan.platform.prepare_process(cfg.train.deterministic, cfg.cpu.keep_freed_memory)
     write_run_files(plan, run_dir, env)
     setup_logging(run_dir, env.rank)
+    if auto_why:
+        log.info(auto_why)
     torch.manual_seed(cfg.train.seed)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)

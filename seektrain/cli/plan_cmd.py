@@ -1,0 +1,61 @@
+"""`seektrain plan`: which layout fits a model on given hardware, and how fast it should run, before a
+GPU-hour is spent (seektrain/plan/: memory, speed, search, report; docs/planning.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="predict memory and speed of every layout on given hardware, print the best")
+    p.add_argument("--model", help="preset name (seektrain models) or a Hugging Face model folder")
+    p.add_argument("--config", help="TOML config file (its model, batch, precision and schedule)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--gpus", type=int, required=True, help="devices in all (one rank each)")
+    p.add_argument("--gpu", required=True, help="h100-80g, h200, h800, a100-80g, a100-40g or cpu")
+    p.add_argument("--nodes", type=int, default=0, help="nodes (default: 8 GPUs per node; cpu: 1)")
+    p.add_argument("--seq", type=int, default=0, help="tokens per sequence (default: the config's, or 4096 "
+                                                       "with --model)")
+    p.add_argument("--global-batch", type=int, default=0,
+                   help="sequences per step (default: the config's, or 4 per device with --model)")
+    p.add_argument("--top", type=int, default=5, help="ranked layouts to show")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=run)
+
+
+def job_and_model(args: argparse.Namespace):
+    """The job config and model the plan is for; --model replaces the config's model."""
+    from seektrain.config.loader import load_config
+    from seektrain.models.presets import PRESETS
+    from seektrain.train.setup_model import configured_model_config
+
+    overrides = ["train.micro_batch_size=1", *args.overrides]  # the search tries micro-batch sizes itself
+    if args.model:
+        key = "model.preset" if args.model in PRESETS else "model.hf_path"
+        overrides.append(f"{key}={args.model}")
+    if not args.config and not args.model:
+        raise ValueError("seektrain plan needs --model PRESET|HF_DIR or --config FILE")
+    default_seq = 0 if args.config else 4096
+    seq = args.seq or default_seq
+    if seq:
+        overrides.append(f"train.seq_len={seq}")
+    batch = args.global_batch or (0 if args.config else 4 * args.gpus)
+    if batch:
+        overrides.append(f"train.global_batch_size={batch}")
+    job = load_config(args.config, overrides)
+    return job, configured_model_config(job)
+
+
+def run(args: argparse.Namespace) -> int:
+    from seektrain.plan.planner import plan_job
+
+    job, model = job_and_model(args)
+    data = plan_job(job, model, args.gpus, args.gpu, args.nodes, args.top)
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        from seektrain.plan.report import format_text
+
+        print(format_text(data))
+    return 0

@@ -1,0 +1,100 @@
+"""The planner's entry points: ``plan_job`` (what ``seektrain plan`` prints) and ``best_layout``
+(what ``parallel.auto`` applies), with the one-line refusals for input no layout can serve."""
+
+from __future__ import annotations
+
+from seektrain.config.schema import JobConfig
+from seektrain.models.config import ModelConfig
+from seektrain.plan.hardware import GPUS, Hardware, hardware
+from seektrain.plan.search import GIB, SearchResult, search
+
+MAX_GPUS = 65536
+
+
+def hardware_for(gpu: str, gpus: int, nodes: int) -> Hardware:
+    if gpus < 1:
+        raise ValueError(f"--gpus={gpus} must be >= 1")
+    if gpu.lower() == "cpu":
+        nodes = nodes or 1
+    else:
+        nodes = nodes or -(-gpus // 8)
+    if nodes < 1 or gpus % nodes:
+        raise ValueError(f"--gpus={gpus} does not split evenly over --nodes={nodes}; use a multiple of the node count")
+    return hardware(gpu, gpus // nodes)
+
+
+def _check_batch(job: JobConfig, gpus: int) -> None:
+    t = job.train
+    if t.global_batch_size < 1 or t.seq_len < 1:
+        raise ValueError(f"global batch ({t.global_batch_size}) and sequence length ({t.seq_len}) must be >= 1")
+
+
+def _batch_error(job: JobConfig, result: SearchResult) -> str | None:
+    """One line when every layout failed on the batch arithmetic alone."""
+    if result.ranked or any(c.memory is not None for c in result.rejected):
+        return None
+    if result.batch_skipped:
+        return (f"global batch {job.train.global_batch_size} sequences cannot be split over the data-parallel "
+                f"sizes {result.world_size} devices allow (micro-batch 1-8 × dp × accumulation); use a multiple "
+                f"of {result.world_size}")
+    return None
+
+
+def smallest_fit(job: JobConfig, model: ModelConfig, gpu: str, gpus: int, per_node: int) -> str:
+    """The smallest hardware the model fits on: more of the same device, or a bigger device at this count."""
+    quick = {"checkpoint_modes": ("full",), "micro_batches": (1,)}
+    n = gpus * 2
+    while n <= MAX_GPUS:
+        job_n = _scaled_batch(job, gpus, n)
+        if search(job_n, model, n, hardware(gpu, per_node), **quick).ranked:
+            return f"{n} × {gpu}"
+        n *= 2
+    bigger = [name for name, hw in GPUS.items() if hw.memory_gib > hardware(gpu, per_node).memory_gib]
+    for name in sorted(bigger, key=lambda k: GPUS[k].memory_gib):
+        if search(job, model, gpus, hardware(name, per_node), **quick).ranked:
+            return f"{gpus} × {name}"
+    return f"none up to {MAX_GPUS} × {gpu}"
+
+
+def _scaled_batch(job: JobConfig, gpus: int, n: int) -> JobConfig:
+    import copy
+
+    job = copy.deepcopy(job)
+    if job.train.global_batch_size % n:
+        job.train.global_batch_size = job.train.global_batch_size * n // gpus
+    return job
+
+
+def best_feasible(job: JobConfig, model: ModelConfig, gpus: int, hw: Hardware, **kw) -> SearchResult:
+    """The search, or a ValueError of one line when nothing can run."""
+    _check_batch(job, gpus)
+    result = search(job, model, gpus, hw, **kw)
+    if result.ranked:
+        return result
+    error = _batch_error(job, result)
+    if error:
+        raise ValueError(error)
+    fit = [c for c in result.rejected if c.memory is not None]
+    if not fit:
+        reasons = [c.reason for c in result.rejected]
+        common = max(set(reasons), key=reasons.count) if reasons else "no layout to try"
+        raise ValueError(f"model {model.name} cannot be laid out on {gpus} × {hw.name}: {common}")
+    need = min(c.memory.total for c in fit) / GIB
+    where = smallest_fit(job, model, hw.name, gpus, hw.gpus_per_node) if hw.name != "cpu" else "more memory"
+    raise ValueError(f"model {model.name} fits no layout on {gpus} × {hw.name}: the smallest layout needs "
+                     f"{need:.1f} GiB per rank of {hw.memory_gib:.1f} GiB; it fits on {where}")
+
+
+def plan_job(job: JobConfig, model: ModelConfig, gpus: int, gpu: str, nodes: int = 0, top: int = 5) -> dict:
+    """Search and summarise (the dict ``seektrain plan --json`` prints)."""
+    from seektrain.models.param_count import count_params
+    from seektrain.plan.report import to_dict
+
+    hw = hardware_for(gpu, gpus, nodes)
+    result = best_feasible(job, model, gpus, hw)
+    counts = count_params(model)
+    header = {"model": model.name, "params_total": counts.total, "params_active": counts.active,
+              "gpus": gpus, "nodes": gpus // hw.gpus_per_node, "seq_len": job.train.seq_len,
+              "global_batch": job.train.global_batch_size,
+              "precision": f"{job.precision.dtype} compute, fp32 master weights and AdamW"}
+    return to_dict(result, header, top)

@@ -1,0 +1,118 @@
+"""What ``seektrain plan`` prints: the best layout with its memory breakdown, predicted speed and the
+100%-MFU ceiling, the runners-up, and the layout as ``--set`` lines and TOML; or the same as JSON."""
+
+from __future__ import annotations
+
+from seektrain.observe.flops import model_flops_per_token
+from seektrain.plan.search import GIB, Candidate, SearchResult
+
+
+def throughput(cand: Candidate, seq_len: int, world: int, peak_flops_per_device: float) -> dict:
+    t = cand.time
+    tokens = cand.plan.tokens_per_step
+    return {"step_s": t.total_s, "tokens_per_s": tokens / t.total_s,
+            "samples_per_s": cand.plan.job.train.global_batch_size / t.total_s,
+            "mfu": t.model_flops / t.total_s / (peak_flops_per_device * world)}
+
+
+def ceiling(plan, world: int, peak_flops_per_device: float) -> dict:
+    """Tokens/s and samples/s if every device ran at 100% of its bf16 peak on model FLOPs only."""
+    per_token = model_flops_per_token(plan.model, plan.job.train.seq_len, include_mtp=plan.use_mtp)
+    tokens = world * peak_flops_per_device / per_token
+    return {"flops_per_token": per_token, "tokens_per_s": tokens, "samples_per_s": tokens / plan.job.train.seq_len}
+
+
+def layout_settings(cand: Candidate) -> dict[str, object]:
+    return dict(cand.settings)
+
+
+def set_lines(cand: Candidate) -> str:
+    return " ".join(f"--set {k}={v}" for k, v in cand.settings.items())
+
+
+def toml_text(cand: Candidate) -> str:
+    sections: dict[str, list[str]] = {}
+    for key, value in cand.settings.items():
+        section, name = key.split(".")
+        text = f'"{value}"' if isinstance(value, str) else str(value)
+        sections.setdefault(section, []).append(f"{name} = {text}")
+    return "\n".join(f"[{s}]\n" + "\n".join(lines) for s, lines in sections.items())
+
+
+def _short(settings: dict) -> str:
+    s = settings
+    return (f"tp={s['parallel.tp']} pp={s['parallel.pp']} dp_replicate={s['parallel.dp_replicate']} "
+            f"dp_shard={s['parallel.dp_shard']} ep={s['parallel.ep']} micro={s['train.micro_batch_size']} "
+            f"ckpt={s['train.activation_checkpoint']}")
+
+
+def to_dict(result: SearchResult, header: dict, top: int) -> dict:
+    hw = result.hardware
+    peak = hw.bf16_tflops * 1e12
+    best = result.ranked[0]
+    out = dict(header)
+    out["hardware"] = {"name": hw.name, "memory_gib": hw.memory_gib, "bf16_tflops": hw.bf16_tflops,
+                       "fp8_tflops": hw.fp8_tflops, "nvlink_gbs": hw.nvlink_gbs, "network_gbs": hw.network_gbs,
+                       "gpus_per_node": hw.gpus_per_node, "source": hw.source}
+    out["searched"] = len(result.ranked) + len(result.rejected)
+    out["feasible"] = len(result.ranked)
+    out["ranked"] = []
+    for cand in result.ranked[:top]:
+        mem = {k: v / GIB for k, v in cand.memory.items().items()}
+        t = cand.time
+        out["ranked"].append({"settings": cand.settings, "memory_gib": mem,
+                              "time": {"compute_s": t.compute_s, "fsdp_s": t.fsdp_s, "tp_s": t.tp_s,
+                                       "ep_s": t.ep_s, "pp_s": t.pp_s, "bubble": t.bubble},
+                              **throughput(cand, 0, result.world_size, peak)})
+    out["ceiling_100pct_mfu"] = ceiling(best.plan, result.world_size, peak)
+    reasons: dict[str, int] = {}
+    for cand in result.rejected:
+        reason = cand.reason.split(" (needs")[0]  # memory: one group, whatever each layout needs
+        reasons[reason] = reasons.get(reason, 0) + 1
+    out["rejected"] = [{"reason": r, "layouts": n} for r, n in sorted(reasons.items(), key=lambda x: -x[1])]
+    out["set"] = set_lines(best)
+    out["toml"] = toml_text(best)
+    return out
+
+
+def format_text(data: dict) -> str:
+    hw = data["hardware"]
+    best = data["ranked"][0]
+    ceil = data["ceiling_100pct_mfu"]
+    lines = [
+        f"model {data['model']}: {data['params_total'] / 1e9:.2f}B parameters ({data['params_active'] / 1e9:.2f}B "
+        f"active per token); {data['gpus']} × {hw['name']} ({data['nodes']} node(s) × {hw['gpus_per_node']}); "
+        f"seq {data['seq_len']}, global batch {data['global_batch']} sequences ({data['precision']})",
+        f"hardware: {hw['memory_gib']:.1f} GiB, bf16 {hw['bf16_tflops']:.1f} TFLOP/s"
+        + (f", fp8 {hw['fp8_tflops']:.1f}" if hw["fp8_tflops"] else "")
+        + f", NVLink {hw['nvlink_gbs']:.0f} GB/s, network {hw['network_gbs']:.0f} GB/s per device",
+        f"  source: {hw['source']}",
+        f"searched {data['searched']} layouts: {data['feasible']} feasible",
+        "",
+        f"best layout: {_short(best['settings'])}",
+        "memory per rank (GiB):",
+    ]
+    for item, gib in best["memory_gib"].items():
+        lines.append(f"  {item:<44} {gib:9.2f}")
+    lines.append(f"  (device memory {hw['memory_gib']:.1f} GiB)")
+    t = best["time"]
+    lines += [
+        f"predicted step {best['step_s']:.3f} s (compute {t['compute_s']:.3f} s, FSDP/DP traffic {t['fsdp_s']:.3f} s "
+        f"overlapped, TP {t['tp_s']:.3f} s, EP {t['ep_s']:.3f} s, PP p2p {t['pp_s']:.3f} s, bubble "
+        f"{t['bubble'] * 100:.0f}%)",
+        f"predicted {best['tokens_per_s']:,.0f} tokens/s, {best['samples_per_s']:,.2f} samples/s, "
+        f"MFU {best['mfu'] * 100:.1f}%",
+        f"ceiling at 100% MFU ({ceil['flops_per_token'] / 1e9:.1f} GFLOP per token): "
+        f"{ceil['tokens_per_s']:,.0f} tokens/s = {ceil['samples_per_s']:,.2f} samples/s at most",
+    ]
+    if len(data["ranked"]) > 1:
+        lines += ["", "runners-up:"]
+        for cand in data["ranked"][1:]:
+            lines.append(f"  {_short(cand['settings'])}: step {cand['step_s']:.3f} s, "
+                         f"{cand['memory_gib']['total']:.1f} GiB, MFU {cand['mfu'] * 100:.1f}%")
+    if data["rejected"]:
+        lines += ["", "rejected (most common reasons):"]
+        for row in data["rejected"][:5]:
+            lines.append(f"  {row['layouts']:5d} × {row['reason']}")
+    lines += ["", "as --set:", f"  {data['set']}", "", "as TOML:", data["toml"]]
+    return "\n".join(lines)
