@@ -180,5 +180,7 @@ def search(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, **layou
             continue
         cand = evaluate(job, model, world, hw, settings)
         (ranked if cand.feasible else rejected).append(cand)
-    ranked.sort(key=lambda c: (c.time.total_s, c.memory.total))
+    # ties (e.g. micro-batch sizes whose difference the roofline cannot see): fewer, larger micro-batches
+    # first, since small matmuls run below the stated efficiency; then less memory
+    ranked.sort(key=lambda c: (round(c.time.total_s, 9), c.plan.accum_steps, c.memory.total))
     return SearchResult(hw, world, ranked, rejected, skipped)
