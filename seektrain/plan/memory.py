@@ -118,10 +118,7 @@ def _local_numel(spec: ParamSpec, plan, at: RankCoords, keep_layers: set[int], f
         else:
             parts, index = plan.dp_shard, at.dp_shard
         shape[0] = _chunk_rows(shape[0], parts, index)
-    numel = 1
-    for s in shape:
-        numel *= s
-    return numel
+    return _numel(tuple(shape))
 
 
 @dataclass(frozen=True)
@@ -282,12 +279,14 @@ def activation_bytes(plan, pad_values: bool | None = None) -> Activations:
         else:
             logits = a * V / tp + 2 * FP32 * V / tp  # logits, their fp32 copy and log-softmax
         head = _norm(d, a, tp) + logits
-        if use_mtp:
+        if use_mtp:  # per depth: enorm and hnorm, their concatenation (eh_proj's input), a block, its
+            # final norm and another logits buffer
             for k in range(cfg.num_nextn_predict_layers):
                 block = layer_activation_bytes(cfg, cfg.num_hidden_layers + k, a, tp, ep, pad_values)
-                head += block + 2 * _norm(d, a, tp) + 2 * a * d + _norm(d, a, tp) + logits
+                head += 2 * _norm(d, a, tp) + 2 * a * d + block + _norm(d, a, tp) + logits
     dispatch = cfg.num_experts_per_tok * a * d / tp if cfg.is_moe and ep > 1 else 0.0
-    return Activations(kept * tokens * in_flight, 0.5 * largest * tokens, recompute * tokens, head * tokens, dispatch * tokens, in_flight)
+    return Activations(kept * tokens * in_flight, 0.5 * largest * tokens, recompute * tokens, head * tokens,
+                       dispatch * tokens, in_flight)
 
 
 # ----------------------------------------------------------------------------- communication buffers
@@ -335,8 +334,10 @@ def comm_buffer_bytes(plan) -> CommBuffers:
     return CommBuffers((2 * a + FP32) * root, 2 * a * layer, 0.0)
 
 
-def transient_bytes(plan, pad_values: bool | None = None) -> tuple[Activations, CommBuffers, float]:
-    """(activations, communication buffers, peak of both together) on the busiest rank."""
+def transient_bytes(plan, pad_values: bool | None = None,
+                    comm: CommBuffers | None = None) -> tuple[Activations, CommBuffers, float]:
+    """(activations, communication buffers, peak of both together) on the busiest rank; ``comm``: the
+    plan's ``comm_buffer_bytes`` when the caller has it already."""
     acts = activation_bytes(plan, pad_values)
-    comm = comm_buffer_bytes(plan)
+    comm = comm or comm_buffer_bytes(plan)
     return acts, comm, max(acts.phases(comm.root, comm.layer)) + comm.autocast

@@ -4,6 +4,8 @@ can use it before any process starts."""
 
 from __future__ import annotations
 
+import functools
+
 from seektrain.config.loader import ConfigError
 from seektrain.models.config import ModelConfig
 from seektrain.observe.flops import layer_matmul_params
@@ -45,7 +47,7 @@ def split_layers(cfg: ModelConfig, n_stages: int, manual: list[int] | None = Non
         costs = layer_costs(cfg)
         head = cfg.hidden_size * cfg.vocab_size * (1 + cfg.num_nextn_predict_layers)
         head += cfg.num_nextn_predict_layers * max(costs)
-        counts = _balanced_counts(costs, n_stages, first_extra=cfg.hidden_size * 2.0, last_extra=float(head))
+        counts = _balanced_counts(tuple(costs), n_stages, first_extra=cfg.hidden_size * 2.0, last_extra=float(head))
     bounds, start = [], 0
     for c in counts:
         bounds.append(list(range(start, start + c)))
@@ -53,8 +55,10 @@ def split_layers(cfg: ModelConfig, n_stages: int, manual: list[int] | None = Non
     return bounds
 
 
-def _balanced_counts(costs: list[float], k: int, first_extra: float, last_extra: float) -> list[int]:
-    """Minimise the maximum stage cost over contiguous splits (exact dynamic programme, n·k² small)."""
+@functools.lru_cache(maxsize=256)
+def _balanced_counts(costs: tuple[float, ...], k: int, first_extra: float, last_extra: float) -> tuple[int, ...]:
+    """Minimise the maximum stage cost over contiguous splits (exact dynamic programme, n·k²; cached,
+    because the planner resolves thousands of plans with the same few splits)."""
     n = len(costs)
     prefix = [0.0]
     for c in costs:
@@ -75,4 +79,4 @@ def _balanced_counts(costs: list[float], k: int, first_extra: float, last_extra:
         i = cut[s][j]
         counts.append(j - i)
         j = i
-    return counts[::-1]
+    return tuple(counts[::-1])

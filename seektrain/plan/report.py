@@ -7,7 +7,7 @@ from seektrain.observe.flops import model_flops_per_token
 from seektrain.plan.search import GIB, Candidate, SearchResult
 
 
-def throughput(cand: Candidate, seq_len: int, world: int, peak_flops_per_device: float) -> dict:
+def throughput(cand: Candidate, world: int, peak_flops_per_device: float) -> dict:
     t = cand.time
     tokens = cand.plan.tokens_per_step
     return {"step_s": t.total_s, "tokens_per_s": tokens / t.total_s,
@@ -20,10 +20,6 @@ def ceiling(plan, world: int, peak_flops_per_device: float) -> dict:
     per_token = model_flops_per_token(plan.model, plan.job.train.seq_len, include_mtp=plan.use_mtp)
     tokens = world * peak_flops_per_device / per_token
     return {"flops_per_token": per_token, "tokens_per_s": tokens, "samples_per_s": tokens / plan.job.train.seq_len}
-
-
-def layout_settings(cand: Candidate) -> dict[str, object]:
-    return dict(cand.settings)
 
 
 def set_lines(cand: Candidate) -> str:
@@ -63,7 +59,7 @@ def to_dict(result: SearchResult, header: dict, top: int) -> dict:
         out["ranked"].append({"settings": cand.settings, "memory_gib": mem,
                               "time": {"compute_s": t.compute_s, "fsdp_s": t.fsdp_s, "tp_s": t.tp_s,
                                        "ep_s": t.ep_s, "pp_s": t.pp_s, "bubble": t.bubble},
-                              **throughput(cand, 0, result.world_size, peak)})
+                              **throughput(cand, result.world_size, peak)})
     out["ceiling_100pct_mfu"] = ceiling(best.plan, result.world_size, peak)
     reasons: dict[str, int] = {}
     for cand in result.rejected:

@@ -5,7 +5,7 @@ the rest by predicted step time."""
 from __future__ import annotations
 
 import copy
-import functools
+import json
 from dataclasses import dataclass, field
 
 from seektrain.config.loader import ConfigError
@@ -70,39 +70,31 @@ class SearchResult:
 
 def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
     state = _state(plan)
-    acts, buffers, peak = memory.transient_bytes(plan, pad_values=hw.name == "cpu")
+    acts, buffers, peak = memory.transient_bytes(plan, pad_values=hw.name == "cpu",
+                                                 comm=_per_layout(memory.comm_buffer_bytes, plan))
     comm = peak - acts.total  # what the buffers add to the activations' own peak
     tensors = state.params + state.grads + state.optimizer + peak
     allowance = hw.context_gib * GIB + memory.FRAGMENTATION * tensors
     return MemoryBreakdown(state.params, state.grads, state.optimizer, acts, comm, allowance)
 
 
-@functools.lru_cache(maxsize=4096)
-def _state_cached(key) -> memory.StateBytes:
-    return memory.max_state_bytes(key[0])
+_LAYOUT_CACHE: dict[tuple, object] = {}
 
 
-class _PlanKey:
-    """Hashable view of what the state bytes depend on (not batch or checkpointing)."""
-
-    def __init__(self, plan: RunPlan):
-        self.plan = plan
-        p = plan.job.parallel
-        self.key = (plan.model.name, plan.model.num_hidden_layers, plan.model.hidden_size, plan.tp, plan.pp,
-                    plan.ep, plan.dp_shard, plan.dp_replicate, plan.uses_fsdp, p.pp_schedule, plan.pp_stage_layers)
-
-    def __hash__(self):
-        return hash(self.key)
-
-    def __eq__(self, other):
-        return self.key == other.key
-
-    def __getitem__(self, i):
-        return self.plan
+def _per_layout(fn, plan: RunPlan):
+    """``fn(plan)`` once per distinct layout: state and communication buffers depend on the degrees, the
+    pipeline split and the dtype, not on the batch or checkpointing."""
+    p = plan.job.parallel
+    key = (fn.__name__, json.dumps(plan.model.to_dict(), sort_keys=True), plan.tp, plan.pp, plan.ep,
+           plan.dp_shard, plan.dp_replicate, plan.uses_fsdp, p.pp_schedule, p.pp_stages_per_rank,
+           plan.pp_stage_layers, plan.job.precision.dtype)
+    if key not in _LAYOUT_CACHE:
+        _LAYOUT_CACHE[key] = fn(plan)
+    return _LAYOUT_CACHE[key]
 
 
 def _state(plan: RunPlan) -> memory.StateBytes:
-    return _state_cached(_PlanKey(plan))
+    return _per_layout(memory.max_state_bytes, plan)
 
 
 def _divisors(n: int) -> list[int]:
@@ -167,7 +159,7 @@ def evaluate(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, setti
     if cand.memory.total > hw.memory_gib * GIB:
         cand.reason = f"does not fit in {hw.memory_gib:.1f} GiB per rank (needs {cand.memory.total / GIB:.1f} GiB)"
         return cand
-    cand.time = step_time(cand.plan, hw)
+    cand.time = step_time(cand.plan, hw, _state(cand.plan))
     return cand
 
 

@@ -45,7 +45,8 @@ def _link(hw: Hardware, group_span: int) -> float:
     return hw.intra_bytes_per_s if group_span <= hw.gpus_per_node else hw.inter_bytes_per_s
 
 
-def step_time(plan, hw: Hardware) -> StepTime:
+def step_time(plan, hw: Hardware, state=None) -> StepTime:
+    """``state``: the plan's ``memory.max_state_bytes`` when the caller has it already."""
     cfg, job = plan.model, plan.job
     seq, tokens = job.train.seq_len, plan.tokens_per_step
     a = 4 if job.precision.dtype == "fp32" else 2
@@ -62,7 +63,7 @@ def step_time(plan, hw: Hardware) -> StepTime:
     # parameters of one pipeline rank's share, per tensor-parallel rank (what FSDP moves)
     from seektrain.plan.memory import max_state_bytes
 
-    state = max_state_bytes(plan)
+    state = state or max_state_bytes(plan)
     local_params = state.params / 4 * plan.dp_shard if plan.uses_fsdp else state.params / 4
     micro = plan.accum_steps if plan.pp == 1 else 1
     fsdp = 0.0
@@ -86,7 +87,7 @@ def step_time(plan, hw: Hardware) -> StepTime:
     if plan.ep > 1:  # dispatch + combine, forward and backward, per MoE layer
         moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers)) / plan.pp
         slots = local_tokens * cfg.num_experts_per_tok / plan.tp
-        ep = _ring(4 * moe_layers * slots * d * a, plan.ep, _link(hw, plan.ep * (1 if plan.tp > 1 else plan.tp)))
+        ep = _ring(4 * moe_layers * slots * d * a, plan.ep, _link(hw, plan.ep))  # ep ranks are neighbours
     pp = bubble = 0.0
     if plan.pp > 1:
         pp = 2 * local_tokens * d * a / hw.inter_bytes_per_s
