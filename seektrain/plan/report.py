@@ -71,25 +71,34 @@ def to_dict(result: SearchResult, header: dict, top: int) -> dict:
     return out
 
 
+def _count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(int(n))
+
+
 def format_text(data: dict) -> str:
     hw = data["hardware"]
     best = data["ranked"][0]
     ceil = data["ceiling_100pct_mfu"]
+    small = best["memory_gib"]["total"] < 1  # tiny models: MiB says more than 0.00 GiB
+    unit, scale = ("MiB", 1024) if small else ("GiB", 1)
     lines = [
-        f"model {data['model']}: {data['params_total'] / 1e9:.2f}B parameters ({data['params_active'] / 1e9:.2f}B "
+        f"model {data['model']}: {_count(data['params_total'])} parameters ({_count(data['params_active'])} "
         f"active per token); {data['gpus']} × {hw['name']} ({data['nodes']} node(s) × {hw['gpus_per_node']}); "
         f"seq {data['seq_len']}, global batch {data['global_batch']} sequences ({data['precision']})",
-        f"hardware: {hw['memory_gib']:.1f} GiB, bf16 {hw['bf16_tflops']:.1f} TFLOP/s"
+        f"hardware: {hw['memory_gib']:.1f} GiB, bf16 {hw['bf16_tflops']:.4g} TFLOP/s"
         + (f", fp8 {hw['fp8_tflops']:.1f}" if hw["fp8_tflops"] else "")
         + f", NVLink {hw['nvlink_gbs']:.0f} GB/s, network {hw['network_gbs']:.0f} GB/s per device",
         f"  source: {hw['source']}",
         f"searched {data['searched']} layouts: {data['feasible']} feasible",
         "",
         f"best layout: {_short(best['settings'])}",
-        "memory per rank (GiB):",
+        f"memory per rank ({unit}):",
     ]
     for item, gib in best["memory_gib"].items():
-        lines.append(f"  {item:<44} {gib:9.2f}")
+        lines.append(f"  {item:<44} {gib * scale:9.2f}")
     lines.append(f"  (device memory {hw['memory_gib']:.1f} GiB)")
     t = best["time"]
     lines += [
@@ -98,7 +107,7 @@ def format_text(data: dict) -> str:
         f"{t['bubble'] * 100:.0f}%)",
         f"predicted {best['tokens_per_s']:,.0f} tokens/s, {best['samples_per_s']:,.2f} samples/s, "
         f"MFU {best['mfu'] * 100:.1f}%",
-        f"ceiling at 100% MFU ({ceil['flops_per_token'] / 1e9:.1f} GFLOP per token): "
+        f"ceiling at 100% MFU ({ceil['flops_per_token'] / 1e9:.4g} GFLOP per token): "
         f"{ceil['tokens_per_s']:,.0f} tokens/s = {ceil['samples_per_s']:,.2f} samples/s at most",
     ]
     if len(data["ranked"]) > 1:
