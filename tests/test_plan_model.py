@@ -137,3 +137,22 @@ def test_no_fit_names_the_smallest_hardware(capsys):
     main(["plan", "--model", "deepseek-llm-67b", "--gpus", "1", "--gpu", "a100-40g"])
     err = capsys.readouterr().err
     assert "it fits on" in err and "× a100-40g" in err.split("it fits on")[1]
+
+
+def test_cpu_offload_moves_state_to_the_host_and_costs_time():
+    """``parallel.cpu_offload`` (read with a default until the offload part of issue 13 adds the key)."""
+    from seektrain.plan.search import layouts
+
+    base = ("train.seq_len=2048", "train.global_batch_size=8", "train.micro_batch_size=1")
+    plan = _plan("deepseek-llm-7b", 8, *base)
+    hw = GPUS["h100-80g"]
+    on_device = memory_breakdown(plan, hw)
+    plan.job.parallel.cpu_offload = True
+    offloaded = memory_breakdown(plan, hw)
+    assert offloaded.params == offloaded.grads == offloaded.optimizer == 0
+    assert offloaded.host_state == on_device.params + on_device.grads + on_device.optimizer
+    assert offloaded.total < on_device.total
+    assert step_time(plan, hw).offload_s > 0
+    tried = {s.get("parallel.cpu_offload") for s in layouts(get_preset("tiny-v3"), 2, 2, 4,
+                                                              offload_modes=(False, True)) if s}
+    assert tried == {False, True}

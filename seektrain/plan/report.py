@@ -39,7 +39,7 @@ def _short(settings: dict) -> str:
     s = settings
     return (f"tp={s['parallel.tp']} pp={s['parallel.pp']} dp_replicate={s['parallel.dp_replicate']} "
             f"dp_shard={s['parallel.dp_shard']} ep={s['parallel.ep']} micro={s['train.micro_batch_size']} "
-            f"ckpt={s['train.activation_checkpoint']}")
+            f"ckpt={s['train.activation_checkpoint']}" + (" cpu_offload" if s.get("parallel.cpu_offload") else ""))
 
 
 def to_dict(result: SearchResult, header: dict, top: int) -> dict:
@@ -58,7 +58,8 @@ def to_dict(result: SearchResult, header: dict, top: int) -> dict:
         t = cand.time
         out["ranked"].append({"settings": cand.settings, "memory_gib": mem,
                               "time": {"compute_s": t.compute_s, "fsdp_s": t.fsdp_s, "tp_s": t.tp_s,
-                                       "ep_s": t.ep_s, "pp_s": t.pp_s, "bubble": t.bubble},
+                                       "ep_s": t.ep_s, "pp_s": t.pp_s, "bubble": t.bubble,
+                                       "offload_s": t.offload_s},
                               **throughput(cand, result.world_size, peak)})
     out["ceiling_100pct_mfu"] = ceiling(best.plan, result.world_size, peak)
     reasons: dict[str, int] = {}
@@ -104,7 +105,7 @@ def format_text(data: dict) -> str:
     lines += [
         f"predicted step {best['step_s']:.3f} s (compute {t['compute_s']:.3f} s, FSDP/DP traffic {t['fsdp_s']:.3f} s "
         f"overlapped, TP {t['tp_s']:.3f} s, EP {t['ep_s']:.3f} s, PP p2p {t['pp_s']:.3f} s, bubble "
-        f"{t['bubble'] * 100:.0f}%)",
+        f"{t['bubble'] * 100:.0f}%" + (f", CPU offload {t['offload_s']:.3f} s" if t["offload_s"] else "") + ")",
         f"predicted {best['tokens_per_s']:,.0f} tokens/s, {best['samples_per_s']:,.2f} samples/s, "
         f"MFU {best['mfu'] * 100:.1f}%",
         f"ceiling at 100% MFU ({ceil['flops_per_token'] / 1e9:.4g} GFLOP per token): "

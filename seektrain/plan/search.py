@@ -29,6 +29,7 @@ class MemoryBreakdown:
     activations: memory.Activations
     comm_buffers: float  # gathered parameters (FSDP) or autocast's low-precision copies
     allowance: float  # CUDA context + fragmentation
+    host_state: float = 0.0  # parallel.cpu_offload: parameters, gradients and AdamW state in host memory
 
     @property
     def total(self) -> float:
@@ -37,13 +38,14 @@ class MemoryBreakdown:
 
     def items(self) -> dict[str, float]:
         a = self.activations
+        host = {"host memory (cpu_offload)": self.host_state} if self.host_state else {}
         return {"parameters (fp32 master)": self.params, "gradients (fp32)": self.grads,
                 "optimizer (AdamW fp32 moments)": self.optimizer,
                 f"activations ({a.in_flight} micro-batch(es) in flight)": a.layers,
                 "backward working set": a.backward, "checkpoint recompute": a.recompute,
                 "logits / loss and MTP": a.head, "MoE dispatch buffers": a.moe_dispatch,
                 "communication buffers": self.comm_buffers, "CUDA context + fragmentation": self.allowance,
-                "total": self.total}
+                "total": self.total, **host}
 
 
 @dataclass
@@ -73,9 +75,27 @@ def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
     acts, buffers, peak = memory.transient_bytes(plan, pad_values=hw.name == "cpu",
                                                  comm=_per_layout(memory.comm_buffer_bytes, plan))
     comm = peak - acts.total  # what the buffers add to the activations' own peak
-    tensors = state.params + state.grads + state.optimizer + peak
+    host = 0.0
+    params, grads, optimizer = state.params, state.grads, state.optimizer
+    if offloads(plan):  # FSDP2's CPUOffloadPolicy: the sharded state lives on the host
+        host, params, grads, optimizer = params + grads + optimizer, 0.0, 0.0, 0.0
+    tensors = params + grads + optimizer + peak
     allowance = hw.context_gib * GIB + memory.FRAGMENTATION * tensors
-    return MemoryBreakdown(state.params, state.grads, state.optimizer, acts, comm, allowance)
+    return MemoryBreakdown(params, grads, optimizer, acts, comm, allowance, host)
+
+
+def offloads(plan: RunPlan) -> bool:
+    """``parallel.cpu_offload`` (added by issue 13's offload part; read with a default until it exists),
+    which FSDP2 applies only where FSDP shards."""
+    return bool(getattr(plan.job.parallel, "cpu_offload", False)) and plan.uses_fsdp
+
+
+def offload_key_exists() -> bool:
+    import dataclasses
+
+    from seektrain.config.schema import ParallelSection
+
+    return any(f.name == "cpu_offload" for f in dataclasses.fields(ParallelSection))
 
 
 _LAYOUT_CACHE: dict[tuple, object] = {}
@@ -110,10 +130,13 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def layouts(model: ModelConfig, world: int, gpus_per_node: int, global_batch: int,
-            checkpoint_modes=CHECKPOINT_MODES, micro_batches=MICRO_BATCHES):
+            checkpoint_modes=CHECKPOINT_MODES, micro_batches=MICRO_BATCHES, offload_modes=None):
     """Candidate settings (None for a layout whose data-parallel size does not divide the global batch,
-    so the caller can tell that apart): tp within a node; pp up to the layer count; dp_replicate so that a shard
+    so the caller can tell that apart): tp within a node; ``parallel.cpu_offload`` off and on once that
+    key exists (``offload_modes``: the values to try; ``(None,)`` leaves the key out); pp up to the layer count; dp_replicate so that a shard
     group spans 1, 2, 4, ... nodes (or everything); ep over the experts; micro-batch; checkpointing."""
+    if offload_modes is None:
+        offload_modes = (False, True) if offload_key_exists() else (None,)
     for tp in [t for t in _powers_of_two(min(gpus_per_node, 8)) if world % t == 0]:
         for pp in [p for p in _divisors(world // tp) if p <= model.num_hidden_layers and p <= 16]:
             dp = world // (tp * pp)
@@ -130,9 +153,14 @@ def layouts(model: ModelConfig, world: int, gpus_per_node: int, global_batch: in
                             yield None  # the global batch does not split over this data-parallel size
                             continue
                         for ckpt in checkpoint_modes:
-                            yield {"parallel.tp": tp, "parallel.pp": pp, "parallel.dp_replicate": dp // dp_shard,
-                                   "parallel.dp_shard": dp_shard, "parallel.ep": ep,
-                                   "train.micro_batch_size": micro, "train.activation_checkpoint": ckpt}
+                            for offload in offload_modes:
+                                settings = {"parallel.tp": tp, "parallel.pp": pp,
+                                            "parallel.dp_replicate": dp // dp_shard, "parallel.dp_shard": dp_shard,
+                                            "parallel.ep": ep, "train.micro_batch_size": micro,
+                                            "train.activation_checkpoint": ckpt}
+                                if offload_modes != (None,):
+                                    settings["parallel.cpu_offload"] = offload
+                                yield settings
 
 
 def apply_settings(job: JobConfig, settings: dict[str, object]) -> JobConfig:

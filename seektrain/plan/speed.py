@@ -9,6 +9,8 @@ Assumptions (each a number here, so they can be argued with):
   the group fits in a node, else the network (per GPU).
 - FSDP's all-gathers and reduce-scatters overlap with compute (only what exceeds compute shows).
   Tensor-parallel all-gathers/reduce-scatters and expert all-to-alls sit on the critical path.
+- ``parallel.cpu_offload``: state crosses PCIe (``PCIE_BYTES_PER_S``) and AdamW streams it through host
+  memory (``HOST_BYTES_PER_S``), not overlapped.
 - Pipeline: the bubble is ``(pp-1)/micro-batches`` (1F1B, GPipe), divided by the stages per rank
   (interleaved), halved for zero-bubble V; activations sent between stages are added.
 """
@@ -22,6 +24,8 @@ from seektrain.plan.hardware import Hardware
 
 MATMUL_EFFICIENCY = 0.45  # of the dense peak; a typical well-tuned large-model figure (see docs/planning.md)
 CPU_EFFICIENCY = 0.35  # of the measured matmul probe
+PCIE_BYTES_PER_S = 25e9  # parallel.cpu_offload: PCIe Gen4/5 x16 achieved, one direction (assumption)
+HOST_BYTES_PER_S = 20e9  # host memory bandwidth one rank's CPU optimizer step gets (assumption)
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class StepTime:
     bubble: float  # fraction added by the pipeline bubble
     total_s: float
     model_flops: float  # per step, all ranks (what MFU counts)
+    offload_s: float = 0.0  # parallel.cpu_offload: host transfers and the host optimizer step
 
 
 def _ring(bytes_: float, n: int, bandwidth: float) -> float:
@@ -97,5 +102,10 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
             bubble /= plan.pp_stages_per_rank
         elif schedule == "zbv":
             bubble /= 2
-    total = (compute + exposed_fsdp + tp + ep + pp) * (1 + bubble)
-    return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops)
+    offload = 0.0
+    if getattr(job.parallel, "cpu_offload", False) and plan.uses_fsdp:
+        # parameters up and gradients down over PCIe each step, AdamW on the host reading and writing
+        # parameters, gradients and both moments
+        offload = (state.params + state.grads) / PCIE_BYTES_PER_S + 2 * (state.params * 4) / HOST_BYTES_PER_S
+    total = (compute + exposed_fsdp + tp + ep + pp) * (1 + bubble) + offload
+    return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops, offload)
