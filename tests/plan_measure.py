@@ -1,10 +1,10 @@
 """Measure what the planner predicts, on a real parallelised model built as the trainer builds it: local
 bytes of parameters, of gradients after a backward and of AdamW state after a step, and the peak
-activation bytes of one forward + backward (``MemTracker``'s ACT + TEMP, not RSS)."""
+activation bytes of one forward + backward (``MemTracker``'s ACT + TEMP, not RSS; under pipeline
+parallelism they include the gradients, see ``_NoModuleHooks``)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 
@@ -20,6 +20,26 @@ def _local_bytes(tensors) -> int:
         t = t.to_local() if isinstance(t, DTensor) else t
         total += t.numel() * t.element_size()
     return total
+
+
+class _NoModuleHooks:
+    """Stands in for MemTracker's ModTracker: no module or multi-grad hooks (which fail inside the
+    pipeline schedule's ``autograd.grad``), so every allocation, gradients included, is filed as ACT."""
+
+    is_bw = False
+    parents: set = set()
+
+    def register_user_hooks(self, *hooks) -> None:
+        pass
+
+    def clear_user_hooks(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args) -> None:
+        pass
 
 
 def measure(job, model_cfg, world: int, device: torch.device) -> dict:
@@ -44,12 +64,11 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
     gen = torch.Generator().manual_seed(dp_rank)
     local = job.train.micro_batch_size * (plan.accum_steps if plan.pp > 1 else 1)
     tokens = torch.randint(0, model_cfg.vocab_size, (local, job.train.seq_len), generator=gen)
-    # MemTracker's autograd hooks clash with the pipeline schedule's autograd.grad: under pp only the
-    # state is measured
-    tracker = MemTracker() if plan.pp == 1 else None
-    if tracker is not None:
-        tracker.track_external(*pm.parts, optimizer)
-    with tracker or contextlib.nullcontext():
+    tracker = MemTracker()
+    if plan.pp > 1:  # its module hooks clash with the schedule's autograd.grad: count allocations only
+        tracker._mod_tracker = _NoModuleHooks()
+    tracker.track_external(*pm.parts, optimizer)
+    with tracker:
         with plan.autocast(device), plan.loss_context():
             if plan.pp > 1:
                 args = ((tokens, tokens) if plan.use_mtp else (tokens,)) if pm.has_first_stage else ()
@@ -63,10 +82,8 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
                     kwargs["mtp_labels"] = tokens
                 loss, _ = model_loss(model(tokens, **kwargs), tokens, job.train.mtp_loss_weight)
                 loss.backward()
-    acts = None
-    if tracker is not None:
-        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-        acts = sum(v for k, v in peak.items() if str(k).endswith(("ACT", "TEMP")))
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    acts = sum(v for k, v in peak.items() if str(k).endswith(("ACT", "TEMP")))
     grads = _local_bytes(p.grad for p in model.parameters() if p.grad is not None)
     optimizer.step()
     state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]

@@ -236,8 +236,9 @@ class Activations:
 
 
 def in_flight_microbatches(schedule: str, pp: int, n_micro: int) -> int:
-    """Micro-batches the first pipeline rank holds activations of: all of them under GPipe, ``pp`` under
-    1F1B and zero-bubble V; interleaved 1F1B runs ahead by about one more round of its stages."""
+    """Micro-batches a pipeline rank with ``pp`` stages from it to the end holds activations of: all of
+    them under GPipe, ``pp`` under 1F1B and zero-bubble V (the first rank is the busiest); interleaved
+    1F1B runs ahead by about one more round of its stages."""
     if pp == 1:
         return 1
     if schedule == "gpipe":
@@ -247,8 +248,9 @@ def in_flight_microbatches(schedule: str, pp: int, n_micro: int) -> int:
     return min(n_micro, pp)
 
 
-def activation_bytes(plan, pad_values: bool | None = None) -> Activations:
-    """Peak activation bytes of the busiest rank of ``plan`` for one micro-batch step."""
+def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> Activations:
+    """Peak activation bytes of pipeline rank ``pp_rank`` of ``plan`` (the first, the busiest under 1F1B,
+    by default) for one step."""
     cfg, job = plan.model, plan.job
     a = 4 if job.precision.dtype == "fp32" else 2
     if pad_values is None:
@@ -257,10 +259,10 @@ def activation_bytes(plan, pad_values: bool | None = None) -> Activations:
     d, V = cfg.hidden_size, cfg.vocab_size
     if plan.pp > 1:
         local_seqs = job.train.micro_batch_size * plan.accum_steps // plan.pp_microbatches
-        ids = stage_ids(0, plan.pp, plan.pp_stages_per_rank, job.parallel.pp_schedule)
+        ids = stage_ids(pp_rank, plan.pp, plan.pp_stages_per_rank, job.parallel.pp_schedule)
         layers = [layer for i in ids for layer in plan.pp_stage_layers[i]]
         last = len(plan.pp_stage_layers) - 1 in ids
-        in_flight = in_flight_microbatches(job.parallel.pp_schedule, plan.pp, plan.pp_microbatches)
+        in_flight = in_flight_microbatches(job.parallel.pp_schedule, plan.pp - pp_rank, plan.pp_microbatches)
     else:
         local_seqs, layers, last, in_flight = job.train.micro_batch_size, range(cfg.num_hidden_layers), True, 1
     tokens = local_seqs * job.train.seq_len
@@ -269,6 +271,9 @@ def activation_bytes(plan, pad_values: bool | None = None) -> Activations:
     every = checkpoint_every(job.train.activation_checkpoint)
     per_layer = [layer_activation_bytes(cfg, i, a, tp, ep, pad_values) for i in layers]
     kept = sum(a * d / tp if every and i % every == 0 else b for i, b in zip(layers, per_layer))
+    if plan.pp > 1:  # the schedule keeps each in-flight micro-batch's stage output (and, with MTP, the
+        # label embeddings passed along) until its backward
+        kept += a * d / tp * (2 if plan.use_mtp and not last else 1)
     largest = max(per_layer, default=0.0)
     recompute = largest if every else 0.0
     head = 0.0
@@ -334,10 +339,10 @@ def comm_buffer_bytes(plan) -> CommBuffers:
     return CommBuffers((2 * a + FP32) * root, 2 * a * layer, 0.0)
 
 
-def transient_bytes(plan, pad_values: bool | None = None,
-                    comm: CommBuffers | None = None) -> tuple[Activations, CommBuffers, float]:
-    """(activations, communication buffers, peak of both together) on the busiest rank; ``comm``: the
-    plan's ``comm_buffer_bytes`` when the caller has it already."""
-    acts = activation_bytes(plan, pad_values)
+def transient_bytes(plan, pad_values: bool | None = None, comm: CommBuffers | None = None,
+                    pp_rank: int = 0) -> tuple[Activations, CommBuffers, float]:
+    """(activations, communication buffers, peak of both together) on pipeline rank ``pp_rank``;
+    ``comm``: the plan's ``comm_buffer_bytes`` when the caller has it already."""
+    acts = activation_bytes(plan, pad_values, pp_rank)
     comm = comm or comm_buffer_bytes(plan)
     return acts, comm, max(acts.phases(comm.root, comm.layer)) + comm.autocast

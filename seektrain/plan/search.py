@@ -72,8 +72,11 @@ class SearchResult:
 
 def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
     state = _state(plan)
-    acts, buffers, peak = memory.transient_bytes(plan, pad_values=hw.name == "cpu",
-                                                 comm=_per_layout(memory.comm_buffer_bytes, plan))
+    comm_buffers = _per_layout(memory.comm_buffer_bytes, plan)
+    # pipeline: the first rank holds the most micro-batches, the last the head; take the larger
+    ranks = (0, plan.pp - 1) if plan.pp > 1 else (0,)
+    acts, _, peak = max((memory.transient_bytes(plan, hw.name == "cpu", comm_buffers, r) for r in ranks),
+                        key=lambda t: t[2])
     comm = peak - acts.total  # what the buffers add to the activations' own peak
     host = 0.0
     params, grads, optimizer = state.params, state.grads, state.optimizer
