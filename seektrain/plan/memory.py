@@ -126,7 +126,7 @@ class StateBytes:
     params: int  # fp32 master weights held by this rank
     grads: int  # fp32 gradients (sharded like the parameters)
     optimizer: int  # AdamW: exp_avg + exp_avg_sq (fp32) + one 4-byte step per parameter tensor
-    tensors: int  # parameter tensors this rank holds (non-empty shards)
+    tensors: int  # parameter tensors of this rank's stages (an empty FSDP shard counts too)
 
 
 def state_bytes(plan, rank: int = 0) -> StateBytes:

@@ -23,7 +23,7 @@ def hardware_for(gpu: str, gpus: int, nodes: int) -> Hardware:
     return hardware(gpu, gpus // nodes)
 
 
-def _check_batch(job: JobConfig, gpus: int) -> None:
+def _check_batch(job: JobConfig) -> None:
     t = job.train
     if t.global_batch_size < 1 or t.seq_len < 1:
         raise ValueError(f"global batch ({t.global_batch_size}) and sequence length ({t.seq_len}) must be >= 1")
@@ -67,7 +67,7 @@ def _scaled_batch(job: JobConfig, gpus: int, n: int) -> JobConfig:
 
 def best_feasible(job: JobConfig, model: ModelConfig, gpus: int, hw: Hardware, **kw) -> SearchResult:
     """The search, or a ValueError of one line when nothing can run."""
-    _check_batch(job, gpus)
+    _check_batch(job)
     result = search(job, model, gpus, hw, **kw)
     if result.ranked:
         return result
