@@ -213,6 +213,7 @@ def test_pods_carry_config_volume_shm_gpus_nccl_and_metrics(manifests, tmp_path)
     assert c["resources"]["limits"]["nvidia.com/gpu"] == str(GPUS)
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["NCCL_DEBUG"] and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert env["HF_HOME"].startswith(WORKSPACE + "/")  # hub ids are read from a cache on the volume
     assert template["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9400",
                                                    "prometheus.io/path": "/metrics"}
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
@@ -258,6 +259,7 @@ def test_one_node_needs_no_rendezvous(tmp_path):
     (["--name", "Bad_Name"], "--name"),
     (["--pvc-size", "lots"], "--pvc-size"),
     (["--env", "NCCL_DEBUG"], "--env"),
+    (["--set", "metrics.prometheus_port=29400"], "rendezvous port"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
     out = tmp_path / "job.yaml"
@@ -283,3 +285,12 @@ def test_yaml_writer_round_trips_through_a_yaml_reader():
     assert yaml.safe_load(to_yaml(doc)) == doc
     assert list(yaml.safe_load_all(to_yaml_documents([doc, {"k": "v"}]))) == [doc, {"k": "v"}]
     assert "config.toml: |\n  [run]\n" in to_yaml(doc)  # a config file stays readable
+
+
+def test_stdout_without_output_file_and_a_note_when_metrics_are_off(capsys):
+    assert main(["launch", "k8s", "--nodes", "1", "--gpus-per-node", "2", "--kind", "jobset"]) == 0
+    out, err = capsys.readouterr()
+    docs = list(yaml.safe_load_all(out))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "PersistentVolumeClaim", "JobSet"]
+    assert "annotations" not in pod_template(workload(docs))["metadata"]
+    assert "metrics.prometheus_port is 0" in err

@@ -40,6 +40,8 @@ NCCL_ENV = {
     # cluster) restarts the workers instead of leaving them hanging
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
 }
+# a model.hf_path given as a hub id is read from this cache: fill it once on the volume, every pod sees it
+HF_HOME = f"{WORKSPACE}/.cache/huggingface"
 
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
@@ -130,6 +132,12 @@ def checkpoint_volume_size(cfg) -> str:
 def build_manifests(cfg, opts: K8sOptions, config_toml: str) -> list[dict]:
     """ConfigMap, PVC (unless --pvc), headless Service (indexed-job) and the workload, in apply order."""
     opts.check()
+    metrics = cfg.metrics
+    serving = opts.gpus_per_node if metrics.all_ranks else 1  # ports port .. port + local ranks - 1
+    served = range(metrics.prometheus_port, metrics.prometheus_port + serving)
+    if metrics.prometheus_port and RDZV_PORT in served:
+        raise ValueError(f"metrics.prometheus_port={metrics.prometheus_port} collides with the rendezvous port "
+                         f"{RDZV_PORT} in the pods; pick another, e.g. 9400")
     name = opts.name or job_name(cfg.run.name, cfg.run.dir)
     claim = opts.pvc or f"{name}-workspace"
     docs = [_config_map(name, opts, config_toml)]
@@ -209,7 +217,8 @@ def _pod_template(name: str, claim: str, cfg, opts: K8sOptions) -> dict:
     if opts.kind != "pytorchjob" and opts.nodes > 1:
         env.append({"name": "NODE_RANK", "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
-    env += [{"name": key, "value": value} for key, value in {**NCCL_ENV, **opts.env}.items()]
+    defaults = {**NCCL_ENV, "HF_HOME": HF_HOME}
+    env += [{"name": key, "value": value} for key, value in {**defaults, **opts.env}.items()]
     gpus = str(opts.gpus_per_node)
     container = {
         "name": "pytorch" if opts.kind == "pytorchjob" else "seektrain",  # PyTorchJob requires "pytorch"
