@@ -351,6 +351,11 @@ class _Mapper:
         given = [f"{k}={v}" for k, v in values.items() if v is not None]
         self.set("train.global_batch_size", batch.train_batch_size, ", ".join(given))
         self.set("train.micro_batch_size", batch.micro_batch_size, ", ".join(given))
+        if dp is None and accum is not None:
+            implied = batch.train_batch_size // (batch.micro_batch_size * accum)
+            self.note(f"batch: {TRAIN} {batch.train_batch_size} = {batch.micro_batch_size} × {accum} × data-parallel "
+                      f"size {implied}; the run derives its accumulation from the data-parallel size it is "
+                      "launched with")
         if dp is not None:
             where = f"world size {self.world_size} / (tp {tp} × pp {pp})" if tp * pp > 1 else "world size"
             self.note(f"batch: {batch.train_batch_size} sequences per step = micro {batch.micro_batch_size} × "
