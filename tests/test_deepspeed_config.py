@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -413,4 +414,4 @@ def test_train_with_deepspeed_uses_the_launch_world_size(tmp_path):
 def test_docs_table_names_every_deepspeed_key():
     section = (ROOT / "docs" / "configuration.md").read_text().split("## From DeepSpeed")[1].split("\n## ")[0]
     for key in TOP_LEVEL_KEYS:
-        assert f"`{key}`" in section, key
+        assert re.search(rf"`{key}[`.]", section), key
