@@ -193,7 +193,7 @@ def test_zero_offload_fsdp_keys_and_unknown_keys():
     _, notes = mapped({"zero_optimization": {
         "stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}, "offload_param": {"device": "none"},
         "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 5e8,
-        "stage3_prefetch_bucket_size": 5e7, "stage3_gather_16bit_weights_on_model_save": True}})
+        "stage3_prefetch_bucket_size": 5e7, "stage3_gather_16bit_weights_on_model_save": True, "cpu_offload": None}})
     assert "zero_optimization.offload_optimizer to cpu: seektrain has no CPU/NVMe offload yet" in notes
     assert "offload_param" not in notes  # device none: nothing offloaded, nothing to say
     assert ("zero_optimization: overlap_comm, contiguous_gradients, reduce_bucket_size, stage3_prefetch_bucket_size, "
@@ -287,7 +287,8 @@ def test_megatron_parallel_keys_are_honoured_and_said_so():
     ({"gradient_clipping": True}, "DeepSpeed key gradient_clipping: expected a number"),
     ({"steps_per_print": 0}, "DeepSpeed key steps_per_print: must be > 0, got 0"),
     ({"tensorboard": {"enabled": True, "job_name": 3}}, "DeepSpeed key tensorboard.job_name: expected a string"),
-    ({"optimizer": {"type": "AdamW", "params": {"lr": "3e-4"}}}, "DeepSpeed key optimizer.params.lr: expected a number"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": "3e-4"}}}, "DeepSpeed key optimizer.params.lr: expected a"),
+    ({"scheduler": {"type": "WarmupDecayLR", "params": {}}}, "scheduler.params.total_num_steps is required by"),
 ])
 def test_ill_typed_values_are_one_line_naming_the_key(ds, needle):
     assert needle in one_line_error(ds)

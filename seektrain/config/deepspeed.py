@@ -142,8 +142,8 @@ class _Mapper:
         self.set("precision.loss_scale_growth_interval", window, source(fp16, "fp16", "loss_scale_window", window))
         hysteresis = value_of(fp16, "fp16", "hysteresis", "int", 2)
         if not static and (hysteresis != 1 or "consecutive_hysteresis" in fp16):
-            self.note(f"{source(fp16, 'fp16', 'hysteresis', hysteresis)}: seektrain halves the loss scale at every overflow "
-                      "(hysteresis 1, no consecutive_hysteresis)")
+            self.note(f"{source(fp16, 'fp16', 'hysteresis', hysteresis)}: seektrain halves the loss scale at every "
+                      "overflow (hysteresis 1, no consecutive_hysteresis)")
         min_scale = value_of(fp16, "fp16", "min_loss_scale", "number", 1)
         if min_scale != 1:
             self.note(f"fp16.min_loss_scale={min_scale}: seektrain's loss scale never goes below 1")
@@ -253,6 +253,9 @@ class _Mapper:
                       "(DeepSpeed's default is log)")
         if value_of(params, where, "last_batch_iteration", "int", -1) != -1:
             self.note(f"{where}.last_batch_iteration: seektrain resumes the schedule from its checkpoints")
+        if kind != "WarmupLR" and "total_num_steps" not in params:
+            raise ConfigError(f"DeepSpeed key {where}.total_num_steps is required by {kind}; set it (or \"auto\" "
+                              "to keep train.steps)")
         total = positive(value_of(params, where, "total_num_steps", "int", auto=True), where + ".total_num_steps")
         if total is not None:
             self.set("train.steps", total, f"{where}.total_num_steps={total}")
@@ -264,7 +267,8 @@ class _Mapper:
             if start:
                 self.note(f"{where}.warmup_min_ratio={start}: seektrain's warmup starts from lr/warmup_steps")
             return
-        peak = value_of(params, where, "warmup_max_lr", "number", 0.001 if kind == "WarmupDecayLR" else None, auto=True)
+        default_peak = 0.001 if kind == "WarmupDecayLR" else None  # WarmupLR's default: the optimizer's lr
+        peak = value_of(params, where, "warmup_max_lr", "number", default_peak, auto=True)
         low = value_of(params, where, "warmup_min_lr", "number", 0.0, auto=True)
         if peak is not None:
             if optimizer_lr is not None and peak != optimizer_lr:
@@ -272,10 +276,11 @@ class _Mapper:
                           "DeepSpeed's scheduler does")
             self.set("optim.lr", float(positive(peak, where + ".warmup_max_lr")),
                      source(params, where, "warmup_max_lr", peak))
-        peak = peak if peak is not None else optimizer_lr if optimizer_lr is not None else self.final("optim.lr", float)
+        if peak is None:
+            peak = optimizer_lr if optimizer_lr is not None else self.final("optim.lr", float)
         if low:
             self.note(f"{where}.warmup_min_lr={low}: seektrain's warmup starts from lr/warmup_steps"
-                      + (", and the decay ends at it" if kind == "WarmupDecayLR" else ""))
+                      + (" (the decay still ends at warmup_min_lr)" if kind == "WarmupDecayLR" else ""))
         if kind == "WarmupLR":
             self.set("optim.min_lr_ratio", 1.0, "scheduler.type=WarmupLR (constant lr after warmup)")
         else:
@@ -316,7 +321,7 @@ class _Mapper:
                     value_of(block, name, key, "bool" if key == "enabled" else "str")
         tb = blocks["tensorboard"]
         if tb is not None:
-            on = tb.get("enabled", False)
+            on = value_of(tb, "tensorboard", "enabled", "bool", False)
             self.set("metrics.tensorboard", on, f"tensorboard.enabled={json.dumps(on)}")
             if on and tb.get("output_path"):
                 self.note("tensorboard.output_path: seektrain writes event files under run.dir/tensorboard")
@@ -328,7 +333,7 @@ class _Mapper:
                       "object per line)")
         wandb = blocks["wandb"]
         if wandb is not None:
-            on = wandb.get("enabled", False)
+            on = value_of(wandb, "wandb", "enabled", "bool", False)
             trackers = [t for t in self.base.metrics.trackers if t != "wandb"] + (["wandb"] if on else [])
             self.set("metrics.trackers", trackers, f"wandb.enabled={json.dumps(on)}")
             if on and wandb.get("project"):

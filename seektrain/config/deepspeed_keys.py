@@ -62,7 +62,7 @@ def value_of(block: dict, where: str, key: str, kind: str, default=_MISSING, aut
     """``block[key]`` checked to be of ``kind`` (int, number, bool, str, block, list), or ``default``
     when absent; ``"auto"`` (when allowed) and absence without a default give None."""
     dotted = f"{where}.{key}" if where else key
-    if key not in block:
+    if block.get(key) is None:  # absent, or JSON null (DeepSpeed's "not set")
         return None if default is _MISSING else default
     value = block[key]
     if auto and value == AUTO:
