@@ -336,6 +336,18 @@ def test_article_fp16_config_imports_with_its_static_scale_and_fp8_claim_correct
     assert "fp16.loss_scale=128 asks for a static loss scale" in notes and "precision.dtype=bf16" in notes
 
 
+def test_hugging_face_zero3_template_with_auto_values_imports():
+    cfg, imported = load_config_with_deepspeed(DATA / "hf_zero3_auto.json")
+    defaults = JobConfig()
+    assert (cfg.parallel.data_parallel, cfg.parallel.reshard_after_forward) == ("fsdp", True)
+    assert (cfg.optim, cfg.precision, cfg.train.grad_clip) == (defaults.optim.__class__(
+        min_lr_ratio=1.0), defaults.precision, defaults.train.grad_clip)  # "auto": ours, WarmupLR: constant
+    assert (cfg.train.global_batch_size, cfg.train.micro_batch_size) == (16, 8)
+    assert cfg.run.log_interval == 2000
+    notes = "\n".join(imported.notes)
+    assert notes.count("seektrain has no CPU/NVMe offload yet") == 2
+
+
 # ------------------------------------------------------------------------------- the CLI
 def test_from_deepspeed_output_loads_back_equal(tmp_path, capsys):
     ds = tmp_path / "ds.json"

@@ -200,8 +200,8 @@ class _Mapper:
         if device:
             what = "parameters stay" if "param" in key else "optimizer state and its step stay"
             self.note(f"zero_optimization.{key} to {device}: seektrain has no CPU/NVMe offload yet; the {what} "
-                      "on the GPU, sharded over the data-parallel ranks by FSDP (to fit, shard more: more GPUs "
-                      "or train.activation_checkpoint=full)")
+                      "on the GPU, sharded over the data-parallel ranks by FSDP (if that does not fit: more GPUs, "
+                      "or model parallelism with parallel.tp / parallel.pp)")
 
     def optimizer_and_scheduler(self) -> None:
         peak = None
