@@ -19,7 +19,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seektrain.config.deepspeed_batch import ACCUM, MICRO, TRAIN, data_parallel_size, resolve_batch
+from seektrain.config.deepspeed_batch import (
+    ACCUM, MICRO, TRAIN, WORLD_SIZE_HINT, data_parallel_size, resolve_batch)
 from seektrain.config.deepspeed_keys import (
     ACTIVATION_CHECKPOINT_KEYS, BF16_KEYS, FP16_KEYS, MONITOR_KEYS, OFFLOAD_KEYS, OPTIMIZER_PARAMS, SCHEDULER_PARAMS,
     TOP_LEVEL_KEYS, ZERO_FSDP_KEYS, ZERO_OFFLOAD_KEYS, check_known, positive, read_deepspeed, source, value_of)
@@ -185,7 +186,7 @@ class _Mapper:
     def zero_replicas(self, src: str) -> None:
         if self.world_size is None:
             raise ConfigError("DeepSpeed key zero_optimization.stage=0 (DDP) needs the data-parallel size for "
-                              "parallel.dp_replicate; pass --world-size N (the number of GPUs)")
+                              f"parallel.dp_replicate; {WORLD_SIZE_HINT}")
         dp = data_parallel_size(self.world_size, self.final("parallel.tp"), self.final("parallel.pp"))
         self.set("parallel.dp_replicate", dp, src + f" (data-parallel size {dp})")
 

@@ -15,6 +15,8 @@ from typing import NamedTuple
 from seektrain.config.loader import ConfigError
 
 TRAIN, MICRO, ACCUM = "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"
+# The world size is known to `seektrain train` unless its node count is elastic.
+WORLD_SIZE_HINT = "pass --world-size N (the number of GPUs; train uses its fixed --nnodes × --nproc-per-node)"
 
 
 class Batch(NamedTuple):
@@ -44,8 +46,8 @@ def resolve_batch(train: int | None, micro: int | None, accum: int | None, dp: i
             _check(train % (micro * (accum or 1)) == 0,
                    f"{given}: {TRAIN} must be a multiple of {MICRO}{' × ' + ACCUM if accum else ''}")
             return Batch(train, micro, accum)
-        raise ConfigError(f"{given}: the missing batch value depends on the data-parallel size; pass "
-                          f"--world-size N (the number of GPUs) or set both {TRAIN} and {MICRO}")
+        raise ConfigError(f"{given}: the missing batch value depends on the data-parallel size; {WORLD_SIZE_HINT} "
+                          f"or set both {TRAIN} and {MICRO}")
     if train is not None and micro is not None and accum is not None:
         _check(train == micro * accum * dp,
                f"{TRAIN}={train} != {MICRO} × {ACCUM} × data-parallel size = {micro}×{accum}×{dp} = "
