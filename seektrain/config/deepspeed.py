@@ -66,7 +66,10 @@ class _Mapper:
     def final(self, key: str, parse=int):
         """The value ``key`` ends with: the user's --set, else this file, else the TOML config."""
         if key in self.later:
-            return parse(self.later[key])
+            try:
+                return parse(self.later[key])
+            except ValueError:
+                pass  # a malformed --set: load_config reports it, naming the key
         for ours, value, _ in reversed(self.out.settings):
             if ours == key:
                 return value
