@@ -7,6 +7,7 @@ import sys
 
 from seektrain.checkpoint.manager import CheckpointError
 from seektrain.cli import config_cmd, convert, data_cmd, flops_cmd, models_cmd, sample_cmd, train_cmd
+from seektrain.train.out_of_memory import OutOfMemory
 from seektrain.version import version
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("seektrain: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, CheckpointError) as err:
+    except (ValueError, OSError, CheckpointError, OutOfMemory) as err:
         print(f"seektrain: error: {err}", file=sys.stderr)
         return 2
 

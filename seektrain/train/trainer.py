@@ -89,8 +89,8 @@ def train(cfg: JobConfig) -> dict:
         if step > start_step or start.checkpoint is None:
             ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
         ckpt.wait()
-    except RuntimeError as err:  # [faults] a dead or hung rank: one line naming this rank and the operation
-        guard.raise_readable(err)
+    except (RuntimeError, MemoryError) as err:  # [faults] out of memory, a dead or hung rank: one line each
+        guard.raise_readable(err, plan)
         raise
     finally:
         guard.close()
