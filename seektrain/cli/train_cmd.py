@@ -15,6 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="TOML config file (default: the built-in tiny-v3 run)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config key (repeatable; `seektrain config keys` lists them)")
+    p.add_argument("--deepspeed", metavar="DS_CONFIG.json",
+                   help="a DeepSpeed config applied over --config, under --set (seektrain config from-deepspeed)")
     p.add_argument("--nproc-per-node", type=int, default=1, help="worker processes on this node")
     p.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for elastic")
     p.add_argument("--node-rank", type=int, default=None)
@@ -50,6 +52,10 @@ def check_layout(cfg, world_size: int) -> None:
 def run(args: argparse.Namespace) -> int:
     from seektrain.config.loader import load_config
 
+    if args.deepspeed:  # the file becomes --set items ahead of the user's; workers get those, not the file
+        from seektrain.cli.config_cmd import deepspeed_overrides
+
+        args.overrides = deepspeed_overrides(args)
     cfg = load_config(args.config, args.overrides)  # fail fast, before any process starts
     opts = LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
                          args.max_restarts)
