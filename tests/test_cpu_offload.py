@@ -85,3 +85,10 @@ def test_offload_trains_like_no_offload(tmp_path):
     got = run_layout(tmp_path / "offload", "tiny-v3", 2, CLIP, "parallel.cpu_offload=true")
     assert "cpu_offload" in (got.dir / "train.log").read_text()  # the layout line names it
     assert_same_run(got, want)
+
+
+def test_one_rank_offload_trains_like_one_process(tmp_path, one_process_run):
+    """One process with offload (FSDP over a mesh of one) against the plain single-process model."""
+    got = run_layout(tmp_path, "tiny-v3", 1, "parallel.cpu_offload=true")
+    assert "cpu_offload" in (got.dir / "train.log").read_text()
+    assert_same_run(got, one_process_run("tiny-v3"))

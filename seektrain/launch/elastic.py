@@ -59,8 +59,7 @@ def launch(opts: LaunchOptions, worker_argv: list[str], what: str = "training") 
         return 128 + int(err.sigval)
     except ChildFailedError as err:
         failures = ", ".join(f"rank {r} (exit code {f.exitcode})" for r, f in sorted(err.failures.items()))
-        where = "run.dir/train.log" if what == "training" else "the report above"
-        print(f"seektrain: error: {what} workers failed: {failures}; see the log above and {where}",
-              file=sys.stderr)
+        where = "the log above and run.dir/train.log" if what == "training" else "the output above"
+        print(f"seektrain: error: {what} workers failed: {failures}; see {where}", file=sys.stderr)
         return 1
     return 0
