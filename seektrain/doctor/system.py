@@ -74,7 +74,8 @@ def version_checks() -> list[Check]:
         checks.append(Check("ok", "cuda", f"CUDA {torch_cuda} usable: {torch.cuda.is_available()}"))
     if torch.cuda.is_available():
         if dist.is_nccl_available():
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+            raw = torch.cuda.nccl.version()  # a tuple; an int (e.g. 21803) in older torch
+            nccl = ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)
             checks.append(Check("ok", "nccl", f"NCCL {nccl} (bundled with torch)"))
         else:
             checks.append(Check("blocker", "nccl", "torch has CUDA but no NCCL: multi-GPU training cannot run; "
