@@ -75,6 +75,8 @@ class ParallelSection:
     ep: int = _key(1, "expert-parallel ranks: a divisor of dp_shard, or with tp > 1 tp x a divisor of dp_shard")
     data_parallel: str = _key("fsdp", "fsdp | ddp (ddp requires dp_shard == 1)")
     reshard_after_forward: bool = _key(True, "FSDP: false keeps params gathered after forward (ZeRO-2-like)")
+    cpu_offload: bool = _key(False, "FSDP CPU offload: params, grads, optimizer state in host memory (needs fsdp; "
+                                    "also 1 rank)")
     pp_schedule: str = _key("1f1b", "pipeline schedule: gpipe | 1f1b | interleaved-1f1b | zbv")
     pp_microbatches: int = _key(0, "pipeline micro-batches per step; 0 = one per micro batch of the accumulation")
     pp_stages_per_rank: int = _key(2, "stages each rank runs under interleaved-1f1b (zbv always uses 2)")

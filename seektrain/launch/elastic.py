@@ -44,8 +44,9 @@ def torchrun_args(opts: LaunchOptions, worker_argv: list[str]) -> list[str]:
     return args + ["-m", "seektrain.cli.main", *worker_argv]
 
 
-def launch(opts: LaunchOptions, worker_argv: list[str]) -> int:
-    """Run the workers to completion; returns a process exit code (0 = every worker succeeded)."""
+def launch(opts: LaunchOptions, worker_argv: list[str], what: str = "training") -> int:
+    """Run the workers to completion; returns a process exit code (0 = every worker succeeded).
+    ``what`` names the workers in the failure line (``training``, ``doctor``)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -58,7 +59,7 @@ def launch(opts: LaunchOptions, worker_argv: list[str]) -> int:
         return 128 + int(err.sigval)
     except ChildFailedError as err:
         failures = ", ".join(f"rank {r} (exit code {f.exitcode})" for r, f in sorted(err.failures.items()))
-        print(f"seektrain: error: training workers failed: {failures}; see the log above and "
-              "run.dir/train.log", file=sys.stderr)
+        where = "the log above and run.dir/train.log" if what == "training" else "the output above"
+        print(f"seektrain: error: {what} workers failed: {failures}; see {where}", file=sys.stderr)
         return 1
     return 0

@@ -89,8 +89,8 @@ def train(cfg: JobConfig) -> dict:
         if step > start_step or start.checkpoint is None:
             ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
         ckpt.wait()
-    except RuntimeError as err:  # [faults] a dead or hung rank: one line naming this rank and the operation
-        guard.raise_readable(err)
+    except (RuntimeError, MemoryError) as err:  # [faults] out of memory, a dead or hung rank: one line each
+        guard.raise_readable(err, plan)
         raise
     finally:
         guard.close()
@@ -116,7 +116,7 @@ def build_step_context(plan: RunPlan, device: torch.device, data: TrainingData, 
     schedule, the loss scaler and the batches: everything a step changes."""
     job = plan.job
     scaler = DynamicLossScaler(job.precision.dtype == "fp16", job.precision.loss_scale_init,
-                               job.precision.loss_scale_growth_interval)
+                               job.precision.loss_scale_growth_interval, device=device)
     pipeline_loss = PipelineLoss(scaler, job.train.mtp_loss_weight) if plan.pp > 1 else None
     model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels())
     parallel = parallelize_model(model, plan, device, state_dict=weights, loss_fn=pipeline_loss)
