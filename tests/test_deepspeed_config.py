@@ -190,15 +190,18 @@ def test_zero_stage_0_needs_the_world_size_and_bad_stages_are_refused():
 
 
 def test_zero_offload_fsdp_keys_and_unknown_keys():
-    _, notes = mapped({"zero_optimization": {
+    got, notes = mapped({"zero_optimization": {
         "stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}, "offload_param": {"device": "none"},
         "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 5e8,
         "stage3_prefetch_bucket_size": 5e7, "stage3_gather_16bit_weights_on_model_save": True, "cpu_offload": None}})
-    assert "zero_optimization.offload_optimizer to cpu: seektrain has no CPU/NVMe offload yet" in notes
-    assert "offload_param" not in notes  # device none: nothing offloaded, nothing to say
+    assert got["parallel.cpu_offload"] is True  # FSDP2's CPU offload policy
+    assert "offload" not in notes  # to the host: nothing to say; device none: nothing offloaded
+    nvme, nvme_notes = mapped({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})
+    assert nvme["parallel.cpu_offload"] is True and "offloads to host memory only" in nvme_notes
+    assert "parallel.cpu_offload" not in mapped({"zero_optimization": {"stage": 3}})[0]
     assert ("zero_optimization: overlap_comm, contiguous_gradients, reduce_bucket_size, stage3_prefetch_bucket_size, "
             "stage3_gather_16bit_weights_on_model_save tune DeepSpeed's own buckets") in notes
-    assert "parameters stay on the GPU" in mapped({"zero_optimization": {"stage": 3, "cpu_offload_param": True}})[1]
+    assert mapped({"zero_optimization": {"stage": 3, "cpu_offload_param": True}})[0]["parallel.cpu_offload"] is True
     message = one_line_error({"zero_optimization": {"stage": 2, "overlap_com": True}})
     assert message.startswith("unknown DeepSpeed key zero_optimization.overlap_com; keys seektrain knows in "
                               "zero_optimization: stage, offload_optimizer")
@@ -345,7 +348,7 @@ def test_hugging_face_zero3_template_with_auto_values_imports():
     assert (cfg.train.global_batch_size, cfg.train.micro_batch_size) == (16, 8)
     assert cfg.run.log_interval == 2000
     notes = "\n".join(imported.notes)
-    assert notes.count("seektrain has no CPU/NVMe offload yet") == 2
+    assert cfg.parallel.cpu_offload  # the template offloads optimizer and parameters to the CPU
 
 
 # ------------------------------------------------------------------------------- the CLI

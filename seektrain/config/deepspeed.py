@@ -202,10 +202,12 @@ class _Mapper:
             device = value_of(block, f"zero_optimization.{key}", "device", "str", "none")
             device = None if device == "none" else device
         if device:
-            what = "parameters stay" if "param" in key else "optimizer state and its step stay"
-            self.note(f"zero_optimization.{key} to {device}: seektrain has no CPU/NVMe offload yet; the {what} "
-                      "on the GPU, sharded over the data-parallel ranks by FSDP (if that does not fit: more GPUs, "
-                      "or model parallelism with parallel.tp / parallel.pp)")
+            # FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer state together: either
+            # DeepSpeed offload turns all of it on
+            self.set("parallel.cpu_offload", True, f"zero_optimization.{key}.device={device}")
+            if device != "cpu":
+                self.note(f"zero_optimization.{key} to {device}: seektrain offloads to host memory only "
+                          "(parallel.cpu_offload: parameters, gradients and optimizer state), not to NVMe")
 
     def optimizer_and_scheduler(self) -> None:
         peak = None
