@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from seektrain.launch.network import NodeNetwork, node_network
+from seektrain.launch.network import NodeNetwork, node_network, wait_for_endpoint
 
 RDZV_BACKEND = "seektrain-c10d"  # launch/rendezvous.py: c10d plus a round token for the workers
 
@@ -126,6 +126,10 @@ def launch(opts: LaunchOptions, worker_argv: list[str]) -> int:
     if net is not None:
         print(describe(opts, net, env), file=sys.stderr, flush=True)  # the choice, logged once
     os.environ.update(env)  # the agent's environment is what its workers inherit
+    if net is not None and not net.hosts_store and not wait_for_endpoint(net.endpoint_ip, net.endpoint.port,
+                                                                          opts.rdzv_timeout_s):
+        print(f"seektrain: error: {unreachable(opts, net)}", file=sys.stderr)
+        return 1
     try:
         if net is not None:
             from seektrain.launch.rendezvous import register
@@ -155,15 +159,19 @@ def rendezvous_failure(opts: LaunchOptions, net: NodeNetwork | None, err: Except
     where = f"{opts.node_name} ({net.local_addr})" if net else opts.node_name
     endpoint = net.endpoint if net else opts.rdzv_endpoint
     if isinstance(err, RendezvousConnectionError):
-        return (f"{where} could not reach the rendezvous store at {endpoint} within {opts.rdzv_timeout_s:g} s; "
-                f"start node 0 (the host of {endpoint}) first, check the address, port and firewall, or raise "
-                "--rdzv-timeout")
+        return unreachable(opts, net) if net else f"{where} could not reach the rendezvous store at {endpoint}"
     if isinstance(err, RendezvousTimeoutError):
         lo, _ = opts.node_range
         return (f"{where}: not all {lo} nodes joined the rendezvous at {endpoint} within "
                 f"{opts.rdzv_timeout_s:g} s; start `seektrain train` with the same --rdzv-endpoint and --nnodes "
                 "on every node, or raise --rdzv-timeout")
     return f"{where}: the rendezvous at {endpoint} failed ({type(err).__name__}: {err}); start every node again"
+
+
+def unreachable(opts: LaunchOptions, net: NodeNetwork) -> str:
+    return (f"{opts.node_name} ({net.local_addr}) could not reach the rendezvous store at {net.endpoint} within "
+            f"{opts.rdzv_timeout_s:g} s; start node 0 (the host of {net.endpoint_ip}) too, check the address, "
+            "port and firewall, or raise --rdzv-timeout")
 
 
 def _quiet_rendezvous_logs() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,3 +130,19 @@ def node_network(endpoint_text: str, local_addr: str = "", ifname: str = "") -> 
     if not ifname:
         ifname = interface_of(local_addr) or ""
     return NodeNetwork(endpoint, ip, hosts, local_addr, ifname or None)
+
+
+def wait_for_endpoint(ip: str, port: int, timeout_s: float) -> bool:
+    """True once something accepts TCP connections at ``ip:port`` (the store host is up), False when
+    nothing did within ``timeout_s``. Checked here, in Python, so an unreachable endpoint ends in our one
+    line rather than in the C++ store client's stack dump."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            with socket.create_connection((ip, port), timeout=min(2.0, left)):
+                return True
+        except OSError:
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
