@@ -145,3 +145,93 @@ def test_missing_node_and_unreachable_endpoint_end_with_one_line(hosts, tmp_path
         errors = [line for line in out.splitlines() if "error" in line.lower()]
         assert len(errors) == 1 and errors[0].startswith(f"seektrain: error: {expected}"), out
         assert "Traceback" not in out and "--rdzv-timeout" in errors[0]
+
+
+# -- the same decisions without namespaces (fast) ------------------------------------------------------
+from seektrain.config.loader import ConfigError, load_config  # noqa: E402
+from seektrain.launch.elastic import LaunchOptions, torchrun_args, worker_env  # noqa: E402
+from seektrain.launch.network import node_network, parse_endpoint  # noqa: E402
+from seektrain.parallel.dist_env import mismatched_versions, worker_environment  # noqa: E402
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(nnodes="0"), "--nnodes '0': need 1 <= MIN <= MAX"),
+    (dict(nnodes="2:1"), "--nnodes '2:1': need 1 <= MIN <= MAX"),
+    (dict(nnodes="two"), "--nnodes 'two': give a node count N"),
+    (dict(nnodes="2", node_rank=2, rdzv_endpoint="10.0.0.1:1"), "--node-rank 2 is out of range for --nnodes 2"),
+    (dict(nnodes="2"), "--nnodes > 1 needs --rdzv-endpoint"),
+    (dict(max_restarts=-1), "--max-restarts -1: must be >= 0"),
+    (dict(rdzv_timeout_s=0), "--rdzv-timeout 0: must be > 0"),
+])
+def test_bad_launch_options_are_one_line(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        LaunchOptions(**kwargs).validate()
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_bad_endpoints_are_one_line():
+    for text in ("node0", "node0:", ":29500", "node0:http", "node0:70000"):
+        with pytest.raises(ValueError, match=r"is not HOST:PORT"):
+            parse_endpoint(text)
+    assert parse_endpoint("[fd00::1]:29500").host == "fd00::1"
+    with pytest.raises(ValueError, match=r"host 'no-such-node\.invalid' does not resolve on this node"):
+        node_network("no-such-node.invalid:29500")
+    with pytest.raises(ValueError, match=r"--local-addr 10\.77\.9\.9 is not an address of this node"):
+        node_network("127.0.0.1:29500", local_addr="10.77.9.9")
+
+
+def test_cli_refuses_bad_node_count_before_training(tmp_path):
+    from run_cli import seektrain
+
+    proc = seektrain("train", "--nnodes", "2:1", "--set", f"run.dir={tmp_path}", check=False, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "seektrain: error: --nnodes '2:1': need 1 <= MIN <= MAX nodes, e.g. 2 or 2:4")
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_loopback_endpoint_is_hosted_here_and_torchrun_gets_address_and_timeouts():
+    net = node_network("127.0.0.1:29500")
+    assert net.hosts_store and net.local_addr == "127.0.0.1" and net.ifname == "lo"
+    opts = LaunchOptions(nproc_per_node=2, nnodes="2", rdzv_endpoint="127.0.0.1:29500", rdzv_timeout_s=30)
+    args = torchrun_args(opts, ["train"], net)
+    assert "--local-addr=127.0.0.1" in args and "--rdzv-backend=seektrain-c10d" in args
+    assert "--rdzv-conf=join_timeout=30,read_timeout=30" in args  # loopback: torchrun may host or join
+
+
+def test_interface_choice_respects_the_user():
+    from seektrain.config.schema import DistSection
+
+    auto = DistSection()
+    assert worker_environment(auto, {}, "eth1") == {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "eth1"}
+    assert worker_environment(auto, {"NCCL_SOCKET_IFNAME": "ib0"}, "eth1") == {"GLOO_SOCKET_IFNAME": "eth1"}
+    forced = DistSection(socket_ifname="ib0", env=["NCCL_DEBUG=WARN", "NCCL_IB_HCA=mlx5_0,mlx5_1"])
+    assert worker_environment(forced, {"GLOO_SOCKET_IFNAME": "eth0"}, "eth1") == {
+        "GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib0", "NCCL_DEBUG": "WARN",
+        "NCCL_IB_HCA": "mlx5_0,mlx5_1"}
+    net = node_network("127.0.0.1:29500")
+    env = worker_env(LaunchOptions(nnodes="2", rdzv_endpoint="127.0.0.1:29500"), net, {"GLOO_SOCKET_IFNAME": "x"})
+    assert env["SEEKTRAIN_LOCAL_ADDR"] == "127.0.0.1" and "GLOO_SOCKET_IFNAME" not in env
+    assert env["NCCL_SOCKET_IFNAME"] == "lo"
+
+
+def test_dist_section_keys():
+    cfg = load_config(None, ["dist.backend=gloo", "dist.env=[NCCL_DEBUG=INFO, TORCH_NCCL_ASYNC_ERROR_HANDLING=1]"])
+    assert cfg.dist.env == ["NCCL_DEBUG=INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1"]
+    for bad, message in (("dist.backend=mpi", "dist.backend='mpi': use auto, nccl or gloo"),
+                         ("dist.env=NCCL_DEBUG", "dist.env: 'NCCL_DEBUG' is not NAME=VALUE"),
+                         ("dist.init_timeout_s=0", "dist.init_timeout_s must be > 0"),
+                         ("train.collective_timeout_s=5", "config key 'train.collective_timeout_s' moved to "
+                                                          "'dist.collective_timeout_s'")):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [bad])
+        assert str(err.value).startswith(message)
+
+
+def test_mixed_versions_are_named():
+    def facts(host, torch_version):
+        return {"host": host, "versions": {"seektrain": "0.1.0", "torch": torch_version}}
+
+    assert mismatched_versions([facts("a", "2.13.0"), facts("b", "2.13.0")]) is None
+    assert mismatched_versions([facts("a", "2.13.0"), facts("b", "2.12.1")]) == (
+        "mixed torch versions across nodes: rank 0 on a has 2.13.0, rank 1 on b has 2.12.1; install the same "
+        "torch on every node")
