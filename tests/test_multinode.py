@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from netns import netns_refusal, two_hosts
-from run_cli import TINY, metrics, train
+from run_cli import TINY, metrics, stop_process, train
 
 ENDPOINT = "10.77.0.1"
 
@@ -66,8 +66,7 @@ def run_nodes(hosts, run_dir: Path, port: int, *overrides: str, nproc: int = 1, 
     finally:
         for proc in procs:
             if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+                stop_process(proc)  # SIGTERM: the agent stops its workers too
     return results
 
 
@@ -93,7 +92,8 @@ FSDP_6 = ("train.steps=6", "checkpoint.interval=2")  # shared by the loss test a
 @pytest.mark.parametrize("nproc,overrides,port", [
     (1, FSDP_6, 29401),
     (1, ("train.steps=3", "parallel.tp=2"), 29402),  # TP across the two nodes
-    (2, ("train.steps=3", "parallel.pp=2"), 29403),  # pipeline stages on different nodes, FSDP inside each
+    # pipeline stages on different nodes, FSDP inside each
+    (2, ("train.steps=3", "parallel.pp=2", "parallel.pp_microbatches=2"), 29403),
 ], ids=["fsdp-2x1", "tp-2x1", "pp-fsdp-2x2"])
 def test_two_nodes_train_like_one_node(hosts, tmp_path_factory, nproc, overrides, port):
     run = tmp_path_factory.mktemp("multinode")

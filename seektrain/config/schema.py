@@ -83,9 +83,11 @@ class ParallelSection:
 @dataclass
 class DistSection:
     backend: str = _key("auto", "process-group backend: auto (nccl on GPUs, gloo on CPU) | nccl | gloo")
-    init_timeout_s: float = _key(300.0, "a node that has not joined the rendezvous (or an unreachable endpoint) ends the launch after this")
+    init_timeout_s: float = _key(300.0, "end a multi-node launch when a node has not joined (or the endpoint "
+                                        "is unreachable) within this")
     collective_timeout_s: float = _key(600.0, "a collective waiting longer fails with a message naming the rank")
-    socket_ifname: str = _key("", "network interface gloo/NCCL bind to; empty = the one the route to the rendezvous endpoint leaves by")
+    socket_ifname: str = _key("", "network interface gloo/NCCL bind to; empty = the one the route to the "
+                                  "rendezvous endpoint leaves by")
     env: list[str] = _key([], "extra NAME=VALUE environment for every worker, e.g. NCCL_DEBUG=WARN, NCCL_IB_HCA=mlx5")
 
 

@@ -37,7 +37,8 @@ class LaunchOptions:
         """(min, max) nodes from ``--nnodes N`` or ``MIN:MAX``; a ValueError of one line otherwise."""
         lo, sep, hi = self.nnodes.partition(":")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"--nnodes {self.nnodes!r}: give a node count N or an elastic range MIN:MAX, e.g. 2 or 2:4")
+            raise ValueError(f"--nnodes {self.nnodes!r}: give a node count N or an elastic range MIN:MAX, "
+                             "e.g. 2 or 2:4")
         lo_n, hi_n = int(lo), int(hi) if sep else int(lo)
         if lo_n < 1 or hi_n < lo_n:
             raise ValueError(f"--nnodes {self.nnodes!r}: need 1 <= MIN <= MAX nodes, e.g. 2 or 2:4")
@@ -175,9 +176,17 @@ def unreachable(opts: LaunchOptions, net: NodeNetwork) -> str:
 
 
 def _quiet_rendezvous_logs() -> None:
-    """torchrun logs a failed rendezvous as a multi-line traceback before raising it; we print one line
-    instead, so only its warnings about the rendezvous itself are silenced."""
+    """torchrun logs a failed rendezvous (and a peer lost at the exit barrier) with a multi-line
+    traceback before raising; we print one line instead. The rendezvous modules are silenced; the agent
+    keeps its warnings (a worker failed, the group restarts) but loses the tracebacks."""
     for name in ("torch.distributed.elastic.rendezvous.dynamic_rendezvous",
-                 "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
-                 "torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.errors"):
+                 "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    if not any(isinstance(f, _NoTracebacks) for f in agent.filters):
+        agent.addFilter(_NoTracebacks())
+
+
+class _NoTracebacks(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None
