@@ -176,6 +176,11 @@ def test_bad_endpoints_are_one_line():
     assert parse_endpoint("[fd00::1]:29500").host == "fd00::1"
     with pytest.raises(ValueError, match=r"host 'no-such-node\.invalid' does not resolve on this node"):
         node_network("no-such-node.invalid:29500")
+    import socket
+
+    if socket.gethostbyname(socket.gethostname()).startswith("127."):  # Debian's /etc/hosts default
+        with pytest.raises(ValueError, match=r"resolves to 127\.[0-9.]+ \(loopback\) on this node"):
+            node_network(f"{socket.gethostname()}:29500")
     with pytest.raises(ValueError, match=r"--local-addr 10\.77\.9\.9 is not an address of this node"):
         node_network("127.0.0.1:29500", local_addr="10.77.9.9")
 

@@ -96,6 +96,16 @@ def interface_of(addr: str) -> str | None:
     return None
 
 
+def _names_loopback(host: str) -> bool:
+    """True when the user asked for loopback on purpose (all nodes on one machine): an IP or localhost."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name (e.g. Debian's /etc/hosts maps the own name to 127.0.1.1)
+
+
 def is_local_address(ip: str) -> bool:
     return ipaddress.ip_address(ip).is_loopback or interface_of(ip) is not None
 
@@ -115,6 +125,9 @@ def node_network(endpoint_text: str, local_addr: str = "", ifname: str = "") -> 
     """Decide everything above from the endpoint; ``local_addr`` / ``ifname`` override the detection."""
     endpoint = parse_endpoint(endpoint_text)
     ip = resolve_host(endpoint)
+    if ipaddress.ip_address(ip).is_loopback and not _names_loopback(endpoint.host):
+        raise ValueError(f"--rdzv-endpoint {endpoint}: {endpoint.host!r} resolves to {ip} (loopback) on this node, "
+                         "which the other nodes cannot reach; give node 0's network IP address instead")
     hosts = is_local_address(ip)
     if local_addr:
         try:
