@@ -11,7 +11,7 @@ the last checkpoint and every failure ends with one readable line.
   (``train.on_bad_loss = skip``: gradients dropped, counted as ``skipped`` in metrics) or stops the run
   with one line naming the step and the value (``stop``), saving nothing new. Every rank sees the same
   all-reduced loss, so every rank takes the same decision.
-* Dead or hung ranks: collectives have a finite timeout (``train.collective_timeout_s``); the backend's
+* Dead or hung ranks: collectives have a finite timeout (``dist.collective_timeout_s``); the backend's
   error (gloo's "Timed out waiting 600000ms for recv operation" or "Connection closed by peer") becomes
   a ``CollectiveError`` naming this rank and what it was doing. It subclasses ``ConnectionError`` (an
   ``OSError``), so the CLI prints it as one line. A killed worker is restarted by torchrun
@@ -103,11 +103,12 @@ class FaultGuard:
     """Per-step fault handling for the trainer: ``begin_step`` / ``end_step`` around every step,
     ``raise_readable`` for errors of the loop, ``exit_preempted`` after the preemption checkpoint."""
 
-    def __init__(self, train_cfg, ckpt_cfg, ckpt, rank: int, device: torch.device):
+    def __init__(self, train_cfg, ckpt_cfg, ckpt, rank: int, device: torch.device,
+                 collective_timeout_s: float = 600.0):
         self.loss = LossGuard(train_cfg.on_bad_loss, train_cfg.spike_factor)
         self.ckpt, self.rank, self.device = ckpt, rank, device
         self.grace_s = ckpt_cfg.preempt_grace_s
-        self.timeout_s = train_cfg.collective_timeout_s
+        self.timeout_s = collective_timeout_s
         self.phase = "start-up"
         self.step: int | None = None
         self.signal_received: int | None = None
@@ -192,7 +193,7 @@ class FaultGuard:
         detail = detail.split(". ", 1)[0].rstrip(".")  # gloo appends advice sentences; keep the fact
         raise CollectiveError(
             f"rank {self.rank}: a collective failed during {self.phase}: {detail[:300]}. Another rank died "
-            f"or is stuck (see its log); if it is only slow raise train.collective_timeout_s "
+            f"or is stuck (see its log); if it is only slow raise dist.collective_timeout_s "
             f"(now {self.timeout_s:g} s)") from None
 
 

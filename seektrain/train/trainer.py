@@ -22,6 +22,7 @@ from seektrain.checkpoint.run_files import MODEL_CONFIG
 from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
 from seektrain.models.transformer import build_model
+from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.distributed import DistEnv, init_distributed
 from seektrain.parallel.parallelize import parallelize_model, unwrap
 from seektrain.plan.run_plan import RunPlan
@@ -41,7 +42,7 @@ log = logging.getLogger("seektrain.train")
 
 
 def train(cfg: JobConfig) -> dict:
-    env = init_distributed(cfg.train.collective_timeout_s)
+    env = init_distributed(cfg.dist)
     run_dir = Path(cfg.run.dir)
     ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank)
     # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
@@ -56,7 +57,8 @@ def train(cfg: JobConfig) -> dict:
         torch.use_deterministic_algorithms(True)
 
     data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main)
-    guard = FaultGuard(cfg.train, cfg.checkpoint, ckpt, env.rank, env.device)  # [faults] SIGTERM, bad loss, hangs
+    guard = FaultGuard(cfg.train, cfg.checkpoint, ckpt, env.rank, env.device,  # [faults] SIGTERM, bad loss, hangs
+                       cfg.dist.collective_timeout_s)
     weights = initial_weights(cfg) if start.checkpoint is None else None
     ctx = build_step_context(plan, env.device, data, guard, weights)
     start_step = 0
@@ -108,6 +110,7 @@ def write_run_files(plan: RunPlan, run_dir: Path, env: DistEnv) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_to_toml(plan.job))
         (run_dir / MODEL_CONFIG).write_text(json.dumps(plan.model.to_dict(), indent=1))
+        write_env_file(run_dir, env.backend, env.facts, plan.job.dist)
 
 
 def build_step_context(plan: RunPlan, device: torch.device, data: TrainingData, guard: FaultGuard,
