@@ -160,7 +160,7 @@ def job_info(job: str, env: dict) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
-def wait_for_job(job: str, env: dict, log: Path, timeout: float = 150) -> dict[str, str]:
+def wait_for_job(job: str, env: dict, log: Path, timeout: float = 300) -> dict[str, str]:
     deadline = time.time() + timeout
     while time.time() < deadline:
         info = job_info(job, env)
