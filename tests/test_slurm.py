@@ -56,7 +56,7 @@ def test_script_runs_one_task_per_node_with_the_rendezvous_on_the_first(tmp_path
     assert '--nnodes "$SLURM_NNODES" --nproc-per-node 4' in script
     assert f"train --config {config}\n    --set train.global_batch_size=64\n" in script
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
-    assert '--ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK"' in srun
+    assert '--ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 --gpus-per-node=4' in srun
     # the node rank is expanded inside each task (in the batch shell SLURM_NODEID is always 0)
     assert "bash -c 'exec \"$@\" --node-rank \"$SLURM_NODEID\"'" in script
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
@@ -72,7 +72,7 @@ def test_cpu_nodes_and_containers(tmp_path, capsys):
     assert code == 0 and script == "", err
     script = (tmp_path / "job.sh").read_text()
     assert os.access(tmp_path / "job.sh", os.X_OK)
-    assert "--gpus-per-node" not in "".join(line for line in script.splitlines() if line.startswith("#SBATCH"))
+    assert "--gpus" not in "".join(line for line in script.splitlines() if line.startswith(("#SBATCH", "srun")))
     assert "#SBATCH --cpus-per-task=16\n" in script
     assert "--container-image=registry/seektrain:1" in script
     assert f"--container-mounts={','.join(sorted({str(tmp_path / 'run'), str(tmp_path), os.getcwd()}))}" in script

@@ -163,6 +163,8 @@ def _sbatch_lines(job: SlurmJob) -> list[str]:
 def _srun_options(job: SlurmJob) -> list[str]:
     opts = ['--nodes="$SLURM_NNODES"', "--ntasks-per-node=1", '--cpus-per-task="$SLURM_CPUS_PER_TASK"',
             "--kill-on-bad-exit=1"]
+    if job.gpus_per_node:  # explicit, so the step holds every GPU of the node whatever the site's defaults
+        opts.append(f"--gpus-per-node={job.gpus_per_node}")
     if job.image:  # pyxis/enroot: the run dir, the config and the working directory at the same paths
         mounts = sorted({str(job.run_dir), str(job.config.parent), str(job.workdir)})
         opts += [f"--container-image={shlex.quote(job.image)}",
