@@ -82,6 +82,7 @@ def test_cpu_nodes_and_containers(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--set", "run.dir=runs/x"], "seektrain: error: run.dir='runs/x' is relative, but Slurm tasks may start in "
      "another directory on another node; set run.dir to an absolute path on storage every node shares"),
+    (["--set", "run.dir=~/runs/x"], "seektrain: error: run.dir='~/runs/x' is relative"),
     (["--set", "train.stepz=3"], "seektrain: error: unknown config key 'train.stepz'; keys of [train]: "),
     (["--set", "parallel.tp=3"], "seektrain: error: world size 8 is not divisible by parallel.dp_replicate × tp × "
      "pp = 3"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -81,7 +82,8 @@ def plan_slurm_job(config: str, overrides: list[str], nodes: int, gpus_per_node:
                    time: str = "", account: str = "", image: str = "", python: str = "",
                    workdir: Path | None = None) -> SlurmJob:
     """Validate the config and the layout for ``nodes`` × workers now, before anything is queued.
-    ``python`` is the interpreter the nodes run (ignored with ``image``). Raises ValueError (one line)."""
+    ``python`` is the interpreter the nodes run (default: this one; ignored with ``image``).
+    Raises ValueError (one line)."""
     from seektrain.cli.train_cmd import check_layout
     from seektrain.config.loader import load_config
 
@@ -104,7 +106,7 @@ def plan_slurm_job(config: str, overrides: list[str], nodes: int, gpus_per_node:
 
     config_path = Path(config).expanduser().absolute()
     cfg = load_config(config_path, overrides)
-    run_dir = Path(cfg.run.dir).expanduser()
+    run_dir = Path(cfg.run.dir)  # not expanded: the trainer does not expand ~ either
     if not run_dir.is_absolute():
         raise ValueError(f"run.dir={cfg.run.dir!r} is relative, but Slurm tasks may start in another directory on "
                          "another node; set run.dir to an absolute path on storage every node shares")
@@ -119,7 +121,7 @@ def plan_slurm_job(config: str, overrides: list[str], nodes: int, gpus_per_node:
     if cfg.checkpoint.resume != "auto":
         notes.append(f"checkpoint.resume={cfg.checkpoint.resume!r}: a requeued job starts from that again, not "
                      "from the checkpoint it saved when preempted; checkpoint.resume=auto resumes from the newest")
-    train_command = list(CONTAINER_TRAIN) if image else [python, "-m", "seektrain.cli.main"]
+    train_command = list(CONTAINER_TRAIN) if image else [python or sys.executable, "-m", "seektrain.cli.main"]
     return SlurmJob(config=config_path, overrides=list(overrides), nodes=nodes, gpus_per_node=gpus_per_node,
                     nproc_per_node=nproc_per_node, cpus_per_task=cpus_per_task, run_dir=run_dir,
                     workdir=(workdir or Path.cwd()).absolute(), job_name=_job_name(cfg.run.name or run_dir.name),
