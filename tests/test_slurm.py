@@ -18,6 +18,7 @@ import pytest
 from run_cli import TINY, metrics, seektrain
 
 from seektrain.cli.main import main
+from seektrain.launch.image import DEFAULT_IMAGE
 from seektrain.launch.slurm import parse_slurm_time
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +78,8 @@ def test_cpu_nodes_and_containers(tmp_path, capsys):
     assert "--container-image=registry/seektrain:1" in script
     assert f"--container-mounts={','.join(sorted({str(tmp_path / 'run'), str(tmp_path), os.getcwd()}))}" in script
     assert "    seektrain\n    train --config" in script  # the image's CLI, not this machine's Python
+    code, script, err = launch(capsys, "--config", str(config), "--nodes", "1", "--gpus-per-node", "1", "--image")
+    assert code == 0 and f"--container-image={DEFAULT_IMAGE} " in script, err  # what deploy/docker builds
 
 
 @pytest.mark.parametrize("args, message", [

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from seektrain.launch.image import DEFAULT_IMAGE
+
 
 def register(launch_sub: argparse._SubParsersAction) -> None:
     p = launch_sub.add_parser(
@@ -25,7 +27,9 @@ def register(launch_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partition", default="", help="sbatch --partition")
     p.add_argument("--time", default="", help="sbatch --time limit, e.g. 24:00:00 (training stops in time to save)")
     p.add_argument("--account", default="", help="sbatch --account")
-    p.add_argument("--image", default="", help="run inside this container image (pyxis: srun --container-image)")
+    p.add_argument("--image", nargs="?", const=DEFAULT_IMAGE, default="", metavar="IMG",
+                   help=f"run inside this container image with pyxis (srun --container-image); --image alone: "
+                        f"{DEFAULT_IMAGE}, what deploy/docker/Dockerfile builds")
     p.add_argument("-o", "--output", default="", help="write the script here (default: stdout)")
     p.set_defaults(handler=run)
 
