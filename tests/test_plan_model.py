@@ -140,7 +140,7 @@ def test_no_fit_names_the_smallest_hardware(capsys):
 
 
 def test_cpu_offload_moves_state_to_the_host_and_costs_time():
-    """``parallel.cpu_offload`` (read with a default until the offload part of issue 13 adds the key)."""
+    """``parallel.cpu_offload``: the state moves to the host, its transfers and host AdamW cost time."""
     from seektrain.plan.search import layouts
 
     base = ("train.seq_len=2048", "train.global_batch_size=8", "train.micro_batch_size=1")

@@ -22,6 +22,7 @@ class ConfigError(ValueError):
 # Keys that moved: an old config gets one line naming the new key instead of "unknown key".
 RENAMED_KEYS = {
     "train.cpu_keep_freed_memory": "cpu.keep_freed_memory",
+    "train.collective_timeout_s": "dist.collective_timeout_s",
 }
 
 
@@ -157,7 +158,7 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(t.on_bad_loss in ("skip", "stop"), f"train.on_bad_loss={t.on_bad_loss!r}: use skip or stop")
     _check(t.spike_factor == 0 or t.spike_factor > 1,
            f"train.spike_factor={t.spike_factor}: use 0 (off) or a factor > 1, e.g. 3")
-    _check(t.collective_timeout_s > 0, "train.collective_timeout_s must be > 0 seconds")
+    _check_dist(cfg.dist)
     _check(0 <= cfg.metrics.prometheus_port < 65536, "metrics.prometheus_port must be within 0..65535")
     _check(t.eval_interval >= 0, "train.eval_interval must be >= 0 (0 = no validation loss)")
     _check(t.eval_steps >= 1, "train.eval_steps must be >= 1")
@@ -165,6 +166,26 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check_trackers(cfg)
     _check(bool(cfg.run.dir), "run.dir must not be empty")
     return cfg
+
+
+def _check_dist(d) -> None:
+    _check(d.backend in ("auto", "nccl", "gloo"), f"dist.backend={d.backend!r}: use auto, nccl or gloo")
+    _check(d.collective_timeout_s > 0, "dist.collective_timeout_s must be > 0 seconds")
+    _check(d.init_timeout_s > 0, "dist.init_timeout_s must be > 0 seconds")
+    _check(d.socket_ifname == d.socket_ifname.strip() and "=" not in d.socket_ifname,
+           f"dist.socket_ifname={d.socket_ifname!r}: give an interface name such as eth0 (empty = automatic)")
+    dist_env_vars(d.env)
+
+
+def dist_env_vars(items: list[str]) -> dict[str, str]:
+    """``dist.env`` as a dict; each item must be NAME=VALUE with an environment-variable name."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        _check(bool(sep) and name.isidentifier() and name == name.upper(),
+               f"dist.env: {item!r} is not NAME=VALUE with an upper-case variable name, e.g. NCCL_DEBUG=WARN")
+        out[name] = value
+    return out
 
 
 def _check_resume(spec: str) -> None:

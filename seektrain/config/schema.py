@@ -44,7 +44,6 @@ class TrainSection:
     eval_steps: int = _key(4, "micro-batches per validation-loss evaluation")
     on_bad_loss: str = _key("skip", "NaN/Inf or spiking loss: skip (drop the update) | stop (exit with one line)")
     spike_factor: float = _key(0.0, "a loss above factor x the running mean of recent losses is bad; 0 = off")
-    collective_timeout_s: float = _key(600.0, "a collective waiting longer fails with a message naming the rank")
 
 
 @dataclass
@@ -75,11 +74,24 @@ class ParallelSection:
     ep: int = _key(1, "expert-parallel ranks: a divisor of dp_shard, or with tp > 1 tp x a divisor of dp_shard")
     data_parallel: str = _key("fsdp", "fsdp | ddp (ddp requires dp_shard == 1)")
     reshard_after_forward: bool = _key(True, "FSDP: false keeps params gathered after forward (ZeRO-2-like)")
+    cpu_offload: bool = _key(False, "FSDP CPU offload: params, grads, optimizer state in host memory (needs fsdp; "
+                                    "also 1 rank)")
     pp_schedule: str = _key("1f1b", "pipeline schedule: gpipe | 1f1b | interleaved-1f1b | zbv")
     pp_microbatches: int = _key(0, "pipeline micro-batches per step; 0 = one per micro batch of the accumulation")
     pp_stages_per_rank: int = _key(2, "stages each rank runs under interleaved-1f1b (zbv always uses 2)")
     pp_split: list[int] = _key([], "decoder layers per pipeline stage; empty = balanced automatically")
     auto: bool = _key(False, "replace the degrees and micro_batch_size by the planner's best layout for the world size and device (seektrain plan)")
+
+
+@dataclass
+class DistSection:
+    backend: str = _key("auto", "process-group backend: auto (nccl on GPUs, gloo on CPU) | nccl | gloo")
+    init_timeout_s: float = _key(300.0, "end a multi-node launch when a node has not joined (or the endpoint "
+                                        "is unreachable) within this")
+    collective_timeout_s: float = _key(600.0, "a collective waiting longer fails with a message naming the rank")
+    socket_ifname: str = _key("", "network interface gloo/NCCL bind to; empty = the one the route to the "
+                                  "rendezvous endpoint leaves by")
+    env: list[str] = _key([], "extra NAME=VALUE environment for every worker, e.g. NCCL_DEBUG=WARN, NCCL_IB_HCA=mlx5")
 
 
 @dataclass
@@ -133,6 +145,7 @@ class JobConfig:
     optim: OptimSection = field(default_factory=OptimSection)
     precision: PrecisionSection = field(default_factory=PrecisionSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
+    dist: DistSection = field(default_factory=DistSection)
     data: DataSection = field(default_factory=DataSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     run: RunSection = field(default_factory=RunSection)

@@ -33,7 +33,7 @@ def device_hardware(device_type: str, ranks_per_node: int) -> Hardware:
 def auto_layout(job: JobConfig, model: ModelConfig, world_size: int, device_type: str,
                 ranks_per_node: int | None = None) -> tuple[JobConfig, str]:
     """(the job with the best layout's degrees and micro-batch, one line saying why); the job unchanged
-    and "" when ``parallel.auto`` is off. The activation checkpointing mode stays the configured one."""
+    and "" when ``parallel.auto`` is off. Activation checkpointing and CPU offload stay as configured."""
     if not job.parallel.auto:
         return job, ""
     from seektrain.plan.planner import best_feasible
@@ -42,9 +42,9 @@ def auto_layout(job: JobConfig, model: ModelConfig, world_size: int, device_type
     hw = device_hardware(device_type, min(per_node, world_size))
     micro = tuple(sorted(set(MICRO_BATCHES) | {job.train.micro_batch_size}))
     result = best_feasible(job, model, world_size, hw, checkpoint_modes=(job.train.activation_checkpoint,),
-                           micro_batches=micro)
+                           micro_batches=micro, offload_modes=(job.parallel.cpu_offload,))
     best = result.ranked[0]
-    chosen = {k: v for k, v in best.settings.items() if k != "train.activation_checkpoint"}
+    chosen = {k: v for k, v in best.settings.items() if k not in _KEPT}
     why = (f"parallel.auto: {_short(chosen)} on {world_size} × "
            f"{hw.name}: predicted step {best.time.total_s:.3g} s, {best.memory.total / 2**30:.2f} GiB per rank")
     if len(result.ranked) > 1:
@@ -53,6 +53,8 @@ def auto_layout(job: JobConfig, model: ModelConfig, world_size: int, device_type
     return apply_settings(job, chosen), why
 
 
+_KEPT = ("train.activation_checkpoint", "parallel.cpu_offload")  # auto searches with the configured values
+
+
 def _short(settings: dict) -> str:
-    return " ".join(f"{key.split('.')[1]}={value}" for key, value in settings.items()
-                    if key != "train.activation_checkpoint")
+    return " ".join(f"{key.split('.')[1]}={value}" for key, value in settings.items() if key not in _KEPT)

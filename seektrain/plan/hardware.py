@@ -25,6 +25,7 @@ class Hardware:
     gpus_per_node: int
     context_gib: float  # CUDA context, cuBLAS/NCCL workspaces: allocated outside PyTorch's tensors
     source: str
+    host_gib: float = 0.0  # host memory per device for parallel.cpu_offload (DGX-class node RAM / 8)
 
     @property
     def intra_bytes_per_s(self) -> float:
@@ -40,19 +41,20 @@ _NVIDIA = "https://www.nvidia.com/en-us/data-center/"
 GPUS: dict[str, Hardware] = {h.name: h for h in (
     Hardware("h100-80g", 79.1, 989.4, 1978.9, 900.0, 50.0, 8, 1.0,
              _NVIDIA + "h100/ (H100 SXM5: 80 GB HBM3, bf16 989.4 TFLOPS dense, fp8 1978.9, NVLink 900 GB/s); "
-             "network: ConnectX-7 400 Gb/s NDR per GPU (DGX H100)"),
+             "network: ConnectX-7 400 Gb/s NDR per GPU (DGX H100); host 2 TB per 8 GPUs (DGX H100)", 256.0),
     Hardware("h200", 139.8, 989.4, 1978.9, 900.0, 50.0, 8, 1.0,
              _NVIDIA + "h200/ (H200 SXM: 141 GB HBM3e, bf16 989.4 TFLOPS dense, fp8 1978.9, NVLink 900 GB/s); "
-             "network: 400 Gb/s NDR per GPU (HGX H200)"),
+             "network: 400 Gb/s NDR per GPU (HGX H200); host 2 TB per 8 GPUs assumed", 256.0),
     Hardware("h800", 79.1, 989.4, 1978.9, 400.0, 50.0, 8, 1.0,
              _NVIDIA + "h800/ (H800 SXM: 80 GB, compute as H100 SXM, NVLink 400 GB/s); DeepSeek-V3 report "
-             "https://arxiv.org/abs/2412.19437 sec. 3.2.2: NVLink 160 GB/s achieved, IB 50 GB/s per GPU"),
+             "https://arxiv.org/abs/2412.19437 sec. 3.2.2: NVLink 160 GB/s achieved, IB 50 GB/s per GPU; host 2 TB per "
+             "8 GPUs assumed", 256.0),
     Hardware("a100-80g", 79.1, 312.0, 0.0, 600.0, 25.0, 8, 1.0,
              _NVIDIA + "a100/ (A100 SXM 80GB: bf16 312 TFLOPS dense, no fp8, NVLink 600 GB/s); "
-             "network: 200 Gb/s HDR per GPU (DGX A100)"),
+             "network: 200 Gb/s HDR per GPU (DGX A100); host 2 TB per 8 GPUs (DGX A100 640GB)", 256.0),
     Hardware("a100-40g", 39.4, 312.0, 0.0, 600.0, 25.0, 8, 1.0,
              _NVIDIA + "a100/ (A100 SXM 40GB: bf16 312 TFLOPS dense, no fp8, NVLink 600 GB/s); "
-             "network: 200 Gb/s HDR per GPU (DGX A100)"),
+             "network: 200 Gb/s HDR per GPU (DGX A100); host 1 TB per 8 GPUs (DGX A100 320GB)", 128.0),
 )}
 KNOWN = tuple(GPUS) + ("cpu",)
 

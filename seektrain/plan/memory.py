@@ -317,8 +317,8 @@ def comm_buffer_bytes(plan) -> CommBuffers:
     a = 4 if plan.job.precision.dtype == "fp32" else 2
     if not plan.uses_fsdp:
         return CommBuffers(0.0, 0.0, 0.0 if a == 4 else state_bytes(plan, 0).params / FP32 * a)
-    if plan.dp_shard == 1:
-        return CommBuffers(0.0, 0.0, 0.0)
+    if plan.dp_shard == 1 and not plan.job.parallel.cpu_offload:
+        return CommBuffers(0.0, 0.0, 0.0)  # HSDP/replicate only: nothing is gathered
     units: dict[str, int] = {}
     for spec in param_specs(plan.model):
         if spec.layer is not None:

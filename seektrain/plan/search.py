@@ -88,17 +88,8 @@ def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
 
 
 def offloads(plan: RunPlan) -> bool:
-    """``parallel.cpu_offload`` (added by issue 13's offload part; read with a default until it exists),
-    which FSDP2 applies only where FSDP shards."""
-    return bool(getattr(plan.job.parallel, "cpu_offload", False)) and plan.uses_fsdp
-
-
-def offload_key_exists() -> bool:
-    import dataclasses
-
-    from seektrain.config.schema import ParallelSection
-
-    return any(f.name == "cpu_offload" for f in dataclasses.fields(ParallelSection))
+    """``parallel.cpu_offload``: FSDP2's CPUOffloadPolicy (FSDP runs even over one rank then)."""
+    return plan.cpu_offload and plan.uses_fsdp
 
 
 _LAYOUT_CACHE: dict[tuple, object] = {}
@@ -135,11 +126,11 @@ def _powers_of_two(limit: int) -> list[int]:
 def layouts(model: ModelConfig, world: int, gpus_per_node: int, global_batch: int,
             checkpoint_modes=CHECKPOINT_MODES, micro_batches=MICRO_BATCHES, offload_modes=None):
     """Candidate settings (None for a layout whose data-parallel size does not divide the global batch,
-    so the caller can tell that apart): tp within a node; ``parallel.cpu_offload`` off and on once that
-    key exists (``offload_modes``: the values to try; ``(None,)`` leaves the key out); pp up to the layer count; dp_replicate so that a shard
+    so the caller can tell that apart): tp within a node; ``parallel.cpu_offload`` off and on
+    (``offload_modes``: the values to try; ``(None,)`` leaves the key out); pp up to the layer count; dp_replicate so that a shard
     group spans 1, 2, 4, ... nodes (or everything); ep over the experts; micro-batch; checkpointing."""
     if offload_modes is None:
-        offload_modes = (False, True) if offload_key_exists() else (None,)
+        offload_modes = (False, True)
     for tp in [t for t in _powers_of_two(min(gpus_per_node, 8)) if world % t == 0]:
         for pp in [p for p in _divisors(world // tp) if p <= model.num_hidden_layers and p <= 16]:
             dp = world // (tp * pp)
@@ -187,6 +178,9 @@ def evaluate(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, setti
         cand.reason = str(err)
         return cand
     cand.memory = memory_breakdown(cand.plan, hw)
+    if cand.memory.host_state > hw.host_gib * GIB:
+        cand.reason = f"cpu_offload: does not fit in {hw.host_gib:.0f} GiB of host memory per device"
+        return cand
     if cand.memory.total > hw.memory_gib * GIB:
         cand.reason = f"does not fit in {hw.memory_gib:.1f} GiB per rank (needs {cand.memory.total / GIB:.1f} GiB)"
         return cand
@@ -196,6 +190,8 @@ def evaluate(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, setti
 
 def search(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, **layout_kw) -> SearchResult:
     """Every candidate layout of ``job`` for ``world`` ranks on ``hw``; feasible ones ranked fastest first."""
+    if hw.name == "cpu":  # the host is the device: nothing to offload to
+        layout_kw.setdefault("offload_modes", (False,))
     ranked, rejected, skipped = [], [], 0
     for settings in layouts(model, world, hw.gpus_per_node, job.train.global_batch_size, **layout_kw):
         if settings is None:

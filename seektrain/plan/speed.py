@@ -103,7 +103,7 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
         elif schedule == "zbv":
             bubble /= 2
     offload = 0.0
-    if getattr(job.parallel, "cpu_offload", False) and plan.uses_fsdp:
+    if plan.cpu_offload and plan.uses_fsdp:
         # parameters up and gradients down over PCIe each step, AdamW on the host reading and writing
         # parameters, gradients and both moments
         offload = (state.params + state.grads) / PCIE_BYTES_PER_S + 2 * (state.params * 4) / HOST_BYTES_PER_S
