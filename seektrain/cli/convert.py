@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from seektrain.cli.arg_types import SEED
 from seektrain.config.dtypes import dtype_from_name
 
 EXIT_USER_ERROR = 2
@@ -88,7 +89,10 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 5GB or 500MB)")
     base = 1024 if m.group(3) else 1000
     power = " KMGT".index(m.group(2).upper() or " ")
-    return int(float(m.group(1)) * base**power)
+    size = int(float(m.group(1)) * base**power)
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size (try 5GB or 500MB)")
+    return size
 
 
 def parse_dtype(text: str) -> torch.dtype:
@@ -113,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opts.add_argument("--dtype", type=parse_dtype, default=None,
                       help="weight dtype of the output: bf16, fp16 or fp32 (default: the torch_dtype of "
                            "--from-hf's config.json, fp32 for --preset)")
-    opts.add_argument("--seed", type=int, default=0, help="seed of the random initialisation (--preset)")
+    opts.add_argument("--seed", type=SEED, default=0, help="seed of the random initialisation (--preset)")
     opts.add_argument("--max-shard-size", type=parse_size, default="5GB",
                       help="split the safetensors above this size (default 5GB)")
 

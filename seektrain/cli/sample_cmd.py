@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from seektrain.cli.arg_types import SEED, float_in, int_in
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sample", help="generate text from a trained run")
     p.add_argument("--run", required=True, help="the run.dir of a training run")
     p.add_argument("--prompt", default="")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int_in(0), default=200, help="tokens to generate (>= 0)")
+    p.add_argument("--temperature", type=float_in(0), default=0.8,
+                   help="sampling temperature (>= 0; 0 = greedy)")
+    p.add_argument("--top-k", type=int_in(0), default=40, help="sample among the k likeliest tokens (0 = all)")
+    p.add_argument("--seed", type=SEED, default=0)
     p.set_defaults(handler=run)
 
 

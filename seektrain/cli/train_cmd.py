@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from seektrain.cli.arg_types import int_in
 from seektrain.launch.elastic import LaunchOptions, launch
 
 
@@ -15,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="TOML config file (default: the built-in tiny-v3 run)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config key (repeatable; `seektrain config keys` lists them)")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="worker processes on this node")
+    p.add_argument("--nproc-per-node", type=int_in(1), default=1, help="worker processes on this node")
     p.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for elastic")
     p.add_argument("--node-rank", type=int, default=None)
     p.add_argument("--rdzv-endpoint", default="", help="HOST:PORT of the c10d rendezvous (multi-node)")

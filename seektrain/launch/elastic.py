@@ -50,15 +50,15 @@ def launch(opts: LaunchOptions, worker_argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    from seektrain.launch.worker_errors import quiet_workers, report_failures
+
     try:
-        run(parse_args(torchrun_args(opts, worker_argv)))
+        with quiet_workers():
+            run(parse_args(torchrun_args(opts, worker_argv)))
     except SignalException as err:  # preemption: the workers saved a checkpoint on their way out
         print(f"seektrain: stopped by signal {err.sigval.name}; the workers saved a checkpoint to resume from "
               "(run the same command again)", file=sys.stderr)
         return 128 + int(err.sigval)
     except ChildFailedError as err:
-        failures = ", ".join(f"rank {r} (exit code {f.exitcode})" for r, f in sorted(err.failures.items()))
-        print(f"seektrain: error: training workers failed: {failures}; see the log above and "
-              "run.dir/train.log", file=sys.stderr)
-        return 1
+        return report_failures(err.failures)
     return 0
