@@ -54,9 +54,17 @@ def _random_preset(args: argparse.Namespace):
 
 
 def _save_hf(model, args: argparse.Namespace) -> str:
-    from seektrain.models.hf_io import save_pretrained
+    from pathlib import Path
 
-    files = save_pretrained(model, args.to_hf, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
+    from seektrain.models.hf_config import config_to_hf
+    from seektrain.models.hf_io import save_pretrained
+    from seektrain.models.hf_replace import check_target, write_swapped
+
+    out = Path(args.to_hf).expanduser()
+    sources = tuple(Path(p).expanduser() for p in (args.from_hf,) if p and Path(p).expanduser().is_dir())
+    check_target(out, config_to_hf(model.cfg, "float32"), args.force, sources)
+    files = write_swapped(out, lambda tmp: save_pretrained(model, tmp, dtype=args.dtype,
+                                                           max_shard_bytes=args.max_shard_size))
     return f"wrote {args.to_hf} ({len(files)} weight file{'s' * (len(files) > 1)})"
 
 
@@ -118,6 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="weight dtype of the output: bf16, fp16 or fp32 (default: the torch_dtype of "
                            "--from-hf's config.json, fp32 for --preset)")
     opts.add_argument("--seed", type=SEED, default=0, help="seed of the random initialisation (--preset)")
+    opts.add_argument("--force", action="store_true",
+                      help="--to-hf: replace a different model in OUT_DIR (only a folder of config.json and "
+                           "safetensors; any other file there is never replaced)")
     opts.add_argument("--max-shard-size", type=parse_size, default="5GB",
                       help="split the safetensors above this size (default 5GB)")
 

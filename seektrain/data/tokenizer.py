@@ -119,8 +119,11 @@ def _configured_specials(path: Path) -> tuple[str | None, str | None]:
         return None, None
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None, None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{cfg_path}: unreadable ({str(err).splitlines()[0][:200]}); fix it or remove it (eos/bos "
+                         "are then found in tokenizer.json)") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}; fix it or remove it")
 
     def name(v: object) -> str | None:
         if isinstance(v, dict):

@@ -6,6 +6,7 @@ distinct line once, with the ranks that said it, instead of one copy per rank pl
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from typing import Iterator
@@ -15,16 +16,24 @@ from seektrain.cli.errors import EXIT_FAILED, EXIT_USER_ERROR, QUIET_WORKERS_ENV
 
 @contextlib.contextmanager
 def quiet_workers() -> Iterator[None]:
-    """Workers started inside this block leave their error lines to ``report_failures``."""
+    """Workers started inside this block leave their error lines to ``report_failures``; torchrun's own
+    'failed (exitcode: N)' log line is dropped too, since ``report_failures`` says it better."""
     before = os.environ.get(QUIET_WORKERS_ENV)
     os.environ[QUIET_WORKERS_ENV] = "1"
+    api_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    api_log.addFilter(_drop_exit_lines)
     try:
         yield
     finally:
+        api_log.removeFilter(_drop_exit_lines)
         if before is None:
             os.environ.pop(QUIET_WORKERS_ENV, None)
         else:
             os.environ[QUIET_WORKERS_ENV] = before
+
+
+def _drop_exit_lines(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("failed (exitcode")
 
 
 def report_failures(failures: dict) -> int:
