@@ -127,6 +127,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if path.name.endswith(".tmp") or (path / ".metadata").is_file():
         raise ValueError(f"{path} is not a complete checkpoint (being written, or its save was interrupted); "
                          f"pick a step-N folder under {path.parent}")
+    unusable: list[str] = []
+    if path.is_dir() and newest_valid(path, lambda c, p: unusable.append(f"{c.name}: {p}")) is None and unusable:
+        raise ValueError(f"{path / CHECKPOINTS} holds no valid checkpoint ({unusable[0]}); restore that file, or "
+                         "train again")
     if not path.is_dir():
         raise ValueError(f"{path} not found: pass a run dir (made by `seektrain train`) or one of its "
                          "checkpoints/step-N folders")

@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     from seektrain.train.generate import generate, load_run_model
 
     model, tokenizer, path = load_run_model(Path(args.run))
-    ids = tokenizer.encode(args.prompt)
+    # an empty prompt starts after a document boundary, as every training document does
+    ids = tokenizer.encode(args.prompt) or [tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id]
     out = generate(model, ids, args.max_new_tokens, args.temperature, args.top_k, args.seed)
     print(f"# {path}")
     print(args.prompt + tokenizer.decode(out))

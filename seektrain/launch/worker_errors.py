@@ -20,6 +20,8 @@ def quiet_workers() -> Iterator[None]:
     'failed (exitcode: N)' log line is dropped too, since ``report_failures`` says it better."""
     before = os.environ.get(QUIET_WORKERS_ENV)
     os.environ[QUIET_WORKERS_ENV] = "1"
+    # torchrun sets 1 itself and prints a banner about it; setting it here does the same, quietly
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     api_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     api_log.addFilter(_drop_exit_lines)
     try:
@@ -33,7 +35,7 @@ def quiet_workers() -> Iterator[None]:
 
 
 def _drop_exit_lines(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("failed (exitcode")
+    return not str(record.msg).startswith(("failed (exitcode", "Sending process"))
 
 
 def report_failures(failures: dict) -> int:
@@ -52,5 +54,7 @@ def report_failures(failures: dict) -> int:
     if silent:
         print(f"seektrain: error: training workers failed without a message: {', '.join(silent)}; see the log "
               "above and run.dir/train.log", file=sys.stderr)
-    all_bad_input = not silent and all(f.exitcode == EXIT_USER_ERROR for f in failures.values())
+    # A worker that refused bad input may be stopped by a signal while exiting: its line decides.
+    all_bad_input = not silent and all(m.startswith("seektrain: error:") for m in said) and any(
+        f.exitcode == EXIT_USER_ERROR for f in failures.values())
     return EXIT_USER_ERROR if all_bad_input else EXIT_FAILED
