@@ -103,3 +103,34 @@ def test_rows_cover_every_area():
     assert len(ROWS) > 100
     kinds = {c.argv[0] for c in ROWS}
     assert {"train", "config", "sample", "flops", "data", "convert"} <= kinds
+
+
+def test_internal_error_is_one_line_naming_train_log(tmp_path, monkeypatch, capsys):
+    """A bug (not a user mistake) puts its traceback into run.dir/train.log and one line on stderr."""
+    from seektrain.cli import train_cmd
+
+    def broken(args):
+        raise RuntimeError("an invariant broke")
+
+    monkeypatch.setattr(train_cmd, "run", broken)
+    assert main(["train", "--set", f"run.dir={tmp_path / 'run'}"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path / "run" / "train.log") in lines[0] and "an invariant broke" in lines[0]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "Traceback" in log and "RuntimeError: an invariant broke" in log
+
+
+def test_launcher_prints_each_worker_line_once(capsys):
+    """Four ranks refusing the same bad input give one line (exit 2); a rank that died silently is named."""
+    from types import SimpleNamespace
+
+    from seektrain.launch.worker_errors import report_failures
+
+    line = "seektrain: error: data.path=x: no such directory"
+    same = {r: SimpleNamespace(message=line, exitcode=2) for r in range(4)}
+    assert report_failures(same) == 2
+    assert capsys.readouterr().err.splitlines() == [line + " [ranks 0, 1, 2, 3]"]
+    mixed = {0: SimpleNamespace(message=line, exitcode=2), 1: SimpleNamespace(message="", exitcode=-9)}
+    assert report_failures(mixed) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == line + " [rank 0]" and "rank 1 (exit code -9)" in err[1]
