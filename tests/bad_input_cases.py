@@ -337,7 +337,7 @@ CKPT_ROWS = [
     _ckpt_row("distcp-corrupt", lambda ws, fx: _flip_byte(ws / STEP / "__0_0.distcp"), ["__0_0.distcp"]),
     _ckpt_row("trainer-state-a-list", edit_json(f"{STEP}/trainer_state.json", lambda d: [d], rehash=True), ["trainer_state.json"],
               TRAIN_RESUME),
-    _ckpt_row("trainer-state-no-scheduler", edit_json(f"{STEP}/trainer_state.json", set_key("scheduler", _DROP), rehash=True),
+    _ckpt_row("trainer-state-scheduler-a-list", edit_json(f"{STEP}/trainer_state.json", set_key("scheduler", [0]), rehash=True),
               ["trainer_state.json", "scheduler"], TRAIN_RESUME),
     _ckpt_row("trainer-state-step-text", edit_json(f"{STEP}/trainer_state.json", set_key("step", "one"), rehash=True),
               ["trainer_state.json", "step"], TRAIN_RESUME),

@@ -99,8 +99,8 @@ def test_resume_existing_relative_path_accepted(tmp_path, monkeypatch):
     (["checkpoint.resume=latest"], "checkpoint.resume='latest': use auto, never, a step number or a checkpoint path"),
     (["checkpoint.resume=-3"], "checkpoint.resume='-3'"),
     (["checkpoint.resume="], "checkpoint.resume=''"),
-    (["train.eval_interval=-1"], "train.eval_interval must be >= 0"),
-    (["train.eval_steps=0"], "train.eval_steps must be >= 1"),
+    (["train.eval_interval=-1"], "train.eval_interval=-1: must be >= 0"),
+    (["train.eval_steps=0"], "train.eval_steps=0: must be >= 1"),
     (["train.cpu_keep_freed_memory=false"],
      "config key 'train.cpu_keep_freed_memory' moved to 'cpu.keep_freed_memory'"),
 ])

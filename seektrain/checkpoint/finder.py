@@ -87,7 +87,8 @@ def read_trainer_state(ckpt: Path) -> dict:
 
 
 def trainer_state_problem(state) -> str | None:
-    """The shape ``restore_trainer_state`` relies on: a step, and unless weights-only, the three states."""
+    """The shape ``restore_trainer_state`` relies on: a step, and the states it holds as objects (which
+    of them a full training checkpoint must hold is checked when they are restored)."""
     if not isinstance(state, dict):
         return f"expected a JSON object, got {type(state).__name__}"
     if type(state.get("step")) is not int or state["step"] < 0:
@@ -95,7 +96,7 @@ def trainer_state_problem(state) -> str | None:
     if state.get("weights_only"):
         return None
     for key in ("scheduler", "scaler", "data"):
-        if not isinstance(state.get(key), dict):
+        if key in state and not isinstance(state[key], dict):
             return f"field {key!r} must be a JSON object, got {type(state.get(key)).__name__}"
     return None
 
