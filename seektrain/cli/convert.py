@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -54,18 +55,24 @@ def _random_preset(args: argparse.Namespace):
 
 
 def _save_hf(model, args: argparse.Namespace) -> str:
-    from pathlib import Path
-
     from seektrain.models.hf_config import config_to_hf
     from seektrain.models.hf_io import save_pretrained
-    from seektrain.models.hf_replace import check_target, write_swapped
+    from seektrain.models.hf_replace import write_swapped
 
-    out = Path(args.to_hf).expanduser()
-    sources = tuple(Path(p).expanduser() for p in (args.from_hf,) if p and Path(p).expanduser().is_dir())
-    check_target(out, config_to_hf(model.cfg, "float32"), args.force, sources)
+    out = _check_hf_target(args, config_to_hf(model.cfg, "float32"))
     files = write_swapped(out, lambda tmp: save_pretrained(model, tmp, dtype=args.dtype,
                                                            max_shard_bytes=args.max_shard_size))
     return f"wrote {args.to_hf} ({len(files)} weight file{'s' * (len(files) > 1)})"
+
+
+def _check_hf_target(args: argparse.Namespace, new_config: dict | None) -> Path:
+    """The --to-hf folder, once ``check_target`` agrees that writing there loses nothing."""
+    from seektrain.models.hf_replace import check_target
+
+    out = Path(args.to_hf).expanduser()
+    sources = tuple(Path(p).expanduser() for p in (args.from_hf,) if p and Path(p).expanduser().is_dir())
+    check_target(out, new_config, args.force, sources)
+    return out
 
 
 def _load_checkpoint(args: argparse.Namespace):
@@ -156,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         source = _pick(args, SOURCES, "source")
         sink = _pick(args, SINKS, "destination")
+        if sink == "to_hf":  # refuse a folder we may not replace before a long load of the source
+            _check_hf_target(args, None)
         model = SOURCES[source](args)
         message = SINKS[sink](model, args)
     except (ValueError, OSError) as exc:

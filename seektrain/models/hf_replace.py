@@ -21,8 +21,9 @@ _IDENTITY = ("architectures", "vocab_size", "hidden_size", "num_hidden_layers", 
              "intermediate_size", "n_routed_experts", "kv_lora_rank", "q_lora_rank", "moe_intermediate_size")
 
 
-def check_target(out: Path, new_config: dict, force: bool, sources: tuple[Path, ...] = ()) -> None:
-    """Raise ValueError (one line) unless writing ``new_config``'s model to ``out`` loses nothing."""
+def check_target(out: Path, new_config: dict | None, force: bool, sources: tuple[Path, ...] = ()) -> None:
+    """Raise ValueError (one line) unless writing ``new_config``'s model to ``out`` loses nothing;
+    ``new_config=None`` checks all but which model is there (before a long load of the source)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--to-hf {out}: is a file; choose a folder")
     for src in sources:
@@ -35,7 +36,7 @@ def check_target(out: Path, new_config: dict, force: bool, sources: tuple[Path, 
         raise ValueError(f"--to-hf {out}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
                          "which convert does not write, so it will not replace this folder (not even with --force); "
                          "choose a new folder")
-    if force:
+    if force or new_config is None:
         return
     try:
         old = json.loads((out / "config.json").read_text(encoding="utf-8"))
