@@ -120,17 +120,20 @@ def test_internal_error_is_one_line_naming_train_log(tmp_path, monkeypatch, caps
     assert "Traceback" in log and "RuntimeError: an invariant broke" in log
 
 
-def test_launcher_prints_each_worker_line_once(capsys):
+def test_launcher_prints_each_worker_line_once(tmp_path, capsys):
     """Four ranks refusing the same bad input give one line (exit 2); a rank that died silently is named."""
     from types import SimpleNamespace
 
     from seektrain.launch.worker_errors import report_failures
 
     line = "seektrain: error: data.path=x: no such directory"
-    same = {r: SimpleNamespace(message=line, exitcode=2) for r in range(4)}
-    assert report_failures(same) == 2
+    for rank in range(4):
+        (tmp_path / f"rank-{rank}.txt").write_text(line)
+    same = {r: SimpleNamespace(exitcode=2) for r in range(4)}
+    assert report_failures(same, tmp_path) == 2
     assert capsys.readouterr().err.splitlines() == [line + " [ranks 0, 1, 2, 3]"]
-    mixed = {0: SimpleNamespace(message=line, exitcode=2), 1: SimpleNamespace(message="", exitcode=-9)}
-    assert report_failures(mixed) == 1
+    (tmp_path / "rank-1.txt").unlink()
+    mixed = {0: SimpleNamespace(exitcode=2), 1: SimpleNamespace(exitcode=-9)}
+    assert report_failures(mixed, tmp_path) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0] == line + " [rank 0]" and "rank 1 (exit code -9)" in err[1]

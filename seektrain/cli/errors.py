@@ -8,7 +8,6 @@ it by calling ``seektrain.cli.main.main(argv)`` in one process.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -18,8 +17,10 @@ from pathlib import Path
 
 EXIT_USER_ERROR = 2  # bad input: a config key, a flag, a file
 EXIT_FAILED = 1  # the input was fine and the run failed (internal errors included)
-# Set by our launcher for its workers: it prints their error lines itself, once (launch/elastic.py).
-QUIET_WORKERS_ENV = "SEEKTRAIN_LAUNCHER_REPORTS"
+# Set by our launcher for its workers (launch/worker_errors.py): the folder where each worker leaves its
+# error line (rank-N.txt), and whether the worker should leave the printing to the launcher.
+ERROR_DIR_ENV = "SEEKTRAIN_WORKER_ERRORS"
+QUIET_WORKERS_ENV = "SEEKTRAIN_QUIET_WORKERS"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -69,15 +70,15 @@ def _append_log(path: Path, text: str) -> Path | None:
 
 
 def _tell(line: str) -> None:
-    """Under torchrun, record the line in the worker's error file, where the launcher reads it; print it
-    unless our launcher will (or, under a foreign torchrun, unless this is not rank 0)."""
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file:
+    """A worker of our launcher leaves the line in the launcher's folder and, unless the launcher restarts
+    workers (then every attempt's lines matter), stays quiet; anything else prints it."""
+    folder = os.environ.get(ERROR_DIR_ENV)
+    recorded = False
+    if folder:
         try:
-            with open(error_file, "w", encoding="utf-8") as fh:
-                json.dump({"message": line, "timestamp": int(time.time())}, fh)
-        except OSError:
-            error_file = None  # could not record it: print it instead
-    quiet = error_file and (os.environ.get(QUIET_WORKERS_ENV) or os.environ.get("RANK", "0") != "0")
-    if not quiet:
+            Path(folder, f"rank-{int(os.environ.get('RANK', '0'))}.txt").write_text(line, encoding="utf-8")
+            recorded = True
+        except (OSError, ValueError):
+            pass  # could not record it: print it instead
+    if not (recorded and os.environ.get(QUIET_WORKERS_ENV)):
         print(line, file=sys.stderr, flush=True)

@@ -45,20 +45,21 @@ def torchrun_args(opts: LaunchOptions, worker_argv: list[str]) -> list[str]:
 
 
 def launch(opts: LaunchOptions, worker_argv: list[str]) -> int:
-    """Run the workers to completion; returns a process exit code (0 = every worker succeeded)."""
+    """Run the workers to completion; returns a process exit code (0 = every worker succeeded). A failed
+    worker's one line is printed once, by ``report_failures`` (launch/worker_errors.py)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    from seektrain.launch.worker_errors import quiet_workers, report_failures
+    from seektrain.launch.worker_errors import report_failures, worker_error_folder
 
-    try:
-        with quiet_workers():
+    with worker_error_folder(quiet=opts.max_restarts == 0) as errors:
+        try:
             run(parse_args(torchrun_args(opts, worker_argv)))
-    except SignalException as err:  # preemption: the workers saved a checkpoint on their way out
-        print(f"seektrain: stopped by signal {err.sigval.name}; the workers saved a checkpoint to resume from "
-              "(run the same command again)", file=sys.stderr)
-        return 128 + int(err.sigval)
-    except ChildFailedError as err:
-        return report_failures(err.failures)
+        except SignalException as err:  # preemption: the workers saved a checkpoint on their way out
+            print(f"seektrain: stopped by signal {err.sigval.name}; the workers saved a checkpoint to resume "
+                  "from (run the same command again)", file=sys.stderr)
+            return 128 + int(err.sigval)
+        except ChildFailedError as err:
+            return report_failures(err.failures, errors)
     return 0
