@@ -158,8 +158,9 @@ def test_loss_guard_nan_spike_and_state():
 
 
 def test_collective_failure_becomes_one_line_naming_rank_and_operation():
-    cfg = SimpleNamespace(on_bad_loss="skip", spike_factor=0.0, collective_timeout_s=5.0)
-    guard = FaultGuard(cfg, SimpleNamespace(preempt_grace_s=10.0), None, rank=1, device=torch.device("cpu"))
+    cfg = SimpleNamespace(on_bad_loss="skip", spike_factor=0.0)
+    guard = FaultGuard(cfg, SimpleNamespace(preempt_grace_s=10.0), None, rank=1, device=torch.device("cpu"),
+                       collective_timeout_s=5.0)
     try:
         guard.begin_step(7)
         err = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv "
@@ -168,7 +169,7 @@ def test_collective_failure_becomes_one_line_naming_rank_and_operation():
             guard.raise_readable(err)
         text = str(got.value)
         assert "\n" not in text and text.startswith("rank 1: a collective failed during step 7")
-        assert "Timed out waiting 5000ms for recv operation" in text and "train.collective_timeout_s" in text
+        assert "Timed out waiting 5000ms for recv operation" in text and "dist.collective_timeout_s" in text
         guard.raise_readable(RuntimeError("shape mismatch"))  # not a collective failure: left alone
     finally:
         guard.close()
@@ -176,8 +177,8 @@ def test_collective_failure_becomes_one_line_naming_rank_and_operation():
 
 def test_new_config_keys_are_validated():
     cfg = load_config(None, ["train.on_bad_loss=stop", "train.spike_factor=3", "checkpoint.preempt_grace_s=5"])
-    assert cfg.train.on_bad_loss == "stop" and cfg.train.collective_timeout_s == 600.0
-    for bad in ("train.on_bad_loss=ignore", "train.spike_factor=0.5", "train.collective_timeout_s=0",
+    assert cfg.train.on_bad_loss == "stop" and cfg.dist.collective_timeout_s == 600.0
+    for bad in ("train.on_bad_loss=ignore", "train.spike_factor=0.5", "dist.collective_timeout_s=0",
                 "checkpoint.preempt_grace_s=-1"):
         with pytest.raises(ConfigError):
             load_config(None, [bad])
@@ -185,8 +186,8 @@ def test_new_config_keys_are_validated():
 
 def test_hung_rank_ends_with_a_message_naming_rank_and_operation(tmp_path):
     """A real gloo timeout: rank 1 hangs at step 2, so rank 0's next collective times out after
-    train.collective_timeout_s and the run ends with one line naming the rank, the step and the wait."""
-    proc = train(tmp_path, "train.steps=3", "train.collective_timeout_s=5", "checkpoint.preempt_grace_s=2",
+    dist.collective_timeout_s and the run ends with one line naming the rank, the step and the wait."""
+    proc = train(tmp_path, "train.steps=3", "dist.collective_timeout_s=5", "checkpoint.preempt_grace_s=2",
                  nproc=2, env={"SEEKTRAIN_TEST_HANG": "2:1"}, check=False, timeout=240)
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr

@@ -10,6 +10,7 @@ Hooks used by the code:
 
     KILL         the rank sends itself SIGKILL at the start of the step (a crashed worker)
     HANG         the rank sleeps for an hour at the start of the step (a hung worker)
+    OOM          the step raises torch.OutOfMemoryError at its start (a step that does not fit)
     NAN          the loss of the step becomes NaN before backward (a diverged step)
     CKPT_ENOSPC  writing the checkpoint of the step raises OSError(ENOSPC) (a full disk)
 """

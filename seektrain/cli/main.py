@@ -7,8 +7,10 @@ import argparse
 import sys
 
 from seektrain.checkpoint.manager import CheckpointError
-from seektrain.cli import config_cmd, convert, data_cmd, flops_cmd, models_cmd, sample_cmd, train_cmd
+from seektrain.cli import (config_cmd, convert, data_cmd, doctor_cmd, flops_cmd, launch_cmd, models_cmd,
+                           sample_cmd, train_cmd)
 from seektrain.cli.errors import OneLineParser, report_internal_error, report_user_error
+from seektrain.train.out_of_memory import OutOfMemory
 from seektrain.version import version
 
 
@@ -16,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="seektrain", description="Train DeepSeek-family models with PyTorch.")
     parser.add_argument("--version", action="version", version=f"seektrain {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (train_cmd, models_cmd, config_cmd, sample_cmd, data_cmd, convert, flops_cmd):
+    for module in (train_cmd, launch_cmd, models_cmd, config_cmd, sample_cmd, data_cmd, convert, flops_cmd,
+                   doctor_cmd):
         module.register(sub)
     return parser
 
@@ -31,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("seektrain: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, CheckpointError) as err:
+    except (ValueError, OSError, CheckpointError, OutOfMemory) as err:
         return report_user_error(err)
     except RecursionError as err:  # a pathologically nested input file, not a bug of ours
         return report_user_error(ValueError(f"an input nests too deeply to read ({err})"))

@@ -16,11 +16,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="TOML config file (default: the built-in tiny-v3 run)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config key (repeatable; `seektrain config keys` lists them)")
+    p.add_argument("--deepspeed", metavar="DS_CONFIG.json",
+                   help="a DeepSpeed config applied over --config, under --set (seektrain config from-deepspeed)")
     p.add_argument("--nproc-per-node", type=int_in(1), default=1, help="worker processes on this node")
     p.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for elastic")
-    p.add_argument("--node-rank", type=int, default=None)
-    p.add_argument("--rdzv-endpoint", default="", help="HOST:PORT of the c10d rendezvous (multi-node)")
+    p.add_argument("--node-rank", type=int, default=None, help="this node's rank, 0..N-1 (optional with c10d)")
+    p.add_argument("--rdzv-endpoint", default="",
+                   help="HOST:PORT of the c10d rendezvous, the same on every node: an address of the first node")
     p.add_argument("--rdzv-id", default="seektrain")
+    p.add_argument("--local-addr", default="",
+                   help="address this node advertises to the others (default: the one its route to the endpoint uses)")
+    p.add_argument("--rdzv-timeout", type=float, default=None, metavar="SECONDS",
+                   help="end the launch when not every node joined within this (default: dist.init_timeout_s)")
     p.add_argument("--max-restarts", type=int, default=0, help="restart failed workers up to K times")
     p.set_defaults(handler=run)
 
@@ -51,11 +58,18 @@ def check_layout(cfg, world_size: int) -> None:
 def run(args: argparse.Namespace) -> int:
     from seektrain.config.loader import load_config
 
+    if args.deepspeed:  # the file becomes --set items ahead of the user's; workers get those, not the file
+        from seektrain.cli.config_cmd import deepspeed_overrides
+
+        args.overrides = deepspeed_overrides(args)
     cfg = load_config(args.config, args.overrides)  # fail fast, before any process starts
+    from seektrain.config.loader import dist_env_vars
+
     opts = LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
-                         args.max_restarts)
-    if opts.nproc_per_node < 1:
-        raise ValueError("--nproc-per-node must be >= 1")
+                         args.max_restarts, args.local_addr,
+                         args.rdzv_timeout if args.rdzv_timeout is not None else cfg.dist.init_timeout_s,
+                         cfg.dist.socket_ifname, dist_env_vars(cfg.dist.env))
+    opts.validate()
     under_launcher = "LOCAL_RANK" in os.environ
     if not under_launcher and (opts.nproc_per_node > 1 or opts.multi_node or opts.max_restarts > 0):
         world = opts.fixed_world_size()

@@ -22,6 +22,7 @@ class ConfigError(ValueError):
 # Keys that moved: an old config gets one line naming the new key instead of "unknown key".
 RENAMED_KEYS = {
     "train.cpu_keep_freed_memory": "cpu.keep_freed_memory",
+    "train.collective_timeout_s": "dist.collective_timeout_s",
 }
 
 
@@ -149,6 +150,7 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check(ac in ("none", "full") or (ac.startswith("every:") and ac[6:].isdigit() and int(ac[6:]) > 0),
            f"train.activation_checkpoint={ac!r}: use none, full or every:K (K >= 1)")
     _check_resume(cfg.checkpoint.resume)
+    _check_dist(cfg.dist)
     _check_trackers(cfg)
     return cfg
 
@@ -162,6 +164,26 @@ def _finite_problem(value) -> str | None:
 
 def _show(value) -> str:
     return repr(value) if isinstance(value, str) else json.dumps(value) if isinstance(value, list) else str(value)
+
+
+def _check_dist(d) -> None:
+    _check(d.backend in ("auto", "nccl", "gloo"), f"dist.backend={d.backend!r}: use auto, nccl or gloo")
+    _check(d.collective_timeout_s > 0, "dist.collective_timeout_s must be > 0 seconds")
+    _check(d.init_timeout_s > 0, "dist.init_timeout_s must be > 0 seconds")
+    _check(d.socket_ifname == d.socket_ifname.strip() and "=" not in d.socket_ifname,
+           f"dist.socket_ifname={d.socket_ifname!r}: give an interface name such as eth0 (empty = automatic)")
+    dist_env_vars(d.env)
+
+
+def dist_env_vars(items: list[str]) -> dict[str, str]:
+    """``dist.env`` as a dict; each item must be NAME=VALUE with an environment-variable name."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        _check(bool(sep) and name.isidentifier() and name == name.upper(),
+               f"dist.env: {item!r} is not NAME=VALUE with an upper-case variable name, e.g. NCCL_DEBUG=WARN")
+        out[name] = value
+    return out
 
 
 def _check_resume(spec: str) -> None:

@@ -55,7 +55,6 @@ class TrainSection:
     eval_steps: int = _key(4, "micro-batches per validation-loss evaluation", min=1)
     on_bad_loss: str = _key("skip", "NaN/Inf or spiking loss: skip (drop the update) | stop (exit with one line)", choices=("skip", "stop"))
     spike_factor: float = _key(0.0, "a loss above factor x the running mean of recent losses is bad; 0 = off", above=1, also=(0,))
-    collective_timeout_s: float = _key(600.0, "a collective waiting longer fails with a message naming the rank", above=0)
 
 
 @dataclass
@@ -86,10 +85,25 @@ class ParallelSection:
     ep: int = _key(1, "expert-parallel ranks: a divisor of dp_shard, or with tp > 1 tp x a divisor of dp_shard", min=1)
     data_parallel: str = _key("fsdp", "fsdp | ddp (ddp requires dp_shard == 1)", choices=("fsdp", "ddp"))
     reshard_after_forward: bool = _key(True, "FSDP: false keeps params gathered after forward (ZeRO-2-like)")
+    cpu_offload: bool = _key(False, "FSDP CPU offload: params, grads, optimizer state in host memory (needs fsdp; "
+                                    "also 1 rank)")
     pp_schedule: str = _key("1f1b", "pipeline schedule: gpipe | 1f1b | interleaved-1f1b | zbv", choices=("gpipe", "1f1b", "interleaved-1f1b", "zbv"))
     pp_microbatches: int = _key(0, "pipeline micro-batches per step; 0 = one per micro batch of the accumulation", min=0)
     pp_stages_per_rank: int = _key(2, "stages each rank runs under interleaved-1f1b (zbv always uses 2)", min=1)
     pp_split: list[int] = _key([], "decoder layers per pipeline stage; empty = balanced automatically", min=1)
+
+
+@dataclass
+class DistSection:
+    backend: str = _key("auto", "process-group backend: auto (nccl on GPUs, gloo on CPU) | nccl | gloo",
+                        choices=("auto", "nccl", "gloo"))
+    init_timeout_s: float = _key(300.0, "end a multi-node launch when a node has not joined (or the endpoint "
+                                        "is unreachable) within this", above=0)
+    collective_timeout_s: float = _key(600.0, "a collective waiting longer fails with a message naming the rank",
+                                       above=0)
+    socket_ifname: str = _key("", "network interface gloo/NCCL bind to; empty = the one the route to the "
+                                  "rendezvous endpoint leaves by")
+    env: list[str] = _key([], "extra NAME=VALUE environment for every worker, e.g. NCCL_DEBUG=WARN, NCCL_IB_HCA=mlx5")
 
 
 @dataclass
@@ -143,6 +157,7 @@ class JobConfig:
     optim: OptimSection = field(default_factory=OptimSection)
     precision: PrecisionSection = field(default_factory=PrecisionSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
+    dist: DistSection = field(default_factory=DistSection)
     data: DataSection = field(default_factory=DataSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     run: RunSection = field(default_factory=RunSection)

@@ -53,7 +53,7 @@ def _drop_exit_lines(record: logging.LogRecord) -> bool:
     return not msg.startswith("Sending process")
 
 
-def report_failures(failures: dict, folder: Path | None = None) -> int:
+def report_failures(failures: dict, folder: Path | None = None, what: str = "training") -> int:
     """Print each distinct worker line once (from ``folder``); exit 2 when the workers refused bad input."""
     said: dict[str, list[int]] = {}
     silent: list[str] = []
@@ -67,8 +67,9 @@ def report_failures(failures: dict, folder: Path | None = None) -> int:
         where = f" [rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}]" if len(failures) > 1 else ""
         print(message + where, file=sys.stderr)
     if silent:
-        print(f"seektrain: error: training workers failed without a message: {', '.join(silent)}; see the log "
-              "above and run.dir/train.log", file=sys.stderr)
+        where = "the log above and run.dir/train.log" if what == "training" else "the output above"
+        print(f"seektrain: error: {what} workers failed without a message: {', '.join(silent)}; see {where}",
+              file=sys.stderr)
     # A worker that refused bad input may be stopped by a signal while exiting: its line decides.
     all_bad_input = not silent and all(m.startswith("seektrain: error:") for m in said) and any(
         f.exitcode == EXIT_USER_ERROR for f in failures.values())

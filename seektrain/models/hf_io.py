@@ -152,13 +152,9 @@ def _check_shapes(plan, shapes, weight_map, handles, block) -> None:
                 raise HFWeightsError(f"{scale_key}: expected shape {want_s}, got {s_got} in {weight_map[scale_key]}")
 
 
-def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu", what: str = "model.hf_path",
-                    kernels: Kernels | None = None) -> Transformer:
-    """Build our ``Transformer`` from a Hugging Face folder (config.json + safetensors, sharded or not),
-    or from a hub id (``org/name``) already in the local Hugging Face cache (``seektrain.models.hub``);
-    ``kernels`` as for ``build_model``."""
-    spec = os.fspath(path)
+def _open_pretrained(spec: str, what: str) -> tuple[str, dict, ModelConfig, dict]:
+    """(local folder, raw config.json, the model config its weights hold, weight map) of a Hugging Face
+    folder or cached hub id; reads headers only, no tensors."""
     path = os.fspath(resolve_local_path(spec, what))
     raw = read_config_json(path, what)
     from_hub = os.path.normpath(path) != os.path.normpath(os.path.expanduser(spec))
@@ -170,6 +166,22 @@ def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         log.warning("%s: config.json asks for %d MTP layer(s) but the weights hold %d; building the model "
                     "with %d", path, cfg.num_nextn_predict_layers, present, present)
         cfg = cfg.replace(num_nextn_predict_layers=present)
+    return path, raw, cfg, weight_map
+
+
+def pretrained_config(path: str | os.PathLike, what: str = "model.hf_path") -> ModelConfig:
+    """The model config ``from_pretrained(path)`` builds, without reading any weights (the run plan needs
+    it before the weights are loaded)."""
+    return _open_pretrained(os.fspath(path), what)[2]
+
+
+def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu", what: str = "model.hf_path",
+                    kernels: Kernels | None = None) -> Transformer:
+    """Build our ``Transformer`` from a Hugging Face folder (config.json + safetensors, sharded or not),
+    or from a hub id (``org/name``) already in the local Hugging Face cache (``seektrain.models.hub``);
+    ``kernels`` as for ``build_model``."""
+    path, raw, cfg, weight_map = _open_pretrained(os.fspath(path), what)
     block = quant_block_size(raw)
     model = build_model(cfg, device="meta", dtype=dtype, init=False, kernels=kernels)
     shapes = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}

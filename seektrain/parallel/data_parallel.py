@@ -2,7 +2,9 @@
 
 FSDP shards every decoder layer (and MTP module) as its own unit, then the root (embedding, final
 norm, head). ``reshard_after_forward=False`` keeps parameters gathered between forward and backward,
-trading memory for one all-gather less per layer (ZeRO-2-like). The platform policy may then change how
+trading memory for one all-gather less per layer (ZeRO-2-like). An ``offload`` policy
+(``parallel.cpu_offload``) keeps the shards, their gradients and so the optimizer state in host memory
+(ZeRO-Offload/Infinity's idea, done by FSDP2 itself). The platform policy may then change how
 FSDP communicates (``PlatformPolicy.configure_fsdp``: on CPU, point-to-point collectives over gloo).
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from seektrain.config.dtypes import DTYPES as _DTYPES
@@ -25,14 +27,16 @@ def fsdp_mixed_precision(dtype_name: str, reduce_dtype_name: str = "fp32") -> Mi
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecisionPolicy,
-               reshard_after_forward: bool) -> nn.Module:
-    """Shard ``model`` over ``dp_mesh`` (1-D: FSDP; 2-D (replicate, shard): HSDP)."""
+               reshard_after_forward: bool, offload: OffloadPolicy | None = None) -> nn.Module:
+    """Shard ``model`` over ``dp_mesh`` (1-D: FSDP; 2-D (replicate, shard): HSDP); ``offload``: a
+    ``CPUOffloadPolicy`` to keep the shards in host memory (None: on the device)."""
+    offload = offload or OffloadPolicy()
     blocks = list(model.layers.values()) + list(getattr(model, "mtp", []) or [])
     for i, block in enumerate(blocks):
         # The last block is resharded at once: the root's backward runs right after it anyway.
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp,
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, offload_policy=offload,
                     reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard_after_forward)
     return model
 
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from seektrain.models.moe import GroupedExperts, MoE, grouped_swiglu
@@ -151,11 +151,14 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh, tp_mesh: Device
 
 
 def shard_experts(model: nn.Module, efsdp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,
-                  reshard_after_forward: bool) -> None:
+                  reshard_after_forward: bool, offload: OffloadPolicy | None = None) -> None:
     """FSDP for the expert-parallel experts over the expert-FSDP mesh (even of size 1: FSDP then owns
     them, so the per-layer ``fully_shard`` over ``dp_shard`` that follows leaves them alone). Call after
     ``apply_expert_parallel`` and before ``apply_fsdp``. FSDP's default average over ``efsdp`` is right:
-    the remaining 1/ep is applied in the forward (see ``ExpertParallelExperts``)."""
+    the remaining 1/ep is applied in the forward (see ``ExpertParallelExperts``). ``offload``: as in
+    ``apply_fsdp`` (``parallel.cpu_offload``)."""
+    offload = offload or OffloadPolicy()
     for module in model.modules():
         if isinstance(module, ExpertParallelExperts):
-            fully_shard(module, mesh=efsdp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+            fully_shard(module, mesh=efsdp_mesh, mp_policy=mp_policy, offload_policy=offload,
+                        reshard_after_forward=reshard_after_forward)

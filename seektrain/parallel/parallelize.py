@@ -1,7 +1,8 @@
 """Turn a plain model into the parallelised, initialised parts this rank trains, as the run plan says
 (torchtitan's recipe): cut out this rank's pipeline stages, apply expert and tensor parallelism (experts
 first: the tensor-parallel plan of an MoE block leaves expert-parallel experts alone), activation
-checkpointing, regional ``torch.compile`` (``train.compile``) and FSDP/HSDP, materialise only this rank's shards, then initialise them. DDP wraps the
+checkpointing, regional ``torch.compile`` (``train.compile``) and FSDP/HSDP (with CPU offload when the plan
+says so), materialise only this rank's shards, then initialise them. DDP wraps the
 initialised model last, because it needs real tensors; a tensor-parallel model takes FSDP2's replicate
 mode instead, applied like FSDP (``_replicate_tensor_parallel``).
 
@@ -61,14 +62,21 @@ def _parallelize_part(part: Transformer, plan) -> None:
         log.info("train.compile: %d blocks compile at their first call", apply_compile(part))
     if plan.uses_fsdp:
         mp = fsdp_mixed_precision(plan.job.precision.dtype, plan.job.precision.reduce_dtype)
+        offload = plan.platform.cpu_offload_policy() if plan.cpu_offload else None
         if plan.ep > 1:  # experts first, on their own mesh; the per-layer FSDP then skips them
             from seektrain.parallel.expert_parallel import shard_experts
 
-            shard_experts(part, meshes.efsdp, mp, plan.reshard_after_forward)
-        apply_fsdp(part, meshes.fsdp, mp, plan.reshard_after_forward)
+            shard_experts(part, meshes.efsdp, mp, plan.reshard_after_forward, offload)
+        apply_fsdp(part, meshes.fsdp, mp, plan.reshard_after_forward, offload)
         plan.platform.configure_fsdp(part, mp)
     elif plan.tp > 1 and plan.dp > 1:  # data_parallel=ddp
         _replicate_tensor_parallel(part, meshes.dp_replicate)
+
+
+def _buffers_to(module: nn.Module, device: torch.device) -> None:
+    for sub in module.modules():
+        for name, buf in sub.named_buffers(recurse=False):
+            sub._buffers[name] = buf.to(device)
 
 
 def _replicate_tensor_parallel(part: Transformer, dp_mesh) -> None:
@@ -97,11 +105,15 @@ def parallelize_model(model: Transformer, plan, device: torch.device, state_dict
         parts, ids = pipeline.rank_stages(model, plan, plan.meshes.pp.get_local_rank())
     for part in parts:
         _parallelize_part(part, plan)
-        part.to_empty(device=device)
+        # Offloaded shards are materialised in host memory; buffers (the balancing biases) are not FSDP's
+        # and stay with the compute on the device.
+        part.to_empty(device="cpu" if plan.cpu_offload else device)
         if state_dict is None:
             part.init_weights(plan.job.train.seed)
         else:
             load_full_state_dict(part, state_dict)
+        if plan.cpu_offload:
+            _buffers_to(part, device)
     if plan.uses_ddp:
         parts = [apply_ddp(parts[0], plan.meshes.dp)]
     if plan.pp == 1:

@@ -59,6 +59,13 @@ def check_degrees(world_size: int, pp: int, dp_replicate: int, dp_shard: int, tp
         raise ConfigError("parallel.pp > 1 composes with data_parallel=fsdp; set parallel.data_parallel=fsdp")
 
 
+def check_cpu_offload(cpu_offload: bool, data_parallel: str) -> None:
+    """CPU offload is FSDP2's ``CPUOffloadPolicy``: DDP (which keeps whole parameters on the device) has none."""
+    if cpu_offload and data_parallel != "fsdp":
+        raise ConfigError(f"parallel.cpu_offload needs parallel.data_parallel=fsdp (it is FSDP's CPU offload), "
+                          f"not {data_parallel}; set parallel.data_parallel=fsdp or parallel.cpu_offload=false")
+
+
 def tp_error(cfg: ModelConfig, tp: int) -> str | None:
     """Why the model's sharded dimensions do not divide by ``tp`` (one line), or None."""
     if tp == 1:

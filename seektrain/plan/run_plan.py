@@ -57,6 +57,7 @@ class RunPlan:
                     "change the degrees or the number of processes")
             dp_shard = world_size // others
         layout_checks.check_degrees(world_size, p.pp, p.dp_replicate, dp_shard, p.tp, p.ep, p.data_parallel)
+        layout_checks.check_cpu_offload(p.cpu_offload, p.data_parallel)
         dp = p.dp_replicate * dp_shard
         per_step = t.micro_batch_size * dp
         if t.global_batch_size % per_step:
@@ -79,9 +80,16 @@ class RunPlan:
         return self.dp_replicate * self.dp_shard
 
     @property
+    def cpu_offload(self) -> bool:
+        """FSDP2's ``CPUOffloadPolicy``: sharded parameters, their gradients and the optimizer state live in
+        host memory; each block's parameters are copied to the device for its forward and backward."""
+        return self.job.parallel.cpu_offload
+
+    @property
     def uses_fsdp(self) -> bool:
-        """FSDP only where there is something to shard over; one data-parallel rank trains the plain model."""
-        return self.data_parallel == "fsdp" and self.dp > 1
+        """FSDP only where there is something to shard over; one data-parallel rank trains the plain model,
+        unless it offloads to the CPU (offloading is FSDP's, so FSDP then runs over a mesh of one rank)."""
+        return self.data_parallel == "fsdp" and (self.dp > 1 or self.cpu_offload)
 
     @property
     def uses_ddp(self) -> bool:
@@ -167,4 +175,5 @@ class RunPlan:
     def describe(self) -> str:
         text = (f"world={self.world_size} pp={self.pp} dp_replicate={self.dp_replicate} "
                 f"dp_shard={self.dp_shard} tp={self.tp} ep={self.ep} ({self.data_parallel})")
-        return text + (f" pp_schedule={self.job.parallel.pp_schedule}" if self.pp > 1 else "")
+        text += f" pp_schedule={self.job.parallel.pp_schedule}" if self.pp > 1 else ""
+        return text + (" cpu_offload" if self.cpu_offload else "")

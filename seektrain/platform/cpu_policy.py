@@ -9,7 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
 from seektrain.models.kernels import Kernels
 from seektrain.platform import cpu_allocator
@@ -60,3 +60,8 @@ class CpuPolicy(PlatformPolicy):
 
     def model_kernels(self) -> Kernels:
         return cpu_kernels()
+
+    def cpu_offload_policy(self) -> CPUOffloadPolicy:
+        """Pinned memory needs an accelerator; on a CPU device the "offload" keeps the shards where they
+        are, but runs FSDP's offload path (host gradients, host optimizer step) all the same."""
+        return CPUOffloadPolicy(pin_memory=False)

@@ -15,7 +15,7 @@ from seektrain.models.kernels import Kernels
 
 if TYPE_CHECKING:
     from torch import nn
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
 
 class PlatformPolicy:
@@ -34,6 +34,13 @@ class PlatformPolicy:
     def model_kernels(self) -> Kernels:
         """The kernels to build the training model with (``build_model(..., kernels=...)``)."""
         return Kernels()
+
+    def cpu_offload_policy(self) -> CPUOffloadPolicy:
+        """FSDP2's offload policy for ``parallel.cpu_offload``: pinned host memory, so the copies to and
+        from the device overlap with compute."""
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        return CPUOffloadPolicy(pin_memory=True)
 
 
 def policy_for(device: torch.device | str) -> PlatformPolicy:

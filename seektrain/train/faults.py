@@ -11,11 +11,13 @@ the last checkpoint and every failure ends with one readable line.
   (``train.on_bad_loss = skip``: gradients dropped, counted as ``skipped`` in metrics) or stops the run
   with one line naming the step and the value (``stop``), saving nothing new. Every rank sees the same
   all-reduced loss, so every rank takes the same decision.
-* Dead or hung ranks: collectives have a finite timeout (``train.collective_timeout_s``); the backend's
+* Dead or hung ranks: collectives have a finite timeout (``dist.collective_timeout_s``); the backend's
   error (gloo's "Timed out waiting 600000ms for recv operation" or "Connection closed by peer") becomes
   a ``CollectiveError`` naming this rank and what it was doing. It subclasses ``ConnectionError`` (an
   ``OSError``), so the CLI prints it as one line. A killed worker is restarted by torchrun
   (``--max-restarts``) and the new workers resume from the last checkpoint.
+* Out of memory in a step (CUDA's ``torch.OutOfMemoryError``, ``MemoryError``, a failed CPU allocation):
+  one line naming the cheapest fix for this job (``out_of_memory.py``) instead of a traceback.
 * The all-reduce after each step also tells every rank whether an async checkpoint has finished
   writing everywhere, so it is committed (made visible to resume) as early as possible.
 """
@@ -101,12 +103,14 @@ class FaultGuard:
     """Per-step fault handling for the trainer: ``begin_step`` / ``end_step`` around every step,
     ``raise_readable`` for errors of the loop, ``exit_preempted`` after the preemption checkpoint."""
 
-    def __init__(self, train_cfg, ckpt_cfg, ckpt, rank: int, device: torch.device):
+    def __init__(self, train_cfg, ckpt_cfg, ckpt, rank: int, device: torch.device,
+                 collective_timeout_s: float = 600.0):
         self.loss = LossGuard(train_cfg.on_bad_loss, train_cfg.spike_factor)
         self.ckpt, self.rank, self.device = ckpt, rank, device
         self.grace_s = ckpt_cfg.preempt_grace_s
-        self.timeout_s = train_cfg.collective_timeout_s
+        self.timeout_s = collective_timeout_s
         self.phase = "start-up"
+        self.step: int | None = None
         self.signal_received: int | None = None
         self._watchdog: threading.Timer | None = None
         self._previous = None
@@ -148,7 +152,11 @@ class FaultGuard:
 
     # ------------------------------------------------------------------ per step
     def begin_step(self, step: int) -> None:
+        self.step = step
         self.phase = f"step {step} (its FSDP all-gather/reduce-scatter, all-reduces, or the checkpoint after it)"
+        if hooks.fires("OOM", step, self.rank):
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB (test hook "
+                                         f"SEEKTRAIN_TEST_OOM at step {step})")
         if hooks.fires("KILL", step, self.rank):
             os.kill(os.getpid(), signal.SIGKILL)
         if hooks.fires("HANG", step, self.rank):
@@ -169,10 +177,15 @@ class FaultGuard:
         return flags[0] > 0
 
     # ------------------------------------------------------------------ errors
-    def raise_readable(self, err: RuntimeError) -> None:
-        """Raise a one-line ``CollectiveError`` for a backend's collective failure; return otherwise."""
+    def raise_readable(self, err: RuntimeError | MemoryError, plan=None) -> None:
+        """Raise a one-line ``OutOfMemory`` naming the cheapest fix for ``plan`` (out_of_memory.py), or a
+        one-line ``CollectiveError`` for a backend's collective failure; return otherwise."""
         from seektrain.checkpoint.manager import CheckpointError
+        from seektrain.train.out_of_memory import is_out_of_memory, out_of_memory_error
 
+        if plan is not None and is_out_of_memory(err):
+            where = f"step {self.step}" if self.step is not None else "start-up"
+            raise out_of_memory_error(err, plan, self.rank, where) from None
         if isinstance(err, CheckpointError) or not is_collective_failure(err):
             return
         detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -180,7 +193,7 @@ class FaultGuard:
         detail = detail.split(". ", 1)[0].rstrip(".")  # gloo appends advice sentences; keep the fact
         raise CollectiveError(
             f"rank {self.rank}: a collective failed during {self.phase}: {detail[:300]}. Another rank died "
-            f"or is stuck (see its log); if it is only slow raise train.collective_timeout_s "
+            f"or is stuck (see its log); if it is only slow raise dist.collective_timeout_s "
             f"(now {self.timeout_s:g} s)") from None
 
 

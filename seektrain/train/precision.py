@@ -32,8 +32,9 @@ class DynamicLossScaler:
     overflow, double it after ``growth_interval`` clean steps."""
 
     def __init__(self, enabled: bool, init_scale: float = 2.0**16, growth_interval: int = 200,
-                 min_scale: float = 1.0):
+                 min_scale: float = 1.0, device: torch.device | None = None):
         self.enabled = enabled
+        self.device = device  # where the overflow flag is all-reduced (None: the gradients' device)
         self.scale = float(init_scale) if enabled else 1.0
         self.growth_interval = growth_interval
         self.min_scale = min_scale
@@ -53,6 +54,8 @@ class DynamicLossScaler:
             norms = torch.stack(torch._foreach_norm(grads))
             found_inf = (~torch.isfinite(norms).all()).float().reshape(1)
         if dist.is_initialized() and dist.get_world_size() > 1:
+            # offloaded (host) gradients: the flag still travels on the process group's device
+            found_inf = found_inf.to(self.device) if self.device is not None else found_inf
             dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
         if found_inf.item():
             return False

@@ -13,9 +13,9 @@ def configured_model_config(cfg: JobConfig) -> ModelConfig:
     """The model config the job asks for, without loading weights (a Hugging Face folder's config.json,
     or the preset)."""
     if cfg.model.hf_path:
-        from seektrain.models.hf_config import config_from_hf, read_config_json
+        from seektrain.models.hf_io import pretrained_config
 
-        return config_from_hf(read_config_json(cfg.model.hf_path))
+        return pretrained_config(cfg.model.hf_path)
     from seektrain.models.presets import get_preset
 
     return get_preset(cfg.model.preset)

@@ -22,6 +22,7 @@ from seektrain.checkpoint.run_files import MODEL_CONFIG
 from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
 from seektrain.models.transformer import build_model
+from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.distributed import DistEnv, init_distributed
 from seektrain.parallel.parallelize import parallelize_model, unwrap
 from seektrain.plan.run_plan import RunPlan
@@ -41,7 +42,7 @@ log = logging.getLogger("seektrain.train")
 
 
 def train(cfg: JobConfig) -> dict:
-    env = init_distributed(cfg.train.collective_timeout_s)
+    env = init_distributed(cfg.dist)
     run_dir = Path(cfg.run.dir)
     ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank)
     # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
@@ -56,7 +57,8 @@ def train(cfg: JobConfig) -> dict:
         torch.use_deterministic_algorithms(True)
 
     data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main)
-    guard = FaultGuard(cfg.train, cfg.checkpoint, ckpt, env.rank, env.device)  # [faults] SIGTERM, bad loss, hangs
+    guard = FaultGuard(cfg.train, cfg.checkpoint, ckpt, env.rank, env.device,  # [faults] SIGTERM, bad loss, hangs
+                       cfg.dist.collective_timeout_s)
     weights = initial_weights(cfg) if start.checkpoint is None else None
     ctx = build_step_context(plan, env.device, data, guard, weights)
     start_step = 0
@@ -89,8 +91,8 @@ def train(cfg: JobConfig) -> dict:
         if step > start_step or start.checkpoint is None:
             ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
         ckpt.wait()
-    except RuntimeError as err:  # [faults] a dead or hung rank: one line naming this rank and the operation
-        guard.raise_readable(err)
+    except (RuntimeError, MemoryError) as err:  # [faults] out of memory, a dead or hung rank: one line each
+        guard.raise_readable(err, plan)
         raise
     finally:
         guard.close()
@@ -108,6 +110,7 @@ def write_run_files(plan: RunPlan, run_dir: Path, env: DistEnv) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_to_toml(plan.job))
         (run_dir / MODEL_CONFIG).write_text(json.dumps(plan.model.to_dict(), indent=1))
+        write_env_file(run_dir, env.backend, env.facts, plan.job.dist)
 
 
 def build_step_context(plan: RunPlan, device: torch.device, data: TrainingData, guard: FaultGuard,
@@ -116,7 +119,7 @@ def build_step_context(plan: RunPlan, device: torch.device, data: TrainingData, 
     schedule, the loss scaler and the batches: everything a step changes."""
     job = plan.job
     scaler = DynamicLossScaler(job.precision.dtype == "fp16", job.precision.loss_scale_init,
-                               job.precision.loss_scale_growth_interval)
+                               job.precision.loss_scale_growth_interval, device=device)
     pipeline_loss = PipelineLoss(scaler, job.train.mtp_loss_weight) if plan.pp > 1 else None
     model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels())
     parallel = parallelize_model(model, plan, device, state_dict=weights, loss_fn=pipeline_loss)

@@ -1,0 +1,100 @@
+"""`seektrain doctor`: check this machine (and, launched on several ranks, the job's network and
+storage) before a training job does; exit status 1 when anything is a blocker."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="check versions, GPUs, network, environment, ports and run.dir "
+                                      "(exit 1 on a blocker); --comm measures collective bandwidth")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--config", help="TOML config whose run.dir (and model, for checkpoint sizes) to check")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config key, as for train")
+    p.add_argument("--run-dir", help="the run folder to check (default: the config's run.dir)")
+    p.add_argument("--ports", help="ports that must be free: PORT or LOW-HIGH (default: check 29500, "
+                                   "or MASTER_PORT, and only warn)")
+    p.add_argument("--min-free-gib", type=float, default=1.0, help="less free disk under run.dir is a blocker")
+    p.add_argument("--write-mib", type=int, default=64, help="MiB written and fsynced to time run.dir")
+    p.add_argument("--comm", action="store_true", help="measure all_reduce, all_gather, reduce_scatter and "
+                                                       "all_to_all bandwidth (needs 2 or more ranks)")
+    p.add_argument("--sizes", default="", help="--comm message sizes, e.g. 1M,16M,128M (the default)")
+    p.add_argument("--iters", type=int, default=5, help="--comm timed calls per size")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout of the checks")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="worker processes on this node")
+    p.add_argument("--nnodes", default="1", help="number of nodes (run the same command on each)")
+    p.add_argument("--node-rank", type=int, default=None)
+    p.add_argument("--rdzv-endpoint", default="", help="HOST:PORT of the c10d rendezvous (multi-node)")
+    p.add_argument("--rdzv-id", default="seektrain-doctor")
+    p.set_defaults(handler=run)
+
+
+def _options(args: argparse.Namespace):
+    from seektrain.config.loader import load_config
+    from seektrain.doctor.comm import parse_sizes
+    from seektrain.doctor.network import parse_ports
+    from seektrain.doctor.run import DoctorOptions
+
+    cfg = load_config(args.config, args.overrides)
+    if args.write_mib < 1 or args.iters < 1:
+        raise ValueError("--write-mib and --iters must be >= 1")
+    return DoctorOptions(
+        run_dir=Path(args.run_dir or cfg.run.dir), min_free_gib=args.min_free_gib, write_mib=args.write_mib,
+        ports=parse_ports(args.ports) if args.ports else None, comm=args.comm,
+        sizes=tuple(parse_sizes(args.sizes)) if args.sizes else (), iters=args.iters,
+        multi_node=args.nnodes != "1", checkpoint_bytes=_checkpoint_bytes(cfg))
+
+
+def _checkpoint_bytes(cfg) -> int | None:
+    """fp32 weights and two AdamW moments (12 bytes per parameter), for checkpoint.keep + 1 checkpoints."""
+    try:
+        from seektrain.models.param_count import count_params
+        from seektrain.train.setup_model import configured_model_config
+
+        counts = count_params(configured_model_config(cfg))
+    except (OSError, ValueError):  # a Hugging Face folder that is not there: the disk check still runs
+        return None
+    return 12 * (counts.total + counts.mtp) * (cfg.checkpoint.keep + 1)
+
+
+def _worker_argv(args: argparse.Namespace) -> list[str]:
+    """The same check for the workers, without the launch options (torchrun has them)."""
+    argv = ["doctor"] + (["--json"] if args.json else []) + (["--comm"] if args.comm else [])
+    if args.config:
+        argv += ["--config", args.config]
+    for item in args.overrides:
+        argv += ["--set", item]
+    for flag, value in (("--run-dir", args.run_dir), ("--ports", args.ports), ("--sizes", args.sizes)):
+        if value:
+            argv += [flag, value]
+    return argv + ["--min-free-gib", str(args.min_free_gib), "--write-mib", str(args.write_mib),
+                   "--iters", str(args.iters), "--timeout-s", str(args.timeout_s)]
+
+
+def run(args: argparse.Namespace) -> int:
+    from seektrain.doctor.run import doctor_here, doctor_worker
+    from seektrain.launch.elastic import LaunchOptions, launch
+
+    opts = _options(args)
+    if args.nproc_per_node < 1:
+        raise ValueError("--nproc-per-node must be >= 1")
+    under_launcher = "LOCAL_RANK" in os.environ
+    launch_opts = LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id, 0)
+    if not under_launcher and (args.nproc_per_node > 1 or launch_opts.multi_node):
+        return launch(launch_opts, _worker_argv(args), what="doctor")
+    if under_launcher:
+        report = doctor_worker(opts, args.timeout_s)
+    elif args.comm:
+        raise ValueError("--comm measures collectives between ranks: add --nproc-per-node N (N >= 2) or --nnodes")
+    else:
+        report = doctor_here(opts)
+    if report is None:  # not rank 0
+        return 0
+    print(report.to_json() if args.json else report.render())
+    sys.stdout.flush()
+    return report.exit_code

@@ -1,0 +1,109 @@
+"""The ``[dist]`` settings applied to a process, the versions every rank must share, and ``env.json``.
+
+Why here and not only in the launcher: a worker may be started by ``seektrain train``, by plain
+``torchrun`` or by ``srun``; each applies the same settings just before its process group starts (the
+backends read their variables then). Auto-detected values never override what the user exported;
+values written in the config do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import socket
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("seektrain.dist")
+
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# set by the launcher for its workers: what it detected (never a user's choice)
+AUTO_IFNAME_VAR, LOCAL_ADDR_VAR = "SEEKTRAIN_AUTO_IFNAME", "SEEKTRAIN_LOCAL_ADDR"
+
+
+def choose_backend(requested: str, cuda: bool) -> str:
+    if requested == "auto":
+        return "nccl" if cuda else "gloo"
+    if requested == "nccl" and not cuda:
+        raise ValueError("dist.backend=nccl needs CUDA GPUs and this process sees none; use dist.backend=auto "
+                         "or gloo")
+    return requested
+
+
+def worker_environment(settings, environ: dict[str, str], auto_ifname: str | None) -> dict[str, str]:
+    """The variables to set for ``settings`` (a DistSection): ``dist.env`` and ``dist.socket_ifname``
+    always; an auto-detected interface only for variables the environment does not set yet."""
+    from seektrain.config.loader import dist_env_vars
+
+    out = dist_env_vars(settings.env)
+    ifname = settings.socket_ifname or None
+    for var in IFNAME_VARS:
+        if ifname:
+            out[var] = ifname
+        elif auto_ifname and var not in environ and var not in out:
+            out[var] = auto_ifname
+    return out
+
+
+def apply_settings(settings) -> None:
+    """Put ``[dist]``'s variables into this process's environment before the process group starts."""
+    os.environ.update(worker_environment(settings, dict(os.environ), os.environ.get(AUTO_IFNAME_VAR)))
+
+
+def versions() -> dict[str, str | None]:
+    from seektrain.version import version
+
+    nccl = None
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return {"seektrain": version(), "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
+            "python": platform.python_version()}
+
+
+def node_facts() -> dict:
+    """What this rank tells the others at start-up: its versions and where it runs."""
+    return {"versions": versions(), "host": socket.gethostname(), "addr": os.environ.get(LOCAL_ADDR_VAR, ""),
+            "ifname": {v: os.environ[v] for v in IFNAME_VARS if v in os.environ}}
+
+
+def mismatched_versions(facts: list[dict]) -> str | None:
+    """One line naming the ranks whose seektrain or torch differ from rank 0's, or None when all agree."""
+    for package in ("seektrain", "torch"):
+        want = facts[0]["versions"][package]
+        odd = [(r, f) for r, f in enumerate(facts) if f["versions"][package] != want]
+        if odd:
+            others = ", ".join(f"rank {r} on {f['host']} has {f['versions'][package]}" for r, f in odd[:4])
+            return (f"mixed {package} versions across nodes: rank 0 on {facts[0]['host']} has {want}, {others}; "
+                    f"install the same {package} on every node")
+    return None
+
+
+def gather_node_facts() -> list[dict]:
+    """Every rank's ``node_facts`` (one small collective right after the process group starts); a
+    version mismatch is a ValueError of one line on every rank, before any model is built."""
+    facts = [node_facts()]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        facts = [None] * dist.get_world_size()
+        dist.all_gather_object(facts, node_facts())
+    problem = mismatched_versions(facts)
+    if problem:
+        raise ValueError(problem)
+    return facts
+
+
+def write_env_file(run_dir: str | Path, backend: str, facts: list[dict], settings) -> None:
+    """``run.dir/env.json``: versions, backend, interfaces, addresses and the dist settings (rank 0)."""
+    from dataclasses import asdict
+
+    report = {"versions": facts[0]["versions"], "backend": backend,
+              "master": {"addr": os.environ.get("MASTER_ADDR"), "port": os.environ.get("MASTER_PORT")},
+              "ranks": [{"rank": r, "host": f["host"], "addr": f["addr"], "ifname": f["ifname"]}
+                        for r, f in enumerate(facts)],
+              "dist": asdict(settings)}
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "env.json").write_text(json.dumps(report, indent=1))
