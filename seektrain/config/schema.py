@@ -91,6 +91,7 @@ class ParallelSection:
     pp_microbatches: int = _key(0, "pipeline micro-batches per step; 0 = one per micro batch of the accumulation", min=0)
     pp_stages_per_rank: int = _key(2, "stages each rank runs under interleaved-1f1b (zbv always uses 2)", min=1)
     pp_split: list[int] = _key([], "decoder layers per pipeline stage; empty = balanced automatically", min=1)
+    auto: bool = _key(False, "replace the degrees and micro_batch_size by the planner's best layout for the world size and device (seektrain plan)")
 
 
 @dataclass
