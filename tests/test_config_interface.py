@@ -54,14 +54,16 @@ def test_every_field_has_one_line_of_help():
             assert text and "\n" not in text and len(text) <= 120, f"{section.name}.{f.name}: {text!r}"
 
 
-def test_config_keys_lists_every_key_with_type_default_and_help():
+def test_config_keys_lists_every_key_with_type_default_range_and_help():
     out = seektrain("config", "keys").stdout.splitlines()
     assert len(out) == len(all_keys())
     by_key = {line.split()[0]: line for line in out}
     assert set(by_key) == set(all_keys())
-    assert re.fullmatch(r"train\.steps\s+int\s+300\s+total optimizer steps .*", by_key["train.steps"])
-    assert re.fullmatch(r'checkpoint\.resume\s+str\s+"auto"\s+auto .*', by_key["checkpoint.resume"])
-    assert re.fullmatch(r"metrics\.trackers\s+list\[str\]\s+\[\]\s+experiment trackers.*", by_key["metrics.trackers"])
+    assert re.fullmatch(r"train\.steps\s+int\s+300\s+>= 1\s+total optimizer steps .*", by_key["train.steps"])
+    assert re.fullmatch(r'checkpoint\.resume\s+str\s+"auto"\s+not empty\s+auto .*', by_key["checkpoint.resume"])
+    assert re.fullmatch(r"metrics\.trackers\s+list\[str\]\s+\[\]\s+wandb \| mlflow\s+experiment trackers.*", by_key["metrics.trackers"])
+    assert re.fullmatch(r"optim\.lr\s+float\s+0\.003\s+> 0\s+peak .*", by_key["optim.lr"])
+    assert re.fullmatch(r"parallel\.dp_shard\s+int\s+-1\s+>= 1 or -1\s+FSDP .*", by_key["parallel.dp_shard"])
     assert re.fullmatch(r"cpu\.keep_freed_memory\s+bool\s+true\s+glibc keeps .*", by_key["cpu.keep_freed_memory"])
 
 
@@ -97,8 +99,8 @@ def test_resume_existing_relative_path_accepted(tmp_path, monkeypatch):
     (["checkpoint.resume=latest"], "checkpoint.resume='latest': use auto, never, a step number or a checkpoint path"),
     (["checkpoint.resume=-3"], "checkpoint.resume='-3'"),
     (["checkpoint.resume="], "checkpoint.resume=''"),
-    (["train.eval_interval=-1"], "train.eval_interval must be >= 0"),
-    (["train.eval_steps=0"], "train.eval_steps must be >= 1"),
+    (["train.eval_interval=-1"], "train.eval_interval=-1: must be >= 0"),
+    (["train.eval_steps=0"], "train.eval_steps=0: must be >= 1"),
     (["train.cpu_keep_freed_memory=false"],
      "config key 'train.cpu_keep_freed_memory' moved to 'cpu.keep_freed_memory'"),
 ])

@@ -222,9 +222,9 @@ def test_interface_choice_respects_the_user():
 def test_dist_section_keys():
     cfg = load_config(None, ["dist.backend=gloo", "dist.env=[NCCL_DEBUG=INFO, TORCH_NCCL_ASYNC_ERROR_HANDLING=1]"])
     assert cfg.dist.env == ["NCCL_DEBUG=INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1"]
-    for bad, message in (("dist.backend=mpi", "dist.backend='mpi': use auto, nccl or gloo"),
+    for bad, message in (("dist.backend=mpi", "dist.backend='mpi': use one of auto, nccl, gloo"),
                          ("dist.env=NCCL_DEBUG", "dist.env: 'NCCL_DEBUG' is not NAME=VALUE"),
-                         ("dist.init_timeout_s=0", "dist.init_timeout_s must be > 0"),
+                         ("dist.init_timeout_s=0", "dist.init_timeout_s=0.0: must be > 0"),
                          ("train.collective_timeout_s=5", "config key 'train.collective_timeout_s' moved to "
                                                           "'dist.collective_timeout_s'")):
         with pytest.raises(ConfigError) as err:

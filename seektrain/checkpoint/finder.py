@@ -56,11 +56,16 @@ def tmp_folders(folder: Path) -> list[Path]:
 
 def verify(ckpt: Path) -> str | None:
     """None when every file matches its recorded checksum, else what is wrong (one line)."""
+    path = Path(ckpt) / CHECKSUMS
     try:
-        recorded = json.loads((Path(ckpt) / CHECKSUMS).read_text())
-    except (OSError, ValueError) as err:
-        return f"{Path(ckpt) / CHECKSUMS} unreadable ({err})"
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as err:
+        return f"{path} unreadable ({str(err).splitlines()[0][:200]})"
+    if not isinstance(recorded, dict) or not recorded:
+        return f"{path} is not an object of file name -> sha256"
     for name, digest in recorded.items():
+        if not isinstance(digest, str) or Path(name).name != name or name in (".", ".."):
+            return f"{path}: entry {name!r} is not a file of this checkpoint with its sha256"
         f = Path(ckpt) / name
         if not f.is_file():
             return f"{f} is missing"
@@ -72,9 +77,28 @@ def verify(ckpt: Path) -> str | None:
 def read_trainer_state(ckpt: Path) -> dict:
     path = Path(ckpt) / TRAINER_STATE
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{path} unreadable ({err}); pick another checkpoint") from None
+        state = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as err:
+        raise ValueError(f"{path} unreadable ({str(err).splitlines()[0][:200]}); pick another checkpoint") from None
+    problem = trainer_state_problem(state)
+    if problem:
+        raise ValueError(f"{path}: {problem}; pick another checkpoint") from None
+    return state
+
+
+def trainer_state_problem(state) -> str | None:
+    """The shape ``restore_trainer_state`` relies on: a step, and the states it holds as objects (which
+    of them a full training checkpoint must hold is checked when they are restored)."""
+    if not isinstance(state, dict):
+        return f"expected a JSON object, got {type(state).__name__}"
+    if type(state.get("step")) is not int or state["step"] < 0:
+        return f"field 'step' must be an integer >= 0, got {state.get('step')!r}"
+    if state.get("weights_only"):
+        return None
+    for key in ("scheduler", "scaler", "data"):
+        if key in state and not isinstance(state[key], dict):
+            return f"field {key!r} must be a JSON object, got {type(state.get(key)).__name__}"
+    return None
 
 
 def warn_unusable(ckpt: Path, problem: str) -> None:
@@ -104,6 +128,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if path.name.endswith(".tmp") or (path / ".metadata").is_file():
         raise ValueError(f"{path} is not a complete checkpoint (being written, or its save was interrupted); "
                          f"pick a step-N folder under {path.parent}")
+    unusable: list[str] = []
+    if path.is_dir() and newest_valid(path, lambda c, p: unusable.append(f"{c.name}: {p}")) is None and unusable:
+        raise ValueError(f"{path / CHECKPOINTS} holds no valid checkpoint ({unusable[0]}); restore that file, or "
+                         "train again")
     if not path.is_dir():
         raise ValueError(f"{path} not found: pass a run dir (made by `seektrain train`) or one of its "
                          "checkpoints/step-N folders")

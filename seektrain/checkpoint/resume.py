@@ -219,6 +219,10 @@ def restore_trainer_state(state: dict, scheduler, scaler, loader, loss_guard=Non
     loss scaler and data position start fresh at step 0."""
     if state.get("weights_only"):
         return int(state.get("step", 0))
+    missing = [key for key in ("scheduler", "scaler", "data") if not isinstance(state.get(key), dict)]
+    if missing:
+        raise ValueError(f"trainer_state.json of the checkpoint has no {missing[0]!r} state (not a full training "
+                         "checkpoint); resume from another one or set checkpoint.resume=never")
     scheduler.load_state_dict(state["scheduler"])
     scaler.load_state_dict(state["scaler"])
     loader.load_state_dict(state["data"])

@@ -41,9 +41,13 @@ def read_model_config(run_dir: str | Path) -> ModelConfig:
         raise ValueError(f"{path} not found: a run dir with checkpoints holds the model_config.json that "
                          "`seektrain train` writes")
     try:
-        return ModelConfig.from_dict(json.loads(path.read_text()))
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{path} is not a valid model config ({err})") from None
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        return ModelConfig.from_dict(data)
+    except (ValueError, TypeError, AttributeError, RecursionError) as err:
+        raise ValueError(f"{path} is not a valid model config ({str(err).splitlines()[0][:200]}); restore it "
+                         "from the run that wrote it") from None
 
 
 def model_files_dir(ckpt: str | Path) -> Path:

@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 from typing import Callable
 
 import torch
 
+from seektrain.cli.arg_types import SEED
 from seektrain.config.dtypes import dtype_from_name
 
 EXIT_USER_ERROR = 2
@@ -53,10 +55,24 @@ def _random_preset(args: argparse.Namespace):
 
 
 def _save_hf(model, args: argparse.Namespace) -> str:
+    from seektrain.models.hf_config import config_to_hf
     from seektrain.models.hf_io import save_pretrained
+    from seektrain.models.hf_replace import write_swapped
 
-    files = save_pretrained(model, args.to_hf, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
+    out = _check_hf_target(args, config_to_hf(model.cfg, "float32"))
+    files = write_swapped(out, lambda tmp: save_pretrained(model, tmp, dtype=args.dtype,
+                                                           max_shard_bytes=args.max_shard_size))
     return f"wrote {args.to_hf} ({len(files)} weight file{'s' * (len(files) > 1)})"
+
+
+def _check_hf_target(args: argparse.Namespace, new_config: dict | None) -> Path:
+    """The --to-hf folder, once ``check_target`` agrees that writing there loses nothing."""
+    from seektrain.models.hf_replace import check_target
+
+    out = Path(args.to_hf).expanduser()
+    sources = tuple(Path(p).expanduser() for p in (args.from_hf,) if p and Path(p).expanduser().is_dir())
+    check_target(out, new_config, args.force, sources)
+    return out
 
 
 def _load_checkpoint(args: argparse.Namespace):
@@ -88,7 +104,10 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 5GB or 500MB)")
     base = 1024 if m.group(3) else 1000
     power = " KMGT".index(m.group(2).upper() or " ")
-    return int(float(m.group(1)) * base**power)
+    size = int(float(m.group(1)) * base**power)
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size (try 5GB or 500MB)")
+    return size
 
 
 def parse_dtype(text: str) -> torch.dtype:
@@ -113,7 +132,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opts.add_argument("--dtype", type=parse_dtype, default=None,
                       help="weight dtype of the output: bf16, fp16 or fp32 (default: the torch_dtype of "
                            "--from-hf's config.json, fp32 for --preset)")
-    opts.add_argument("--seed", type=int, default=0, help="seed of the random initialisation (--preset)")
+    opts.add_argument("--seed", type=SEED, default=0, help="seed of the random initialisation (--preset)")
+    opts.add_argument("--force", action="store_true",
+                      help="--to-hf: replace a different model in OUT_DIR (only a folder of config.json and "
+                           "safetensors; any other file there is never replaced)")
     opts.add_argument("--max-shard-size", type=parse_size, default="5GB",
                       help="split the safetensors above this size (default 5GB)")
 
@@ -141,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         source = _pick(args, SOURCES, "source")
         sink = _pick(args, SINKS, "destination")
+        if sink == "to_hf":  # refuse a folder we may not replace before a long load of the source
+            _check_hf_target(args, None)
         model = SOURCES[source](args)
         message = SINKS[sink](model, args)
     except (ValueError, OSError) as exc:

@@ -10,6 +10,7 @@ import argparse
 import time
 from typing import Any
 
+from seektrain.cli.arg_types import float_in, int_in, nonempty
 from seektrain.data.dataset import verify_dataset
 from seektrain.data.manifest import Manifest, read_manifest
 from seektrain.data.prepare import DEFAULT_SHARD_TOKENS, prepare_dataset
@@ -28,11 +29,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="byte",
                    help="'byte' (built-in), a path to a Hugging Face tokenizer.json, or a cached hub id org/name")
     p.add_argument("--format", default="auto", choices=FORMATS, help="input format; auto picks by file extension")
-    p.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text")
-    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, metavar="N", help="tokens per shard file")
-    p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents held out for validation")
-    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="stop after the document reaching N tokens")
-    p.add_argument("--force", action="store_true", help="replace an existing prepared directory")
+    p.add_argument("--text-field", type=nonempty, default="text", help="JSONL field / Parquet column holding the text")
+    p.add_argument("--shard-tokens", type=int_in(1), default=DEFAULT_SHARD_TOKENS, metavar="N", help="tokens per shard file")
+    p.add_argument("--val-fraction", type=float_in(0, below=1), default=0.01, help="fraction of documents held out for validation")
+    p.add_argument("--max-tokens", type=int_in(1), default=None, metavar="N", help="stop after the document reaching N tokens")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing dataset folder made by `data prepare` (never any other folder)")
     p.set_defaults(handler=run_prepare)
 
     i = sub.add_parser("info", help="print the summary of a prepared dataset")

@@ -1,4 +1,5 @@
-"""The `seektrain` command: one verb per job. User mistakes print one line and exit 2."""
+"""The `seektrain` command: one verb per job. User mistakes print one line and exit 2; an unexpected
+error prints one line saying where its traceback was written and exits 1 (``cli/errors.py``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import sys
 from seektrain.checkpoint.manager import CheckpointError
 from seektrain.cli import (config_cmd, convert, data_cmd, doctor_cmd, flops_cmd, launch_cmd, models_cmd,
                            plan_cmd, sample_cmd, train_cmd)
+from seektrain.cli.errors import OneLineParser, report_internal_error, report_user_error
 from seektrain.train.out_of_memory import OutOfMemory
 from seektrain.version import version
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="seektrain", description="Train DeepSeek-family models with PyTorch.")
+    parser = OneLineParser(prog="seektrain", description="Train DeepSeek-family models with PyTorch.")
     parser.add_argument("--version", action="version", version=f"seektrain {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in (train_cmd, launch_cmd, models_cmd, config_cmd, sample_cmd, data_cmd, convert, flops_cmd,
@@ -23,15 +25,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help, --version, or a flag refused with one line
+        return int(done.code or 0) if not isinstance(done.code, str) else 2
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print("seektrain: interrupted", file=sys.stderr)
         return 130
     except (ValueError, OSError, CheckpointError, OutOfMemory) as err:
-        print(f"seektrain: error: {err}", file=sys.stderr)
-        return 2
+        return report_user_error(err)
+    except RecursionError as err:  # a pathologically nested input file, not a bug of ours
+        return report_user_error(ValueError(f"an input nests too deeply to read ({err})"))
+    except Exception as err:  # a bug: its traceback goes to the run's train.log, one line here
+        return report_internal_error(err, _run_dir(args))
+
+
+def _run_dir(args: argparse.Namespace) -> str | None:
+    """run.dir of a train/flops command (whose config is valid by now), where train.log lives."""
+    if getattr(args, "command", None) != "train":
+        return None
+    try:
+        from seektrain.config.loader import load_config
+
+        return load_config(args.config, args.overrides).run.dir
+    except Exception:
+        return None
+
 
 if __name__ == "__main__":
     sys.exit(main())

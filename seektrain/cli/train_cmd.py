@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from seektrain.cli.arg_types import int_in
 from seektrain.launch.elastic import LaunchOptions, launch
 
 
@@ -17,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override one config key (repeatable; `seektrain config keys` lists them)")
     p.add_argument("--deepspeed", metavar="DS_CONFIG.json",
                    help="a DeepSpeed config applied over --config, under --set (seektrain config from-deepspeed)")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="worker processes on this node")
+    p.add_argument("--nproc-per-node", type=int_in(1), default=1, help="worker processes on this node")
     p.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for elastic")
     p.add_argument("--node-rank", type=int, default=None, help="this node's rank, 0..N-1 (optional with c10d)")
     p.add_argument("--rdzv-endpoint", default="",

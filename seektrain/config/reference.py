@@ -1,4 +1,4 @@
-"""Every config key with its type, default and help, read from the schema (``seektrain config keys``).
+"""Every config key with its type, default, accepted values and help, read from the schema (``seektrain config keys``).
 
 The listing is generated, never written by hand, so it cannot drift from what the loader accepts.
 """
@@ -17,6 +17,7 @@ class KeyDoc(NamedTuple):
     key: str  # section.key, as TOML and --set spell it
     type: str
     default: str  # as it would be written in TOML
+    range: str  # the values it accepts, from its schema Bounds ('>= 1', 'fsdp | ddp'; '' = any)
     help: str
 
 
@@ -35,18 +36,21 @@ def config_keys(cfg: JobConfig | None = None) -> list[KeyDoc]:
         section = getattr(cfg, section_field.name)
         hints = typing.get_type_hints(type(section))
         for f in dataclasses.fields(section):
+            bounds = f.metadata.get("bounds")
             rows.append(KeyDoc(f"{section_field.name}.{f.name}", _type_name(hints[f.name]),
-                               json.dumps(getattr(section, f.name)), f.metadata.get("help", "")))
+                               json.dumps(getattr(section, f.name)), bounds.describe() if bounds else "",
+                               f.metadata.get("help", "")))
     return rows
 
 
 def format_keys(rows: list[KeyDoc], markdown: bool = False) -> str:
     """Aligned plain-text columns, or a Markdown table (what docs/configuration.md holds)."""
     if markdown:
-        lines = ["| key | type | default | help |", "|---|---|---|---|"]
+        lines = ["| key | type | default | accepts | help |", "|---|---|---|---|---|"]
         bar = "\\|"  # a | inside a table cell
-        lines += [f"| `{r.key}` | {r.type} | `{r.default}` | {r.help.replace('|', bar)} |" for r in rows]
+        lines += [f"| `{r.key}` | {r.type} | `{r.default}` | {r.range.replace('|', bar)} | {r.help.replace('|', bar)} |"
+                  for r in rows]
         return "\n".join(lines) + "\n"
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "".join(f"{r.key:<{widths[0]}}  {r.type:<{widths[1]}}  {r.default:<{widths[2]}}  {r.help}\n"
-                   for r in rows)
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "".join(f"{r.key:<{widths[0]}}  {r.type:<{widths[1]}}  {r.default:<{widths[2]}}  {r.range:<{widths[3]}}  "
+                   f"{r.help}\n" for r in rows)

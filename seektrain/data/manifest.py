@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seektrain.data.manifest_shape import check_manifest_shape
+
 FORMAT = "seektrain-tokens"
 VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -101,13 +103,16 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ValueError(f"data.path={directory}: no manifest.json found; run `seektrain data prepare --input ... --output {directory}` first")
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e}); re-run `seektrain data prepare ... --force`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"{path}: not valid JSON ({str(e).splitlines()[0][:200]}); re-run `seektrain data prepare ... --force`") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(d).__name__}; re-run `seektrain data prepare ... --force`")
     if d.get("format") != FORMAT or d.get("version") != VERSION:
         raise ValueError(
             f"{path}: format {d.get('format')!r} version {d.get('version')!r} is not {FORMAT!r} version {VERSION}; "
             "re-run `seektrain data prepare ... --force` with this seektrain"
         )
+    check_manifest_shape(d, path)
     try:
         return Manifest.from_dict(d)
     except (KeyError, TypeError) as e:

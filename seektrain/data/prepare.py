@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,6 +23,7 @@ from seektrain.data.manifest import MANIFEST_NAME, Manifest, Shard, Split, Token
 from seektrain.data.sources import discover, read_documents
 from seektrain.data.tokenizer import Tokenizer, load_tokenizer
 
+_OUR_FILES = re.compile(r"(shard|val)-\d{5}\.bin|\.manifest-.*\.tmp")
 DEFAULT_SHARD_TOKENS = 1 << 28  # 512 MiB per uint16 shard: few files, each well under any filesystem limit
 _BATCH_CHARS = 4 << 20  # documents handed to the tokenizer at once (HF encode_batch runs on Rust threads)
 
@@ -102,7 +104,7 @@ def prepare_dataset(
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"--val-fraction {val_fraction}: must be in [0, 1), e.g. 0.01")
     output = Path(output).expanduser()
-    _check_output(output, force)
+    _check_output(output, force, inputs)
     files = discover(inputs, fmt)
     tokenizer = load_tokenizer(tokenizer_spec)
     dtype = dtype_for(tokenizer.vocab_size)
@@ -119,14 +121,35 @@ def prepare_dataset(
     return manifest
 
 
-def _check_output(output: Path, force: bool) -> None:
+def _check_output(output: Path, force: bool, inputs: list[str | Path]) -> None:
+    """``--force`` replaces only a folder this command made: our manifest and shards, nothing else, and
+    never one holding (or inside) an input. Anything else in the way is refused, whatever the flags."""
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output {output}: exists and is a file; choose a directory path")
-    if force or not output.is_dir() or not any(output.iterdir()):
+    resolved = output.resolve()
+    for raw in inputs:
+        src = Path(raw).expanduser().resolve()
+        if src == resolved or resolved in src.parents:
+            raise ValueError(f"--output {output}: holds --input {raw}; write the dataset to a new folder, the "
+                             "inputs are never replaced")
+    if not output.is_dir() or not any(output.iterdir()):
         return
-    if (output / MANIFEST_NAME).is_file():
+    ours = (output / MANIFEST_NAME).is_file()
+    if ours and not force:
         raise ValueError(f"--output {output}: already a prepared dataset; pass --force to overwrite or choose another --output")
-    raise ValueError(f"--output {output}: exists and is not empty; pass --force or choose a new directory")
+    if not ours:
+        raise ValueError(f"--output {output}: exists and is not empty, and is not a folder made by `seektrain data "
+                         "prepare` (no manifest.json), so --force will not replace it; choose a new directory")
+    foreign = sorted(p.name for p in output.iterdir() if not _made_by_prepare(p))
+    if foreign:
+        raise ValueError(f"--output {output}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
+                         "which `seektrain data prepare` did not write, so --force will not replace the folder; move "
+                         "it out or choose a new directory")
+
+
+def _made_by_prepare(path: Path) -> bool:
+    """manifest.json, shard-NNNNN.bin, val-NNNNN.bin, or a manifest temp file: nothing a user keeps."""
+    return path.is_file() and (path.name == MANIFEST_NAME or bool(_OUR_FILES.fullmatch(path.name)))
 
 
 def _commit(tmp: Path, output: Path, force: bool) -> None:

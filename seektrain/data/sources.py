@@ -109,6 +109,7 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
 
 def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise ValueError(f"{path}: reading Parquet needs pyarrow; pip install 'seektrain[parquet]'") from None
@@ -118,6 +119,9 @@ def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
         raise ValueError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]}); check the file") from None
     if text_field not in pf.schema_arrow.names:
         raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); pass --text-field")
+    kind = pf.schema_arrow.field(text_field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise ValueError(f"{path}: column {text_field!r} holds {kind}, not text; pass --text-field with a string column")
     for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
         for text in batch.column(0).to_pylist():
             if text is not None:

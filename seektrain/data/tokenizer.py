@@ -86,6 +86,7 @@ class HFTokenizer:
         self.spec = str(path)
         self.fingerprint = hashlib.sha256(path.read_bytes()).hexdigest()
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._config_path = path.with_name("tokenizer_config.json")
         eos, bos = _configured_specials(path)
         self.eos_id = self._find(eos, _EOS_CANDIDATES)  # type: ignore[assignment]
         self.bos_id = self._find(bos, _BOS_CANDIDATES)
@@ -96,6 +97,9 @@ class HFTokenizer:
             )
 
     def _find(self, configured: str | None, candidates: tuple[str, ...]) -> int | None:
+        if configured and self._tok.token_to_id(configured) is None:  # a typo must not pick another token
+            raise ValueError(f"{self._config_path}: token {configured!r} is not in the vocabulary of "
+                             f"{self._config_path.with_name('tokenizer.json')}; fix the token name")
         for name in ((configured,) if configured else ()) + candidates:
             tid = self._tok.token_to_id(name)
             if tid is not None:
@@ -119,8 +123,11 @@ def _configured_specials(path: Path) -> tuple[str | None, str | None]:
         return None, None
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None, None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{cfg_path}: unreadable ({str(err).splitlines()[0][:200]}); fix it or remove it (eos/bos "
+                         "are then found in tokenizer.json)") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}; fix it or remove it")
 
     def name(v: object) -> str | None:
         if isinstance(v, dict):

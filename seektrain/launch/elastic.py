@@ -116,12 +116,9 @@ def describe(opts: LaunchOptions, net: NodeNetwork, env: dict[str, str]) -> str:
 
 def launch(opts: LaunchOptions, worker_argv: list[str], what: str = "training") -> int:
     """Run the workers to completion; returns a process exit code (0 = every worker succeeded).
-    ``what`` names the workers in the failure line (``training``, ``doctor``)."""
-
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
-    from torch.distributed.run import parse_args, run
+    ``what`` names the workers in the failure line (``training``, ``doctor``). A failed worker's one line is
+    printed once, by ``report_failures`` (launch/worker_errors.py)."""
+    from seektrain.launch.worker_errors import worker_error_folder
 
     opts.validate()
     net = node_network(opts.rdzv_endpoint, opts.local_addr, opts.socket_ifname) if opts.multi_node else None
@@ -133,6 +130,19 @@ def launch(opts: LaunchOptions, worker_argv: list[str], what: str = "training") 
                                                                           opts.rdzv_timeout_s):
         print(f"seektrain: error: {unreachable(opts, net)}", file=sys.stderr)
         return 1
+    with worker_error_folder(quiet=opts.max_restarts == 0) as errors:
+        return _run(opts, worker_argv, what, net, errors)
+
+
+def _run(opts: LaunchOptions, worker_argv: list[str], what: str, net: NodeNetwork | None, errors) -> int:
+    """torchrun itself; each way it can fail becomes one line (``errors``: the workers' error folder)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.run import parse_args, run
+
+    from seektrain.launch.worker_errors import report_failures
+
     try:
         if net is not None:
             from seektrain.launch.rendezvous import register
@@ -145,10 +155,7 @@ def launch(opts: LaunchOptions, worker_argv: list[str], what: str = "training") 
               "(run the same command again)", file=sys.stderr)
         return 128 + int(err.sigval)
     except ChildFailedError as err:
-        failures = ", ".join(f"rank {r} (exit code {f.exitcode})" for r, f in sorted(err.failures.items()))
-        where = "the log above and run.dir/train.log" if what == "training" else "the output above"
-        print(f"seektrain: error: {what} workers failed: {failures}; see {where}", file=sys.stderr)
-        return 1
+        return report_failures(err.failures, errors, what)
     except RendezvousError as err:
         print(f"seektrain: error: {rendezvous_failure(opts, net, err)}", file=sys.stderr)
         return 1

@@ -143,7 +143,34 @@ class ModelConfig:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"model config: unknown fields {sorted(unknown)}")
+        _check_types(cls, data, "model config")
         data = dict(data)
         if data.get("rope_scaling") is not None:
+            if not isinstance(data["rope_scaling"], dict):
+                raise ValueError("model config: rope_scaling must be an object or null")
+            _check_types(RopeScaling, data["rope_scaling"], "model config: rope_scaling")
             data["rope_scaling"] = RopeScaling(**data["rope_scaling"])
         return cls(**data).validate()
+
+
+def _check_types(cls, data: dict, where: str) -> None:
+    """Each JSON value has its field's type (an int field holds an int, a float a finite number...), so
+    a hand-edited model_config.json fails here naming the field, not deep inside the model."""
+    import math
+    import typing
+
+    allowed = {int: (int,), float: (int, float), str: (str,), bool: (bool,), dict: (dict,)}
+    for name, hint in typing.get_type_hints(cls).items():
+        if name not in data:
+            continue
+        value, args = data[name], typing.get_args(hint)
+        if value is None and type(None) in args:
+            continue
+        base = next((a for a in args if a is not type(None)), hint) if args else hint
+        if base not in allowed:
+            continue
+        ok = isinstance(value, allowed[base]) and (base is bool or not isinstance(value, bool))
+        if ok and isinstance(value, float) and not math.isfinite(value):
+            ok = False
+        if not ok:
+            raise ValueError(f"{where}: field {name!r} must be {base.__name__}, got {value!r}")

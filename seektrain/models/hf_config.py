@@ -53,8 +53,8 @@ def read_config_json(path: str | os.PathLike, what: str = "model.hf_path") -> di
     into one readable line; ``what`` names the option ``path`` came from in those lines."""
     path = os.fspath(resolve_local_path(os.fspath(path), what))
     if not os.path.isdir(path):
-        raise HFConfigError(f"{path}: no such directory (expected a Hugging Face model folder or a cached "
-                            "hub id org/name)")
+        raise HFConfigError(f"{what}={path}: no such directory (expected a Hugging Face model folder or a "
+                            "cached hub id org/name)")
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
         raise HFConfigError(f"{file}: missing (a Hugging Face model folder needs a config.json)")
@@ -107,7 +107,17 @@ def _rope(raw: dict, where: str) -> tuple[float, RopeScaling | None]:
 
 
 def config_from_hf(raw: dict, name: str = "custom", where: str = "config.json") -> ModelConfig:
-    """Build a validated ``ModelConfig`` from a config.json dict; errors are one line naming the field."""
+    """Build a validated ``ModelConfig`` from a config.json dict; errors are one line naming the field
+    (a value of the wrong type, e.g. ``"hidden_size": "abc"``, included)."""
+    try:
+        return _config_from_hf(raw, name, where)
+    except HFConfigError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise HFConfigError(f"{where}: a field has a value of the wrong type or range ({exc}); fix config.json") from None
+
+
+def _config_from_hf(raw: dict, name: str, where: str) -> ModelConfig:
     arch = hf_arch(raw, where)
 
     def need(key: str):

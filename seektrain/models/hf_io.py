@@ -56,11 +56,19 @@ def _weight_map(path: str) -> dict[str, str]:
                 weight_map = json.load(fh)["weight_map"]
             if not isinstance(weight_map, dict):
                 raise TypeError("weight_map is not an object")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise HFWeightsError(f"{index}: unreadable index ({type(exc).__name__}: {exc})") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, RecursionError) as exc:
+            raise HFWeightsError(f"{index}: unreadable index ({type(exc).__name__}: {str(exc)[:200]})") from None
+        for key, shard in weight_map.items():
+            if not isinstance(shard, str) or os.path.basename(shard) != shard or not shard:
+                raise HFWeightsError(f"{index}: weight_map[{key!r}] = {shard!r} is not a file name of this folder")
         for shard in sorted(set(weight_map.values())):
             if not os.path.isfile(os.path.join(path, shard)):
                 raise HFWeightsError(f"{os.path.join(path, shard)}: missing shard (listed in {INDEX_FILE})")
+            with _open(os.path.join(path, shard)) as fh:  # header only: which tensors the shard holds
+                held = set(fh.keys())
+            for key in sorted(k for k, s in weight_map.items() if s == shard and k not in held):
+                raise HFWeightsError(f"{index}: weight_map puts {key} in {shard}, which does not hold it; fix "
+                                     "the index (or re-download the model)")
         return weight_map
     single = os.path.join(path, SINGLE_FILE)
     if os.path.isfile(single):

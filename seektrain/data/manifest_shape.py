@@ -1,0 +1,76 @@
+"""The shape check of a ``manifest.json``: every field present with its type and a sane value, so a
+hand-edited or foreign file fails with one line naming the file and the field, never a traceback later.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+DTYPES = ("uint16", "uint32")  # what data prepare writes (little-endian, no header)
+_SHARD_NAME = re.compile(r"(shard|val)-\d{5}\.bin")
+
+
+class _Bad(ValueError):
+    pass
+
+
+def check_manifest_shape(d: Any, path: Path) -> None:
+    """Raise ValueError('{path}: field X ...; re-run ...') for the first field of the wrong shape."""
+    try:
+        _check(d)
+    except _Bad as bad:
+        raise ValueError(f"{path}: {bad}; re-run `seektrain data prepare ... --force` to rebuild it") from None
+
+
+def _check(d: Any) -> None:
+    _need(isinstance(d, dict), "", "must be a JSON object")
+    tok = _field(d, "tokenizer", dict)
+    _field(tok, "spec", str, "tokenizer.")
+    vocab = _count(tok, "vocab_size", "tokenizer.", low=1)
+    eos = _count(tok, "eos_id", "tokenizer.")
+    _need(eos < vocab, "tokenizer.eos_id", f"{eos} is not below vocab_size {vocab}")
+    bos = tok.get("bos_id")
+    _need(bos is None or (type(bos) is int and 0 <= bos < vocab), "tokenizer.bos_id", f"{bos!r} is not null or a token id")
+    _field(tok, "fingerprint", str, "tokenizer.")
+    dtype = _field(d, "dtype", str)
+    _need(dtype in DTYPES, "dtype", f"{dtype!r} is unknown; expected one of {', '.join(DTYPES)}")
+    _need(vocab <= (1 << 16 if dtype == "uint16" else 1 << 32), "dtype", f"{dtype} cannot hold vocab_size {vocab}")
+    for split in ("train", "val"):
+        s = _field(d, split, dict)
+        shards = _field(s, "shards", list, f"{split}.")
+        total = 0
+        for i, shard in enumerate(shards):
+            where = f"{split}.shards[{i}]"
+            _need(isinstance(shard, dict), where, "must be an object with file, tokens, sha256")
+            name = _field(shard, "file", str, where + ".")
+            _need(bool(_SHARD_NAME.fullmatch(name)), where + ".file", f"{name!r} is not a shard file name of this folder")
+            total += _count(shard, "tokens", where + ".")
+            sha = _field(shard, "sha256", str, where + ".")
+            _need(bool(re.fullmatch(r"[0-9a-f]{64}", sha)), where + ".sha256", "is not a sha256 hex digest")
+        tokens = _count(s, "tokens", f"{split}.")
+        _need(tokens == total, f"{split}.tokens", f"{tokens} is not the sum of its shards' tokens ({total})")
+        _count(s, "documents", f"{split}.")
+    frac = d.get("val_fraction")
+    _need(type(frac) in (int, float) and 0 <= frac < 1, "val_fraction", f"{frac!r} is not a number in [0, 1)")
+    _need(isinstance(d.get("sources", []), list), "sources", "must be a list")
+
+
+def _need(ok: bool, field: str, problem: str) -> None:
+    if not ok:
+        raise _Bad(f"field {field!r} {problem}" if field else problem)
+
+
+def _field(d: dict, key: str, typ: type, prefix: str = "") -> Any:
+    _need(key in d, prefix + key, "is missing")
+    _need(isinstance(d[key], typ) and not isinstance(d[key], bool), prefix + key,
+          f"must be a {'JSON object' if typ is dict else typ.__name__}, got {type(d[key]).__name__}")
+    return d[key]
+
+
+def _count(d: dict, key: str, prefix: str = "", low: int = 0) -> int:
+    _need(key in d, prefix + key, "is missing")
+    value = d[key]
+    _need(type(value) is int and value >= low, prefix + key, f"must be an integer >= {low}, got {value!r}")
+    return value
