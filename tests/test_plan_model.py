@@ -124,7 +124,7 @@ def test_plan_json_for_67b_on_64_a100(capsys):
     (["--model", "deepseek-llm-67b", "--gpus", "1", "--gpu", "a100-40g"], "fits no layout on 1 × a100-40g"),
     # tiny-dense splits over tp <= 2 (2 kv heads) and pp <= 4 (4 layers): 16 GPUs leave dp >= 2
     (["--model", "tiny-dense", "--gpus", "16", "--gpu", "h100-80g", "--global-batch", "3"], "global batch 3"),
-    (["--model", "tiny-dense", "--gpus", "2", "--gpu", "h100-80g", "--seq", "-5"], "train.seq_len must be positive"),
+    (["--model", "tiny-dense", "--gpus", "2", "--gpu", "h100-80g", "--seq", "-5"], "train.seq_len=-5: must be >= 1"),
     (["--model", "tiny-v3", "--gpus", "6", "--gpu", "h100-80g", "--nodes", "4"], "does not split evenly"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, args, needle):
