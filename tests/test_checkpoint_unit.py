@@ -193,3 +193,18 @@ def test_hung_rank_ends_with_a_message_naming_rank_and_operation(tmp_path):
     out = proc.stdout + proc.stderr
     assert "seektrain: error: rank 0: a collective failed during step 2" in out
     assert "Timed out waiting 5000ms" in out
+
+
+def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypatch):
+    """A failure between writing and renaming leaves the previous file and no temp file behind."""
+    import os
+
+    from seektrain.checkpoint.atomic import write_text_atomic
+
+    target = write_text_atomic(tmp_path / "config.toml", "old\n")
+    def broken_replace(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        write_text_atomic(target, "new\n")
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,16 +119,6 @@ def read_manifest(directory: str | Path) -> Manifest:
 
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
     """Write to a temp file in the same directory, fsync, then rename: readers never see half a file."""
-    directory = Path(directory)
-    fd, tmp = tempfile.mkstemp(prefix=".manifest-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(manifest.to_dict(), f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / MANIFEST_NAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return directory / MANIFEST_NAME
+    from seektrain.checkpoint.atomic import write_text_atomic
+
+    return write_text_atomic(Path(directory) / MANIFEST_NAME, json.dumps(manifest.to_dict(), indent=2) + "\n")

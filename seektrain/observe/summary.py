@@ -97,7 +97,9 @@ def write_summary(run_dir: Path | str, records: list[dict], extra: dict | None =
 
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    from seektrain.checkpoint.atomic import write_text_atomic
+
+    write_text_atomic(path / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     return summary
 
 

@@ -106,4 +106,6 @@ def write_env_file(run_dir: str | Path, backend: str, facts: list[dict], setting
               "dist": asdict(settings)}
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "env.json").write_text(json.dumps(report, indent=1))
+    from seektrain.checkpoint.atomic import write_text_atomic
+
+    write_text_atomic(path / "env.json", json.dumps(report, indent=1))

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from seektrain.checkpoint.atomic import write_text_atomic
 from seektrain.checkpoint.manager import CheckpointManager, step_dir_name
 from seektrain.checkpoint.resume import restore_trainer_state
 from seektrain.checkpoint.run_files import MODEL_CONFIG
@@ -112,8 +113,8 @@ def write_run_files(plan: RunPlan, run_dir: Path, env: DistEnv) -> None:
     """``config.toml`` and ``model_config.json``: what this run is, for resume, sample and convert."""
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(config_to_toml(plan.job))
-        (run_dir / MODEL_CONFIG).write_text(json.dumps(plan.model.to_dict(), indent=1))
+        write_text_atomic(run_dir / "config.toml", config_to_toml(plan.job))
+        write_text_atomic(run_dir / MODEL_CONFIG, json.dumps(plan.model.to_dict(), indent=1))
         write_env_file(run_dir, env.backend, env.facts, plan.job.dist)
 
 
