@@ -194,6 +194,16 @@ def test_cli_refuses_bad_node_count_before_training(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+def test_an_endpoint_needs_an_explicit_node_count():
+    """A forgotten --nnodes must not train alone; an explicit --nnodes 1 (a one-node Slurm job) is one node,
+    which needs no rendezvous endpoint."""
+    with pytest.raises(ValueError, match=r"--rdzv-endpoint/--local-addr are for several nodes; add --nnodes N"):
+        LaunchOptions(rdzv_endpoint="127.0.0.1:29500").validate()
+    one = LaunchOptions(nnodes="1", rdzv_endpoint="127.0.0.1:29500")
+    one.validate()
+    assert not one.multi_node
+
+
 def test_loopback_endpoint_is_hosted_here_and_torchrun_gets_address_and_timeouts():
     net = node_network("127.0.0.1:29500")
     assert net.hosts_store and net.local_addr == "127.0.0.1" and net.ifname == "lo"

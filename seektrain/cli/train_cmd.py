@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deepspeed", metavar="DS_CONFIG.json",
                    help="a DeepSpeed config applied over --config, under --set (seektrain config from-deepspeed)")
     p.add_argument("--nproc-per-node", type=int_in(1), default=1, help="worker processes on this node")
-    p.add_argument("--nnodes", default="1", help="number of nodes, or MIN:MAX for elastic")
+    p.add_argument("--nnodes", default=None, help="number of nodes, or MIN:MAX for elastic (default 1)")
     p.add_argument("--node-rank", type=int, default=None, help="this node's rank, 0..N-1 (optional with c10d)")
     p.add_argument("--rdzv-endpoint", default="",
                    help="HOST:PORT of the c10d rendezvous, the same on every node: an address of the first node")

@@ -22,7 +22,7 @@ RDZV_BACKEND = "seektrain-c10d"  # launch/rendezvous.py: c10d plus a round token
 @dataclass
 class LaunchOptions:
     nproc_per_node: int = 1
-    nnodes: str = "1"
+    nnodes: str | None = None  # None: --nnodes not given (one node)
     node_rank: int | None = None
     rdzv_endpoint: str = ""
     rdzv_id: str = "seektrain"
@@ -35,7 +35,7 @@ class LaunchOptions:
     @property
     def node_range(self) -> tuple[int, int]:
         """(min, max) nodes from ``--nnodes N`` or ``MIN:MAX``; a ValueError of one line otherwise."""
-        lo, sep, hi = self.nnodes.partition(":")
+        lo, sep, hi = (self.nnodes or "1").partition(":")
         if not lo.isdigit() or (sep and not hi.isdigit()):
             raise ValueError(f"--nnodes {self.nnodes!r}: give a node count N or an elastic range MIN:MAX, "
                              "e.g. 2 or 2:4")
@@ -63,12 +63,13 @@ class LaunchOptions:
             raise ValueError(f"--rdzv-timeout {self.rdzv_timeout_s:g}: must be > 0 seconds")
         _, hi = self.node_range
         if self.node_rank is not None and not 0 <= self.node_rank < hi:
-            raise ValueError(f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes}: "
+            raise ValueError(f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes or 1}: "
                              f"use 0..{hi - 1}, a different one on each node")
         if hi > 1 and not self.rdzv_endpoint:
             raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the first node's address, the same "
                              "on every node)")
-        if hi == 1 and (self.rdzv_endpoint or self.local_addr):
+        if self.nnodes is None and (self.rdzv_endpoint or self.local_addr):  # forgotten --nnodes: never train alone
+            # (an explicit --nnodes 1, as in a one-node Slurm job, is one node: its endpoint is not needed)
             raise ValueError("--rdzv-endpoint/--local-addr are for several nodes; add --nnodes N "
                              "(or drop them for a one-node run)")
 
