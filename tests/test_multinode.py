@@ -6,7 +6,8 @@ the store host, the address to advertise and the interface by itself.
 Checked: per-step losses equal one node with the same world size (FSDP, TP across the nodes, and
 2 x 2 processes with the pipeline split across the nodes); ``kill -9`` of node 1's worker with
 ``--max-restarts 1`` resumes both nodes from the last checkpoint and ends at the uninterrupted loss; a
-missing node and an unreachable endpoint end within the timeout with one line. Needs root for
+missing node and an unreachable endpoint end within the timeout with one line; ``seektrain doctor --comm``
+measures the link between the nodes. Needs root for
 ``ip netns``; skipped with the reason elsewhere, except under CI=true where a skip is a failure.
 """
 
@@ -50,14 +51,17 @@ def run_nodes(hosts, run_dir: Path, port: int, *overrides: str, nproc: int = 1, 
               node_env: dict[int, dict] | None = None, nodes: tuple[int, ...] = (0, 1), timeout: float = 400):
     """Start ``seektrain train`` on the given nodes (one shared run dir, as on shared storage) and wait
     for all; returns [(exit code, output)] per node."""
+    argvs = {k: node_command(run_dir, port, nproc, overrides, ("--node-rank", str(k), *extra)) for k in nodes}
+    return run_on_nodes(hosts, argvs, node_env, timeout)
+
+
+def run_on_nodes(hosts, argvs: dict[int, list[str]], node_env: dict[int, dict] | None = None, timeout: float = 400):
+    """Run ``argvs[k]`` inside host k's namespace, all at once, with a clean launcher environment."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     for var in ("LOCAL_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    procs = []
-    for k in nodes:
-        argv = hosts[k].command(node_command(run_dir, port, nproc, overrides, ("--node-rank", str(k), *extra)))
-        procs.append(subprocess.Popen(argv, env={**env, **(node_env or {}).get(k, {})}, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    procs = [subprocess.Popen(hosts[k].command(argv), env={**env, **(node_env or {}).get(k, {})}, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for k, argv in argvs.items()]
     results = []
     try:
         for proc in procs:
@@ -145,6 +149,27 @@ def test_missing_node_and_unreachable_endpoint_end_with_one_line(hosts, tmp_path
         errors = [line for line in out.splitlines() if "error" in line.lower()]
         assert len(errors) == 1 and errors[0].startswith(f"seektrain: error: {expected}"), out
         assert "Traceback" not in out and "--rdzv-timeout" in errors[0]
+
+
+def test_doctor_comm_measures_the_link_between_the_nodes(hosts, tmp_path_factory):
+    """`seektrain doctor --comm` across the two hosts: the bandwidth table on 2 ranks, the one link named
+    by both nodes' advertised addresses, and the run dir seen by both (it is shared here)."""
+    run = tmp_path_factory.mktemp("doctor")
+    argvs = {k: [sys.executable, "-m", "seektrain.cli.main", "doctor", "--comm", "--sizes", "4K,64K", "--iters", "2",
+                 "--write-mib", "4", "--run-dir", str(run), "--json", "--nnodes", "2", "--node-rank", str(k),
+                 "--rdzv-endpoint", f"{ENDPOINT}:29470"] for k in (0, 1)}
+    (rc0, out0), (rc1, out1) = run_on_nodes(hosts, argvs, timeout=300)
+    assert rc0 == 0 and rc1 == 0, out0[-3000:] + out1[-3000:]
+    lines = out0.splitlines()  # the agent's log lines are mixed in: the report is from "{" to "}"
+    report = json.loads("\n".join(lines[lines.index("{"):len(lines) - lines[::-1].index("}")]))
+    comm = report["comm"]
+    assert comm["world_size"] == 2 and comm["backend"] == "gloo"
+    assert sorted({row["op"] for row in comm["rows"]}) == ["all_gather", "all_reduce", "all_to_all", "reduce_scatter"]
+    assert all(row["algbw_gbps"] > 0 for row in comm["rows"])
+    [link] = comm["links"]
+    assert link["src_host"].endswith("(10.77.0.1)") and link["dst_host"].endswith("(10.77.0.2)")
+    storage = {c["name"]: c for c in report["checks"]}["shared storage"]
+    assert storage["status"] == "ok" and "all 2 ranks on 2 host(s)" in storage["detail"]
 
 
 # -- the same decisions without namespaces (fast) ------------------------------------------------------

@@ -15,12 +15,13 @@ ring (rank r → r+1) is then timed on its own, the others idle, and the slowest
 
 from __future__ import annotations
 
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
+
+from seektrain.parallel.dist_env import node_label
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -103,7 +104,7 @@ def measure_links(device: torch.device, size: int, iters: int) -> list[dict]:
     """Bandwidth of each ring link r -> (r+1) % n, one link at a time (GB/s, the receiver's clock)."""
     n, rank = dist.get_world_size(), dist.get_rank()
     hosts = [None] * n
-    dist.all_gather_object(hosts, socket.gethostname())
+    dist.all_gather_object(hosts, node_label())
     buf = torch.ones(max(1, size // 4), device=device)
     links = []
     for src in range(n if n > 2 else 1):  # with 2 ranks the ring has one pair

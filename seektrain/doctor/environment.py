@@ -40,7 +40,7 @@ _RULES = [
     ("NCCL_ASYNC_ERROR_HANDLING", lambda v: True, "warn",
      "deprecated name: use TORCH_NCCL_ASYNC_ERROR_HANDLING"),
     ("TORCH_NCCL_ASYNC_ERROR_HANDLING", lambda v: v == "0", "warn",
-     "a failed or timed-out collective hangs the job instead of ending it (train.collective_timeout_s is then "
+     "a failed or timed-out collective hangs the job instead of ending it (dist.collective_timeout_s is then "
      "not enforced on NCCL); unset it"),
     ("TORCH_DISTRIBUTED_DEBUG", lambda v: v.upper() == "DETAIL", "warn",
      "DETAIL checks every collective's arguments across ranks: much slower; use it only to debug a mismatch"),

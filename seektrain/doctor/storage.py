@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import time
 import uuid
 from pathlib import Path
 
 from seektrain.doctor.report import Check
+from seektrain.parallel.dist_env import node_label
 
 GIB = 2**30
 PROBE = ".seektrain-doctor"  # every file the doctor writes starts with this and is removed again
@@ -75,7 +75,7 @@ def shared_storage_check(run_dir: Path, rank: int, world: int, barrier, all_gath
     all ranks together (``barrier()`` and ``all_gather_object(obj) -> list`` are the process group's)."""
     token = uuid.uuid4().hex
     names = all_gather_object(f"{PROBE}-rank{rank}-{token}")
-    hosts = all_gather_object(socket.gethostname())
+    hosts = all_gather_object(node_label())
     error = ""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -64,6 +64,13 @@ def versions() -> dict[str, str | None]:
             "python": platform.python_version()}
 
 
+def node_label() -> str:
+    """This node as the others know it: the host name, plus the address a multi-node launch advertises
+    (host names can repeat across nodes, e.g. containers or network namespaces on one machine)."""
+    addr = os.environ.get(LOCAL_ADDR_VAR, "")
+    return f"{socket.gethostname()} ({addr})" if addr else socket.gethostname()
+
+
 def node_facts() -> dict:
     """What this rank tells the others at start-up: its versions and where it runs."""
     return {"versions": versions(), "host": socket.gethostname(), "addr": os.environ.get(LOCAL_ADDR_VAR, ""),
