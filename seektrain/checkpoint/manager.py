@@ -208,6 +208,11 @@ class CheckpointManager:
     def pending(self) -> bool:
         return self._pending is not None
 
+    @property
+    def pending_step(self) -> int | None:
+        """The step of the async save awaiting its commit, if any."""
+        return self._pending.step if self._pending is not None else None
+
     def wait(self) -> None:
         """Finish the async save in flight, if any, and commit it (collective)."""
         job, self._pending = self._pending, None

@@ -139,6 +139,7 @@ class MetricsSection:
     trackers: list[str] = _key([], "experiment trackers fed by rank 0: wandb, mlflow (each needs its package)", choices=("wandb", "mlflow"))
     tracker_project: str = _key("seektrain", "W&B project / MLflow experiment the run is logged to", nonempty=True)
     mlflow_tracking_uri: str = _key("", "MLflow tracking URI; empty = sqlite:///<run.dir>/mlflow.db")
+    gpu_stats_interval: int = _key(10, "sample GPU utilisation, memory, power and temperature (NVML) every N steps", min=1)
 
 
 @dataclass

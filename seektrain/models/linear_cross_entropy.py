@@ -26,7 +26,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         logits_NV = h_ND @ w_VD.t()  # becomes d(loss)/d(logits) in place below
         rows = max(1, _BLOCK_BYTES.get(h_ND.device.type, _DEFAULT_BLOCK_BYTES) // (4 * vocab))
         valid_N = labels_N != IGNORE
-        all_valid = bool(valid_N.all())
         target_N1 = labels_N.clamp_min(0).unsqueeze(1)
         loss = torch.zeros((), dtype=torch.float32, device=h_ND.device)
         for s in range(0, n, rows):
@@ -36,18 +35,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss -= logp.gather(1, target).squeeze(1).masked_fill(~valid, 0.0).sum()
             probs = logp.exp_()
             probs.scatter_add_(1, target, valid.to(probs.dtype).neg().unsqueeze(1))
-            if not all_valid:
-                probs.masked_fill_(~valid.unsqueeze(1), 0.0)
-            block.copy_(probs)
-        ctx.save_for_backward(h_ND, w_VD, logits_NV)
+            block.copy_(probs)  # an ignored row keeps its softmax here: backward zeroes its [N, D] rows
+        ctx.save_for_backward(h_ND, w_VD, logits_NV, valid_N)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
-        h_ND, w_VD, dlogits_NV = ctx.saved_tensors
+        # Ignored rows are zeroed in the [N, D] operands, not in the [N, V] buffer: a masked fill of the
+        # buffer costs a pass over it, and skipping it only when every label is valid would read that
+        # fact on the host (a device sync per micro-batch). Zero rows contribute exact zeros either way.
+        h_ND, w_VD, dlogits_NV, valid_N = ctx.saved_tensors
+        ignored_N1 = ~valid_N.unsqueeze(1)
         g = grad_loss.float()  # scaled in fp32: a bf16 copy of e.g. 0.3 / 1023 would be off by up to 0.4%
-        grad_h = (dlogits_NV @ w_VD).float().mul_(g).to(h_ND.dtype) if ctx.needs_input_grad[0] else None
-        grad_w = dlogits_NV.t() @ (h_ND.float() * g).to(h_ND.dtype) if ctx.needs_input_grad[1] else None
+        grad_h = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_h = (dlogits_NV @ w_VD).float().mul_(g).masked_fill_(ignored_N1, 0.0).to(h_ND.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = dlogits_NV.t() @ (h_ND.float() * g).masked_fill_(ignored_N1, 0.0).to(h_ND.dtype)
         return grad_h, grad_w, None
 
 

@@ -35,6 +35,14 @@ _GROUPED_MM_KERNELS = {
 }
 
 
+def count_slots(idx: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """How many of ``idx``'s token slots chose each expert, ``[n_experts]`` int64. A scatter-add rather
+    than ``torch.bincount``, which on CUDA reads the smallest and largest index on the host to check
+    and size its output: a device sync in every MoE layer's forward."""
+    flat = idx.flatten()
+    return torch.zeros(n_experts, dtype=torch.long, device=idx.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
 def grouped_mm_supported(x: torch.Tensor, *dims: int) -> bool:
     covered = _GROUPED_MM_KERNELS.get(x.device.type)
     return _grouped_mm is not None and covered is not None and covered(x, dims)
@@ -203,7 +211,7 @@ class MoE(nn.Module):
         B, T, D = x_BTD.shape
         x_ND = x_BTD.reshape(-1, D)
         weights_NK, idx_NK, scores_NE = self.gate(x_ND)
-        counts_E = torch.bincount(idx_NK.flatten(), minlength=self.n_experts)
+        counts_E = count_slots(idx_NK, self.n_experts)
         out = self.experts(x_ND, weights_NK, idx_NK, counts_E).view(B, T, D)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x_BTD)

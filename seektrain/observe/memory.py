@@ -51,23 +51,16 @@ def memory_stats(device: torch.device | str) -> dict[str, float]:
     return out
 
 
-def _nvml_stats(index: int) -> dict[str, float]:
-    import pynvml  # type: ignore[import-not-found]
-
-    pynvml.nvmlInit()
+def _nvml_read(pynvml, handle) -> dict[str, float]:
+    util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+    mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    out = {"gpu_util_pct": float(util.gpu), "gpu_mem_used_gib": mem.used / GIB}
     try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        util = pynvml.nvmlDeviceGetUtilizationRates(handle)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        out = {"gpu_util_pct": float(util.gpu), "gpu_mem_used_gib": mem.used / GIB}
-        try:
-            out["gpu_power_w"] = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
-            out["gpu_temp_c"] = float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
-        except pynvml.NVMLError:
-            pass  # some boards (and MIG slices) do not report power or temperature
-        return out
-    finally:
-        pynvml.nvmlShutdown()
+        out["gpu_power_w"] = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+        out["gpu_temp_c"] = float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+    except pynvml.NVMLError:
+        pass  # some boards (and MIG slices) do not report power or temperature
+    return out
 
 
 def _smi_stats(index: int) -> dict[str, float]:
@@ -85,18 +78,51 @@ def _smi_stats(index: int) -> dict[str, float]:
     return stats
 
 
+class GpuStats:
+    """Utilisation, memory in use, power and temperature of one GPU, for a whole run: NVML (the
+    ``nvidia-ml-py`` package's ``pynvml``) is started once, not on every sample; where it cannot start,
+    ``nvidia-smi`` (a subprocess per sample); {} if neither. NVML reads only the driver's counters and
+    never waits for the device, but each sample still costs host time: the trainer takes one every
+    ``metrics.gpu_stats_interval`` steps. ``close()`` shuts NVML down."""
+
+    def __init__(self, index: int | None = None):
+        if index is None:
+            index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        self.index = index
+        self._nvml = self._handle = None
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception:  # ImportError, NVMLError, anything from a broken driver: observability never fails
+            self.close()
+        self._smi = self._nvml is None and shutil.which("nvidia-smi") is not None
+
+    def sample(self) -> dict[str, float]:
+        try:
+            if self._nvml is not None:
+                return _nvml_read(self._nvml, self._handle)
+            if self._smi:
+                return _smi_stats(self.index)
+        except Exception:
+            pass
+        return {}
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+        self._nvml = self._handle = None
+
+
 def gpu_stats(index: int | None = None) -> dict[str, float]:
-    """Utilisation, memory in use, power and temperature of one GPU through NVML (pynvml), falling back
-    to ``nvidia-smi`` (a subprocess: call it every logging interval, not every step); {} if neither."""
-    if index is None:
-        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    """One sample of ``GpuStats`` (NVML started and shut down around it); {} without NVML or nvidia-smi."""
+    stats = GpuStats(index)
     try:
-        return _nvml_stats(index)
-    except Exception:  # ImportError, NVMLError, anything from a broken driver: observability never fails
-        pass
-    if shutil.which("nvidia-smi") is None:
-        return {}
-    try:
-        return _smi_stats(index)
-    except Exception:
-        return {}
+        return stats.sample()
+    finally:
+        stats.close()

@@ -140,18 +140,20 @@ class MetricsSink:
             self._info.info(self._info_labels)
 
     # ------------------------------------------------------------------------------ logging
-    def log(self, step: int, metrics: dict[str, Number]) -> None:
-        """Record one set of metrics at ``step``. Non-numeric values go to the JSONL file only."""
+    def log(self, step: int, metrics: dict[str, Number], wall_time: float | None = None) -> None:
+        """Record one set of metrics at ``step``. Non-numeric values go to the JSONL file only.
+        ``wall_time``: when the step happened (``time.time()``), if it is logged later; default now."""
+        wall_time = time.time() if wall_time is None else wall_time
         with self._lock:
             if self._jsonl is not None:
-                record = {"step": step, "time": time.time(), **metrics}
+                record = {"step": step, "time": wall_time, **metrics}
                 record["step"] = step
                 self._jsonl.write(json.dumps(record, default=_json_default) + "\n")
                 self._jsonl.flush()
             numeric = {k: f for k, v in metrics.items() if k != "step" and (f := _to_float(v)) is not None}
             if self._tb is not None:
                 for key, value in numeric.items():
-                    self._tb.add_scalar(tb_tag(key), value, step)
+                    self._tb.add_scalar(tb_tag(key), value, step, walltime=wall_time)
             if self.registry is not None:
                 self._gauge("step").set(step)
                 for key, value in numeric.items():

@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from seektrain.models.moe import GroupedExperts, MoE, grouped_swiglu
+from seektrain.models.moe import GroupedExperts, MoE, count_slots, grouped_swiglu
 from seektrain.parallel.tp_styles import SumGrad
 
 
@@ -100,7 +100,7 @@ class ExpertParallelExperts(GroupedExperts):
         N = x_ND.shape[0]
         lo, hi = N * t // self.tp, N * (t + 1) // self.tp
         mine_idx = idx_NK[lo:hi]
-        mine_counts = torch.bincount(mine_idx.flatten(), minlength=counts_E.numel())
+        mine_counts = count_slots(mine_idx, counts_E.numel())
         y = super().forward(x_ND[lo:hi], weights_NK[lo:hi], mine_idx, mine_counts)
         return torch.nn.functional.pad(y, (0, 0, lo, N - hi))
 
@@ -112,13 +112,18 @@ class ExpertParallelExperts(GroupedExperts):
         recv_RL = torch.empty_like(counts_E)
         dist.all_to_all_single(recv_RL, counts_E.contiguous(), group=group)
         recv_RL = recv_RL.view(R, L)
-        send_splits = counts_E.view(R, L).sum(1).tolist()  # slots are sorted by expert, hence by owner
-        recv_splits = recv_RL.sum(1).tolist()
+        # The one host read of the step outside the flush steps: an all-to-all with uneven splits needs
+        # their sizes on the host, to size its output and tell each peer how much comes. A sync-free
+        # exchange would have to send a fixed capacity per peer: drop tokens (a different model) or pad
+        # to the worst case (R times the memory). Both lists are read at once: one wait, not two.
+        # Slots are sorted by expert, hence by owner.
+        send_splits, recv_splits = torch.stack([counts_E.view(R, L).sum(1), recv_RL.sum(1)]).tolist()
         # 2. The slots themselves, ordered (source rank, local expert) on arrival.
         x_recv = _AllToAll.apply(x_ND, recv_splits, send_splits, group)
         # 3. Regroup by local expert (stable: within an expert, source rank 0's slots first, as one
         #    process holding every rank's batch in rank order would see them).
-        local_of_slot = torch.repeat_interleave(torch.arange(E, device=x_ND.device) % L, recv_RL.flatten())
+        local_of_slot = torch.repeat_interleave(torch.arange(E, device=x_ND.device) % L, recv_RL.flatten(),
+                                                output_size=sum(recv_splits))  # known: no second read
         order = local_of_slot.argsort(stable=True)
         w1, w2 = self.gate_up_proj, self.down_proj
         w1 = w1.to_local() if isinstance(w1, DTensor) else w1

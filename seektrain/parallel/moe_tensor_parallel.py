@@ -55,8 +55,10 @@ class TensorParallelExperts(GroupedExperts):
         x_ND = SumGrad.apply(x_ND, group)
         top_k = idx_NK.shape[1]
         order = idx_NK.flatten().argsort(stable=True)
-        lo = int(counts_E[:e0].sum())
-        order = order[lo:lo + int(counts_E[e0:e0 + L].sum())]  # slots routed to my experts
+        # Where my experts' slots start and how many there are, read on the host (one wait for the device):
+        # the slice's size depends on the routing. Avoiding the read would mean running every slot.
+        lo, mine = torch.stack([counts_E[:e0].sum(), counts_E[e0:e0 + L].sum()]).tolist()
+        order = order[lo:lo + mine]  # slots routed to my experts
         token = order // top_k
         y = grouped_swiglu(x_ND[token], counts_E[e0:e0 + L], w1, w2, self.kernels.expert_row_multiple)
         y = y * weights_NK.flatten()[order].unsqueeze(-1).to(y.dtype)

@@ -33,18 +33,27 @@ def collect_expert_load(model: nn.Module, group: dist.ProcessGroup | None) -> li
 
 
 @torch.no_grad()
-def update_balance_bias(model: nn.Module, loads: list[torch.Tensor], speed: float) -> None:
+def update_balance_bias(model: nn.Module, loads: list[torch.Tensor], speed: float,
+                        apply: torch.Tensor | None = None) -> None:
     """bias_i += speed * sign(mean load - load_i): overloaded experts get chosen less next step.
-    Every rank applies the same update from the same all-reduced counts, so biases stay identical."""
+    Every rank applies the same update from the same all-reduced counts, so biases stay identical.
+    ``apply``: a bool tensor on the device; where False (a skipped step) the biases stay as they are,
+    decided on the device rather than by reading the flag on the host."""
     if speed <= 0:
         return
     for moe, load in zip(moe_layers(model), loads):
         bias = moe.gate.e_score_correction_bias
         if bias is not None:
-            bias.add_(speed * torch.sign(load.mean() - load).to(bias.device, bias.dtype))
+            delta = speed * torch.sign(load.mean() - load).to(bias.device, bias.dtype)
+            bias.add_(delta if apply is None else torch.where(apply.to(bias.device), delta, 0.0))
 
 
-def expert_imbalance(loads: list[torch.Tensor]) -> float:
-    """Worst layer's max/mean tokens per expert (1.0 = perfectly balanced)."""
-    ratios = [float(l.max() / l.mean()) for l in loads if l.sum() > 0]
-    return max(ratios) if ratios else 1.0
+def expert_imbalance(loads: list[torch.Tensor]) -> torch.Tensor:
+    """Worst layer's max/mean tokens per expert (1.0 = perfectly balanced; layers that saw no token are
+    left out), as a 0-dim tensor on the loads' device: read on the host only when it is logged. One
+    reduction over all layers; the counts are whole numbers, so while a layer routes fewer than 2**24
+    slots a step its float32 sum is exact in any order and each ratio equals a per-layer computation's."""
+    stacked = torch.stack(loads)  # [layers, experts]
+    ratios = stacked.amax(1) / stacked.mean(1)
+    seen = stacked.sum(1) > 0
+    return torch.where(seen.any(), torch.where(seen, ratios, 0.0).amax(), 1.0)

@@ -31,11 +31,13 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from seektrain.checkpoint import hooks
+from seektrain.train.transfer import HostCopy
 
 log = logging.getLogger("seektrain.train")
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what a shell reports for a process ended by SIGTERM
@@ -62,26 +64,52 @@ def inject_nan(loss: torch.Tensor, step: int) -> torch.Tensor:
     return loss
 
 
+@dataclass
+class Verdict:
+    """A step's bad-loss verdict, on the device: may the step update the model, and the running mean of
+    recent good losses it was judged against (for the message)."""
+
+    good: torch.Tensor  # bool
+    mean: torch.Tensor  # float64
+
+
 class LossGuard:
-    """Decides whether a step's (global) loss may update the model."""
+    """Decides whether a step's (global) loss may update the model.
 
-    def __init__(self, policy: str = "skip", spike_factor: float = 0.0):
+    ``judge`` decides on the device without waiting for it: the recent good losses are a ring of
+    ``SPIKE_WINDOW`` values there, and the verdict's ``good`` masks the update. ``settle``, called later
+    with the values read on the host (at the next flush step, before anything is saved), counts and
+    reports the bad step, or raises ``BadLossError`` under ``stop``. ``check`` does both for a loss
+    already on the host.
+    """
+
+    def __init__(self, policy: str = "skip", spike_factor: float = 0.0, device: torch.device | str = "cpu"):
         self.policy, self.spike_factor = policy, spike_factor
-        self.history: list[float] = []
         self.skipped = 0
+        self._ring = torch.zeros(SPIKE_WINDOW, dtype=torch.float64, device=device)  # float64: as Python floats
+        self._slots = torch.arange(SPIKE_WINDOW, device=device)
+        self._count = torch.zeros((), dtype=torch.int64, device=device)  # good losses so far
 
-    def check(self, loss: float, step: int) -> bool:
-        problem = None
+    def judge(self, loss: torch.Tensor) -> Verdict:
+        x = loss.detach().double()
+        n = self._count.clamp(max=SPIKE_WINDOW)
+        mean = self._ring.sum() / n.clamp(min=1)  # slots not yet written hold zeros
+        good = torch.isfinite(x)
+        if self.spike_factor > 0:
+            good = good & ~((n >= SPIKE_MIN_HISTORY) & (x > self.spike_factor * mean))
+        self._ring = torch.where(good & (self._slots == self._count % SPIKE_WINDOW), x, self._ring)
+        self._count = self._count + good
+        return Verdict(good, mean)
+
+    def settle(self, step: int, loss: float, good: bool, mean: float) -> None:
+        """The host's half of a verdict: nothing for a good loss; else a warning (skip) or the error (stop)."""
+        if good:
+            return
         if not math.isfinite(loss):
             problem = f"loss is {loss}"
-        elif self.spike_factor > 0 and len(self.history) >= SPIKE_MIN_HISTORY:
-            mean = sum(self.history) / len(self.history)
-            if loss > self.spike_factor * mean:
-                problem = (f"loss {loss:.6g} spiked above train.spike_factor={self.spike_factor:g} × running "
-                           f"mean {mean:.6g}")
-        if problem is None:
-            self.history = (self.history + [loss])[-SPIKE_WINDOW:]
-            return True
+        else:
+            problem = (f"loss {loss:.6g} spiked above train.spike_factor={self.spike_factor:g} × running "
+                       f"mean {mean:.6g}")
         if self.policy == "stop":
             raise BadLossError(f"training stopped at step {step}: {problem} (train.on_bad_loss=stop); no checkpoint "
                                "was written for it. Resume from the last checkpoint, e.g. with a lower optim.lr, "
@@ -89,13 +117,30 @@ class LossGuard:
         self.skipped += 1
         log.warning("step %d: %s; update skipped (train.on_bad_loss=skip, %d skipped so far)", step, problem,
                     self.skipped)
-        return False
+
+    def check(self, loss: float, step: int) -> bool:
+        verdict = self.judge(torch.tensor(loss, dtype=torch.float64, device=self._ring.device))
+        good = bool(verdict.good)
+        self.settle(step, loss, good, float(verdict.mean))
+        return good
+
+    @property
+    def history(self) -> list[float]:
+        """The recent good losses, oldest first (a host read)."""
+        count, ring = int(self._count), self._ring.tolist()
+        if count < SPIKE_WINDOW:
+            return ring[:count]
+        start = count % SPIKE_WINDOW
+        return ring[start:] + ring[:start]
 
     def state_dict(self) -> dict:
-        return {"history": list(self.history), "skipped": self.skipped}
+        return {"history": self.history, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict) -> None:
-        self.history = [float(x) for x in state.get("history", [])]
+        history = [float(x) for x in state.get("history", [])][-SPIKE_WINDOW:]
+        self._ring = torch.zeros_like(self._ring)
+        self._ring[:len(history)] = torch.tensor(history, dtype=torch.float64)
+        self._count = torch.full_like(self._count, len(history))
         self.skipped = int(state.get("skipped", 0))
 
 
@@ -105,13 +150,14 @@ class FaultGuard:
 
     def __init__(self, train_cfg, ckpt_cfg, ckpt, rank: int, device: torch.device,
                  collective_timeout_s: float = 600.0):
-        self.loss = LossGuard(train_cfg.on_bad_loss, train_cfg.spike_factor)
+        self.loss = LossGuard(train_cfg.on_bad_loss, train_cfg.spike_factor, device)
         self.ckpt, self.rank, self.device = ckpt, rank, device
         self.grace_s = ckpt_cfg.preempt_grace_s
         self.timeout_s = collective_timeout_s
         self.phase = "start-up"
         self.step: int | None = None
         self.signal_received: int | None = None
+        self._in_transit: tuple[HostCopy, int | None] | None = None  # the last step's flags (several ranks)
         self._watchdog: threading.Timer | None = None
         self._previous = None
         if threading.current_thread() is threading.main_thread():
@@ -163,18 +209,36 @@ class FaultGuard:
             time.sleep(3600)
 
     def end_step(self, step: int) -> bool:
-        """Collective after every step. True when any rank got SIGTERM (then all ranks stop here).
-        Also commits an async checkpoint once every rank has finished writing it."""
-        flags = torch.tensor([float(self.signal_received is not None), float(self.ckpt.in_flight())],
-                             device=self.device)
+        """After every step: True when any rank got SIGTERM (then every rank stops at this step). Also
+        commits an async checkpoint once every rank has finished writing it.
+
+        One process decides from its own flags. Several all-reduce them (MAX) on the device, and so that
+        reading them never waits for the work queued after them, the flags all-reduced after step N are
+        read after step N + 1 (their copy to the host was queued right behind the all-reduce): every rank
+        still stops at the same step, one step after the signal was seen."""
+        flags = [float(self.signal_received is not None), float(self.ckpt.in_flight())]
+        pending = self.ckpt.pending_step  # the save these flags speak of
         if dist.is_initialized() and dist.get_world_size() > 1:
             self.phase = f"the stop-flag all-reduce after step {step}"
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        flags = flags.tolist()
-        if self.ckpt.pending and flags[1] == 0:
+            exchanged = self._exchange(flags, pending)
+            if exchanged is None:
+                return False
+            flags, pending = exchanged
+        if pending is not None and self.ckpt.pending_step == pending and flags[1] == 0:
             self.phase = f"the commit of an async checkpoint after step {step}"
             self.ckpt.wait()
         return flags[0] > 0
+
+    def _exchange(self, flags: list[float], pending: int | None) -> tuple[list[float], int | None] | None:
+        """All-reduce this step's flags and return the previous step's (None after the first step)."""
+        tensor = torch.empty(len(flags), device=self.device)
+        for i, flag in enumerate(flags):
+            tensor[i].fill_(flag)  # a fill on the device: a blocking copy from the host would wait for it
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        previous, self._in_transit = self._in_transit, (HostCopy(tensor), pending)
+        if previous is None:
+            return None
+        return previous[0].values(), previous[1]
 
     # ------------------------------------------------------------------ errors
     def raise_readable(self, err: RuntimeError | MemoryError, plan=None) -> None:

@@ -1,17 +1,20 @@
 """What a run reports while it trains: per-step metrics to every sink (JSONL, TensorBoard, Prometheus,
 experiment trackers), the console line and progress bar, the profiler window, and ``summary.json`` at
-the end. The trainer calls it around each step and knows nothing of the outlets."""
+the end. The trainer calls it around each step (``before_step``, ``after_step``: host-side facts taken
+when the step ends) and ``seektrain.train.step_log`` hands it each step's metrics at a flush (``log``);
+neither knows anything of the outlets."""
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
 
 from seektrain.config.loader import config_to_dict
 from seektrain.observe.flops import mfu, model_flops_per_token, peak_flops
-from seektrain.observe.memory import gpu_stats, memory_stats
+from seektrain.observe.memory import GpuStats, memory_stats
 from seektrain.observe.sink import MetricsSink
 from seektrain.observe.summary import format_summary, write_summary
 from seektrain.train.progress import Progress
@@ -39,30 +42,44 @@ class RunMonitor:
 
             self.profiler = StepProfiler(run_dir, job.profile.steps)
         self.progress = Progress(start_step, job.train.steps, enabled=rank == 0 and job.run.progress_bar)
+        # NVML started once; sampled every metrics.gpu_stats_interval steps, not every step
+        self.gpu = GpuStats(device.index) if device.type == "cuda" else None
+        self.gpu_interval = m.gpu_stats_interval
         self.start_step = start_step
         self.records: list[dict] = []
+        self._ended: dict[int, float] = {}  # step -> wall-clock time it ended, until it is logged
 
     def before_step(self, step: int) -> None:
         if self.profiler:
             self.profiler.before_step(step)
 
-    def after_step(self, step: int, metrics: dict) -> None:
+    def after_step(self, step: int, values: dict) -> None:
+        """When a step ends (its values may still be on the device): close the profiler's step, add the
+        memory numbers of this moment and, every ``metrics.gpu_stats_interval`` steps, a GPU sample
+        (NVML: utilisation, power; absent when unavailable); move the progress bar."""
         if self.profiler:
             self.profiler.after_step(step)
+        self._ended[step] = time.time()
+        values.update(memory_stats(self.device))
+        if self.gpu is not None and step % self.gpu_interval == 0:
+            values.update(self.gpu.sample())
+        self.progress.advance(step)
+
+    def log(self, step: int, metrics: dict) -> None:
+        """A step's metrics, read on the host (at a flush): to every sink, the records and the console."""
         metrics["tokens_per_s"] = self.plan.tokens_per_step / metrics["step_time_s"]
         metrics["mfu"] = mfu(metrics["tokens_per_s"] / self.plan.world_size, self.flops_per_token, self.peak)
-        metrics.update(memory_stats(self.device))
-        if self.device.type == "cuda":
-            metrics.update(gpu_stats(self.device.index))  # NVML: utilisation, power (empty when absent)
-        self.sink.log(step, metrics)
+        self.sink.log(step, metrics, wall_time=self._ended.pop(step, None))
         self.records.append({"step": step, **metrics})
-        self.progress.update(step, metrics)
+        self.progress.show(metrics)
         if step % self.plan.job.run.log_interval == 0 or step == self.start_step + 1:
             self.progress.write(_format_line(step, self.plan.job.train.steps, metrics))
 
     def close(self) -> None:
         self.progress.close()
         self.sink.close()
+        if self.gpu is not None:
+            self.gpu.close()
 
     def summarise(self, wall_s: float, param_elements_rank0: int) -> dict:
         """Write ``summary.json`` (rank 0) and log its lines; {} elsewhere or when no step ran."""

@@ -8,14 +8,13 @@ number of micro-batches, so the result equals accumulation exactly.
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 
 from seektrain.train.balance import moe_layers
 from seektrain.train.loss import model_loss
 from seektrain.train.precision import DynamicLossScaler
+from seektrain.train.transfer import to_device
 
 
 class PipelineLoss:
@@ -33,17 +32,17 @@ class PipelineLoss:
         return self.scaler.scale_loss(loss)
 
 
-def pipeline_forward_backward(ctx) -> tuple[torch.Tensor, float, float]:
-    """([loss, lm loss, mtp loss] summed as over the step's ``accum_steps`` accumulation micro-batches,
-    data wait s, forward+backward s) for a ``seektrain.train.step.StepContext``. The pipeline's own
-    micro-batch count may differ (``parallel.pp_microbatches``): its mean loss is scaled back to
-    ``accum_steps`` of them, which the step then divides out again."""
+def pipeline_forward_backward(ctx, spans: dict) -> torch.Tensor:
+    """[loss, lm loss, mtp loss] summed as over the step's ``accum_steps`` accumulation micro-batches, for
+    a ``seektrain.train.step.StepContext``; the data wait and forward+backward go to ``spans``. The
+    pipeline's own micro-batch count may differ (``parallel.pp_microbatches``): its mean loss is scaled
+    back to ``accum_steps`` of them, which the step then divides out again."""
     plan, pm, loss_fn = ctx.plan, ctx.parallel, ctx.pipeline_loss
-    t0 = time.perf_counter()
+    t0 = ctx.clock.mark()
     batches = [next(ctx.batches) for _ in range(plan.accum_steps)]
-    tokens = torch.cat([b[0] for b in batches]).to(ctx.device)
-    labels = torch.cat([b[1] for b in batches]).to(ctx.device)
-    t1 = time.perf_counter()
+    tokens = to_device(torch.cat([b[0] for b in batches]), ctx.device)
+    labels = to_device(torch.cat([b[1] for b in batches]), ctx.device)
+    t1 = ctx.clock.mark()
     last = pm.has_last_stage
     args = ((tokens, labels) if plan.use_mtp else (tokens,)) if pm.has_first_stage else ()
     loss_fn.records.clear()
@@ -62,4 +61,6 @@ def pipeline_forward_backward(ctx) -> tuple[torch.Tensor, float, float]:
     else:
         loss_sum = torch.zeros(3, device=ctx.device)
     dist.all_reduce(loss_sum, group=plan.meshes.pp.get_group())  # every rank learns the last stage's loss
-    return loss_sum, t1 - t0, time.perf_counter() - t1
+    spans["data_wait_s"].append((t0, t1))
+    spans["fwd_bwd_s"].append((t1, ctx.clock.mark()))
+    return loss_sum

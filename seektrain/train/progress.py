@@ -34,8 +34,12 @@ class Progress:
                         mininterval=1.0, disable=not enabled)
         self.log = logging.getLogger("seektrain.train")
 
-    def update(self, step: int, metrics: dict) -> None:
+    def advance(self, step: int) -> None:
+        """``step`` is done (its loss may not be known yet)."""
         self.bar.update(step - self.bar.n)
+
+    def show(self, metrics: dict) -> None:
+        """The latest logged step's loss, beside the bar."""
         self.bar.set_postfix(loss=f"{metrics['loss']:.3f}", refresh=False)
 
     def write(self, line: str) -> None:

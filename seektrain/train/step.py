@@ -1,18 +1,27 @@
 """One optimizer step, readable top to bottom: accumulate micro-batches, unscale/check, clip, step,
-rebalance experts. Returns the numbers worth logging. Degrees, counts and flags come from the run plan;
-the objects the step changes are in its ``StepContext``."""
+rebalance experts. Degrees, counts and flags come from the run plan; the objects the step changes are
+in its ``StepContext``.
+
+The step never waits for the device (no ``.item()``, ``float()`` or ``bool()`` of a device tensor):
+what to log comes back as a ``StepRecord`` of device values that ``seektrain.train.step_log`` reads at
+the next flush step, and the decisions a step must take from its own numbers (skip a bad loss or an
+overflow, rebalance experts only after an update) are taken on the device. The exceptions, which must
+know sizes on the host, are expert parallelism's all-to-all splits and tensor-parallel experts' slot
+range (``parallel/expert_parallel.py``, ``parallel/moe_tensor_parallel.py``).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+from seektrain.observe.step_clock import Spans, StepClock
 from seektrain.parallel.parallelize import ParallelModel
 from seektrain.plan.run_plan import RunPlan
 from seektrain.train import faults
@@ -21,6 +30,7 @@ from seektrain.train.grad import clip_grad_norm
 from seektrain.train.loss import model_loss
 from seektrain.train.pipeline_step import PipelineLoss, pipeline_forward_backward
 from seektrain.train.precision import DynamicLossScaler
+from seektrain.train.transfer import to_device
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (tokens, labels), [micro_batch_size, seq_len] each
 
@@ -37,10 +47,23 @@ class StepContext:
     loss_guard: faults.LossGuard  # [faults] bad-loss policy: skip or stop on NaN/Inf or a spike
     pipeline_loss: PipelineLoss | None = None  # the pipeline schedule's loss (pp > 1)
     autocast: contextlib.AbstractContextManager = contextlib.nullcontext()
+    clock: StepClock = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.clock = StepClock(self.device)
 
     @property
     def model(self) -> nn.Module:
         return self.parallel.model
+
+
+@dataclass
+class StepRecord:
+    """What a step reports. ``values``: metric name -> a number, a 0-dim device tensor or the ``Spans``
+    of a phase, all read at the next flush; ``verdict``: the loss guard's, settled then."""
+
+    values: dict
+    verdict: faults.Verdict
 
 
 def _no_sync(model: nn.Module, last: bool):
@@ -50,17 +73,16 @@ def _no_sync(model: nn.Module, last: bool):
     return contextlib.nullcontext()
 
 
-def accumulate(ctx: StepContext, step: int) -> tuple[torch.Tensor, float, float]:
-    """Forward + backward of the step's micro-batches one after the other (gradient accumulation):
-    (sum of [loss, lm loss, mtp loss] over micro-batches, data wait s, forward+backward s)."""
-    plan, accum = ctx.plan, ctx.plan.accum_steps
-    data_wait = fwd_bwd = 0.0
+def accumulate(ctx: StepContext, step: int, spans: dict[str, Spans]) -> torch.Tensor:
+    """Forward + backward of the step's micro-batches one after the other (gradient accumulation): the
+    sum of [loss, lm loss, mtp loss] over micro-batches; the data wait and forward+backward go to ``spans``."""
+    plan, accum, clock = ctx.plan, ctx.plan.accum_steps, ctx.clock
     loss_sum = torch.zeros(3, device=ctx.device)  # total, lm, mtp (summed over micro-batches)
     for micro in range(accum):
-        t0 = time.perf_counter()
+        t0 = clock.mark()
         tokens, labels = next(ctx.batches)
-        tokens, labels = tokens.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
-        t1 = time.perf_counter()
+        tokens, labels = to_device(tokens, ctx.device), to_device(labels, ctx.device)
+        t1 = clock.mark()
         with _no_sync(ctx.model, micro == accum - 1):
             with ctx.autocast:
                 out = ctx.model(tokens, mtp_labels=labels if plan.use_mtp else None,
@@ -71,77 +93,93 @@ def accumulate(ctx: StepContext, step: int) -> tuple[torch.Tensor, float, float]
                 ctx.scaler.scale_loss(loss / accum).backward()
         loss_sum += torch.stack([loss.detach().float(), parts["lm_loss"].float(),
                                  parts.get("mtp_loss", torch.zeros((), device=ctx.device)).float()])
-        data_wait += t1 - t0
-        fwd_bwd += time.perf_counter() - t1
-    return loss_sum, data_wait, fwd_bwd
+        spans["data_wait_s"].append((t0, t1))
+        spans["fwd_bwd_s"].append((t1, clock.mark()))
+    return loss_sum
 
 
-def train_step(ctx: StepContext, step: int) -> dict[str, float]:
-    plan = ctx.plan
-    t_start = time.perf_counter()
+def train_step(ctx: StepContext, step: int) -> StepRecord:
+    plan, clock = ctx.plan, ctx.clock
+    spans = {name: Spans() for name in ("step_time_s", "data_wait_s", "fwd_bwd_s", "optim_s", "comm_s")}
+    t_start = clock.mark()
     if plan.pp > 1:
-        loss_sum, data_wait, fwd_bwd = pipeline_forward_backward(ctx)
+        loss_sum = pipeline_forward_backward(ctx, spans)
     else:
-        loss_sum, data_wait, fwd_bwd = accumulate(ctx, step)
+        loss_sum = accumulate(ctx, step, spans)
 
     # [faults] the data-parallel mean loss is known before the update, so every rank takes the same
-    # skip/stop decision on a NaN/Inf or spiking loss (train.on_bad_loss, seektrain.train.faults).
+    # skip/stop decision on a NaN/Inf or spiking loss (train.on_bad_loss, seektrain.train.faults): on the
+    # device, as a mask of the update; the host hears of it at the next flush (LossGuard.settle).
     # Communication we can time: these step-level reductions, including the wait for the slowest rank
     # (FSDP's and TP's collectives overlap compute inside fwd_bwd and are not separable there).
     dp_group = plan.meshes.dp.get_group()
-    t_comm = time.perf_counter()
+    t_comm = clock.mark()
     if plan.dp > 1:
         dist.all_reduce(loss_sum, group=dp_group)
         loss_sum /= plan.dp
     loss_sum /= plan.accum_steps
-    comm_loss = time.perf_counter() - t_comm
-    usable = ctx.loss_guard.check(float(loss_sum[0]), step)
+    t_opt = clock.mark()
+    spans["comm_s"].append((t_comm, t_opt))
+    verdict = ctx.loss_guard.judge(loss_sum[0])
 
-    t_opt = time.perf_counter()
     params = [p for p in ctx.model.parameters() if p.grad is not None]
-    finite, grad_norm = False, torch.tensor(float("nan"))
-    if usable:  # [faults] a bad loss drops the gradients below without stepping or touching the scaler
-        finite = ctx.scaler.unscale_and_check(params)
-        pp_group = plan.meshes.pp.get_group() if plan.pp > 1 else None
-        grad_norm = clip_grad_norm(params, plan.job.train.grad_clip, pp_group) if finite else grad_norm
-        if finite and torch.isfinite(grad_norm):
-            ctx.optimizer.step()
-        else:
-            finite = False
-        ctx.scaler.update(finite)
+    overflow = ctx.scaler.unscale(params)  # fp16 only: did any rank's gradients overflow
+    pp_group = plan.meshes.pp.get_group() if plan.pp > 1 else None
+    norm = clip_grad_norm(params, plan.job.train.grad_clip, pp_group)
+    grads_ok = torch.isfinite(norm) if overflow is None else ~overflow & torch.isfinite(norm)
+    update = verdict.good & grads_ok  # [faults] a bad loss drops the gradients without stepping or touching the scaler
+    _step_unless(ctx.optimizer, ~update, params)
+    ctx.scaler.update(grads_ok, counted=verdict.good)
     ctx.optimizer.zero_grad(set_to_none=True)
     lr = ctx.scheduler.get_last_lr()[0]
     ctx.scheduler.step()
 
-    t_comm = time.perf_counter()
+    t_loads = clock.mark()
     loads = collect_expert_load(ctx.model, dp_group if plan.dp > 1 else None)
-    comm_loads = time.perf_counter() - t_comm
-    if finite:
-        update_balance_bias(ctx.model, loads, plan.bias_update_speed)
+    t_loads_end = clock.mark()
+    spans["comm_s"].append((t_loads, t_loads_end))
+    update_balance_bias(ctx.model, loads, plan.bias_update_speed, update)
 
     plan.platform.end_of_step()
-    if ctx.device.type == "cuda":
-        torch.cuda.synchronize(ctx.device)
-    t_end = time.perf_counter()
-    metrics = {
-        "loss": float(loss_sum[0]), "lm_loss": float(loss_sum[1]), "lr": lr,
-        "grad_norm": float(grad_norm), "loss_scale": ctx.scaler.scale, "skipped": int(not finite),
-        "step_time_s": t_end - t_start, "data_wait_s": data_wait, "fwd_bwd_s": fwd_bwd,
-        "optim_s": t_end - t_opt - comm_loads, "comm_s": comm_loss + comm_loads,
+    t_end = clock.mark()
+    spans["optim_s"] += [(t_opt, t_loads), (t_loads_end, t_end)]
+    spans["step_time_s"].append((t_start, t_end))
+    reported = verdict.good if overflow is None else verdict.good & ~overflow
+    values = {
+        "loss": loss_sum[0], "lm_loss": loss_sum[1], "lr": lr,
+        "grad_norm": torch.where(reported, norm, float("nan")),  # NaN: the norm was not taken into account
+        "loss_scale": ctx.scaler.scale_value, "skipped": ~update, **spans,
     }
     if plan.use_mtp:
-        metrics["mtp_loss"] = float(loss_sum[2])
+        values["mtp_loss"] = loss_sum[2]
     if plan.model.is_moe:
-        metrics["expert_imbalance"] = _worst_imbalance(plan, loads, ctx.device)
-    return metrics
+        values["expert_imbalance"] = _worst_imbalance(plan, loads, ctx.device)
+    return StepRecord(values, verdict)
 
 
-def _worst_imbalance(plan: RunPlan, loads: list[torch.Tensor], device: torch.device) -> float:
+def _step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor, params: list[torch.Tensor]) -> None:
+    """``optimizer.step()``, which leaves parameters, moments and step counts untouched where ``skip``
+    is set, decided on the device: torch's fused AdamW reads a ``found_inf`` flag (the one
+    ``torch.amp.GradScaler`` hands it) and its step returns early. The flag goes to the parameters' own
+    device: for CPU-offloaded parameters (``parallel.cpu_offload``) that copy waits for the device, as
+    their optimizer, which runs on the host, has to anyway."""
+    flag = skip.float()
+    if params:
+        home = params[0].to_local().device if isinstance(params[0], DTensor) else params[0].device
+        flag = flag.to(home)
+    optimizer.found_inf = flag
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf
+
+
+def _worst_imbalance(plan: RunPlan, loads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The worst MoE layer's imbalance over the whole model: a pipeline rank holds only its stages'
     layers, so the worst is taken over the pipeline ranks too."""
-    worst = expert_imbalance(loads) if loads else 1.0
+    worst = expert_imbalance(loads).double() if loads else torch.ones((), dtype=torch.float64, device=device)
     if plan.pp > 1:
-        value = torch.tensor([worst], dtype=torch.float64, device=device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=plan.meshes.pp.get_group())
-        worst = float(value)
+        worst = worst.reshape(1)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=plan.meshes.pp.get_group())
+        worst = worst.reshape(())
     return worst

@@ -39,6 +39,7 @@ from seektrain.train.progress import setup_logging
 from seektrain.train.setup_data import TrainingData, open_training_data
 from seektrain.train.setup_model import configured_model_config, initial_weights
 from seektrain.train.step import StepContext, train_step
+from seektrain.train.step_log import StepLog
 
 log = logging.getLogger("seektrain.train")
 
@@ -77,6 +78,8 @@ def train(cfg: JobConfig) -> dict:
     monitor = RunMonitor(plan, run_dir, env.rank, env.local_rank, env.device, start_step,
                          resumed=start.checkpoint is not None)
     trainer_state = _trainer_state_fn(plan, ctx, data, guard, env)
+    # per-step values stay on the device until a flush step reads them (step_log.py)
+    steps_log = StepLog(monitor, ctx.loss_guard, env.device, cfg.run.log_interval, start_step + 1, cfg.train.steps)
     ctx.model.train()
     t_run = time.perf_counter()
     step = start_step
@@ -84,15 +87,22 @@ def train(cfg: JobConfig) -> dict:
         for step in range(start_step + 1, cfg.train.steps + 1):
             guard.begin_step(step)  # [faults] (test hooks only)
             monitor.before_step(step)
-            metrics = train_step(ctx, step)
-            if evaluator.due(step):
-                metrics["val_loss"] = evaluator.val_loss(ctx)
-            monitor.after_step(step, metrics)
-            if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < cfg.train.steps:
+            record = train_step(ctx, step)
+            evaluating = evaluator.due(step)
+            if evaluating:
+                record.values["val_loss"] = evaluator.val_loss(ctx)
+            monitor.after_step(step, record.values)
+            steps_log.add(step, record)
+            saving = bool(cfg.checkpoint.interval) and step % cfg.checkpoint.interval == 0 and step < cfg.train.steps
+            if saving or evaluating or steps_log.due(step):  # [faults] a bad loss is settled before any save
+                steps_log.flush()
+            if saving:
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
             if guard.end_step(step):  # [faults] SIGTERM on any rank: every rank saves this step, exits 143
+                steps_log.flush()
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step), blocking=True)
                 guard.exit_preempted(step, ckpt.root / step_dir_name(step))
+        steps_log.flush()
         if step > start_step or start.checkpoint is None:
             ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
         ckpt.wait()
