@@ -157,6 +157,29 @@ def test_loss_guard_nan_spike_and_state():
         LossGuard("stop").check(float("inf"), 9)
 
 
+def test_loss_guard_judges_on_the_device_and_keeps_the_last_window():
+    """``judge`` returns tensors (the step masks its update with them) and keeps the recent good losses
+    in a ring; the history it saves is the last SPIKE_WINDOW good losses, oldest first, as the list was."""
+    from seektrain.train.faults import SPIKE_WINDOW
+
+    guard = LossGuard("skip", spike_factor=3.0)
+    losses = [10.0 - 0.01 * i for i in range(SPIKE_WINDOW + 7)]
+    for loss in losses:
+        verdict = guard.judge(torch.tensor(loss, dtype=torch.float32))
+        assert isinstance(verdict.good, torch.Tensor) and bool(verdict.good)
+    expected = [float(torch.tensor(x, dtype=torch.float32)) for x in losses[-SPIKE_WINDOW:]]
+    assert guard.history == expected
+    verdict = guard.judge(torch.tensor(100.0))  # a spike: not good, and not added to the window
+    assert not bool(verdict.good) and float(verdict.mean) == pytest.approx(sum(expected) / SPIKE_WINDOW)
+    assert guard.history == expected and guard.skipped == 0  # counted when settled on the host
+    guard.settle(60, 100.0, False, float(verdict.mean))
+    assert guard.skipped == 1
+    restored = LossGuard("skip", spike_factor=3.0)
+    restored.load_state_dict(json.loads(json.dumps(guard.state_dict())))
+    assert restored.history == expected
+    assert restored.check(9.0, 61) and restored.history == expected[1:] + [9.0]
+
+
 def test_collective_failure_becomes_one_line_naming_rank_and_operation():
     cfg = SimpleNamespace(on_bad_loss="skip", spike_factor=0.0)
     guard = FaultGuard(cfg, SimpleNamespace(preempt_grace_s=10.0), None, rank=1, device=torch.device("cpu"),

@@ -49,18 +49,26 @@ def test_fp16_overflow_steps_are_skipped(tmp_path):
 
 
 def test_loss_scaler_unit():
+    """The overflow flag, the scale and the step counts are device tensors decided there (no host read)."""
     scaler = DynamicLossScaler(True, init_scale=8.0, growth_interval=2)
     p = torch.nn.Parameter(torch.ones(3))
     p.grad = torch.tensor([1.0, float("inf"), 2.0])
-    assert not scaler.unscale_and_check([p])
-    scaler.update(False)
-    assert scaler.scale == 4.0 and scaler.skipped_steps == 1
+    overflow = scaler.unscale([p])
+    assert isinstance(overflow, torch.Tensor) and overflow.dtype == torch.bool and bool(overflow)
+    scaler.update(~overflow)
+    assert scaler.scale == 4.0 and scaler.skipped_steps == 1 and scaler.good_steps == 0
     p.grad = torch.tensor([4.0, 8.0, 12.0])
-    assert scaler.unscale_and_check([p])
+    assert not scaler.unscale([p])
     assert torch.equal(p.grad, torch.tensor([1.0, 2.0, 3.0]))
+    scaler.update(True, counted=False)  # a bad loss's step: the scaler is left alone
+    assert scaler.scale == 4.0 and scaler.good_steps == 0
     scaler.update(True)
     scaler.update(True)
-    assert scaler.scale == 8.0
+    assert scaler.scale == 8.0 and scaler.good_steps == 2
+    restored = DynamicLossScaler(True, init_scale=1.0, growth_interval=2)
+    restored.load_state_dict(scaler.state_dict())
+    assert restored.state_dict() == {"scale": 8.0, "good_steps": 2, "skipped_steps": 1}
+    assert DynamicLossScaler(False).unscale([p]) is None and DynamicLossScaler(False).scale_value == 1.0
 
 
 @pytest.mark.parametrize("args, needle", [
