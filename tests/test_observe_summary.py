@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
+import types
+from collections import Counter
+from types import SimpleNamespace
 
 import torch
 
-from seektrain.observe.memory import gpu_stats, memory_stats
+from seektrain.observe.memory import GpuStats, gpu_stats, memory_stats
 from seektrain.observe.summary import format_summary, write_summary
 
 
@@ -64,3 +68,50 @@ def test_memory_and_gpu_stats_never_fail():
     assert isinstance(gpu_stats(), dict)  # {} on a machine without NVML or nvidia-smi
     if torch.cuda.is_available():
         assert {"mem_allocated_gib", "mem_reserved_gib", "mem_peak_gib"} <= set(memory_stats("cuda"))
+
+
+def _fake_nvml(calls: Counter) -> types.ModuleType:
+    """A ``pynvml`` stand-in that counts initialisations, reads and shutdowns."""
+    nvml = types.ModuleType("pynvml")
+    nvml.NVMLError = type("NVMLError", (Exception,), {})
+    nvml.NVML_TEMPERATURE_GPU = 0
+    nvml.nvmlInit = lambda: calls.update(["init"])
+    nvml.nvmlShutdown = lambda: calls.update(["shutdown"])
+    nvml.nvmlDeviceGetHandleByIndex = lambda index: ("gpu", index)
+    nvml.nvmlDeviceGetUtilizationRates = lambda handle: (calls.update(["read"]), SimpleNamespace(gpu=55))[1]
+    nvml.nvmlDeviceGetMemoryInfo = lambda handle: SimpleNamespace(used=2 * 2**30)
+    nvml.nvmlDeviceGetPowerUsage = lambda handle: 300_000  # mW
+    nvml.nvmlDeviceGetTemperature = lambda handle, sensor: 60
+    return nvml
+
+
+def test_gpu_stats_start_nvml_once_per_run(monkeypatch):
+    calls = Counter()
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(calls))
+    stats = GpuStats(3)
+    for _ in range(4):
+        assert stats.sample() == {"gpu_util_pct": 55.0, "gpu_mem_used_gib": 2.0, "gpu_power_w": 300.0,
+                                  "gpu_temp_c": 60.0}
+    stats.close()
+    assert calls == {"init": 1, "read": 4, "shutdown": 1}
+    assert gpu_stats(0)["gpu_util_pct"] == 55.0 and calls["init"] == calls["shutdown"] == 2
+
+
+def test_monitor_samples_the_gpu_every_interval_steps(monkeypatch):
+    """RunMonitor.after_step adds a GPU sample on every metrics.gpu_stats_interval-th step only (the
+    monitor's other parts are stubbed: this checks the wiring, on a machine without a GPU)."""
+    from seektrain.train.monitor import RunMonitor
+
+    calls = Counter()
+    monitor = object.__new__(RunMonitor)
+    monitor.profiler, monitor.device, monitor._ended = None, torch.device("cpu"), {}
+    monitor.progress = SimpleNamespace(advance=lambda step: None)
+    monitor.gpu, monitor.gpu_interval = SimpleNamespace(sample=lambda: calls.update(["sample"]) or {"gpu_util_pct": 1.0}), 10
+    sampled = []
+    for step in range(1, 26):
+        values: dict = {}
+        monitor.after_step(step, values)
+        if "gpu_util_pct" in values:
+            sampled.append(step)
+        assert "mem_rss_gib" in values  # memory is read every step (host counters, no device wait)
+    assert sampled == [10, 20] and calls["sample"] == 2
