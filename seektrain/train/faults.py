@@ -2,15 +2,17 @@
 the last checkpoint and every failure ends with one readable line.
 
 * Preemption (SIGTERM, which torchrun forwards to its workers): the signal handler only sets a flag;
-  after each step the flags of all ranks are all-reduced (MAX), so every rank stops at the *same* step,
-  saves a checkpoint of it and exits with status 143. A watchdog ends the process if that takes longer
+  after each step the flags of all ranks are all-reduced (MAX) and read one step later (so the read
+  never waits for the device), so every rank stops at the *same* step, saves a checkpoint of it and
+  exits with status 143. A watchdog ends the process if that takes longer
   than ``checkpoint.preempt_grace_s`` (torchrun sends SIGKILL 30 s after SIGTERM; a half-written
   checkpoint is invisible anyway).
-* Bad losses: the data-parallel mean loss of a step is checked before the optimizer step. NaN/Inf, or
-  more than ``train.spike_factor`` × the running mean of recent good losses, either skips the update
-  (``train.on_bad_loss = skip``: gradients dropped, counted as ``skipped`` in metrics) or stops the run
-  with one line naming the step and the value (``stop``), saving nothing new. Every rank sees the same
-  all-reduced loss, so every rank takes the same decision.
+* Bad losses: the data-parallel mean loss of a step is judged on the device before the optimizer step.
+  NaN/Inf, or more than ``train.spike_factor`` × the running mean of recent good losses, masks the
+  update; at the next flush step (``seektrain.train.step_log``, always before a checkpoint) the host
+  either reports the skip (``train.on_bad_loss = skip``: gradients dropped, counted as ``skipped`` in
+  metrics) or stops the run with one line naming the step and the value (``stop``), saving nothing new.
+  Every rank sees the same all-reduced loss, so every rank takes the same decision.
 * Dead or hung ranks: collectives have a finite timeout (``dist.collective_timeout_s``); the backend's
   error (gloo's "Timed out waiting 600000ms for recv operation" or "Connection closed by peer") becomes
   a ``CollectiveError`` naming this rank and what it was doing. It subclasses ``ConnectionError`` (an
