@@ -111,6 +111,7 @@ class DistSection:
 class DataSection:
     path: str = _key("builtin", "a folder made by `seektrain data prepare`, or builtin", nonempty=True)
     tokenizer: str = _key("byte", "built-in corpus tokenizer: byte, a tokenizer.json path or a hub id (org/name)", nonempty=True)
+    prefetch: int = _key(2, "training batches read ahead in a background thread (pinned on GPUs); 0 = read in the step", min=0, max=64)
 
 
 @dataclass

@@ -61,7 +61,8 @@ def train(cfg: JobConfig) -> dict:
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
 
-    data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main)
+    data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main,
+                              env.device if plan.platform.pin_host_memory() else None)
     guard = FaultGuard(cfg.train, cfg.checkpoint, ckpt, env.rank, env.device,  # [faults] SIGTERM, bad loss, hangs
                        cfg.dist.collective_timeout_s)
     weights = initial_weights(cfg) if start.checkpoint is None else None
@@ -69,7 +70,7 @@ def train(cfg: JobConfig) -> dict:
     start_step = 0
     if start.checkpoint is not None:
         state = ckpt.load(start.checkpoint, ctx.model, ctx.optimizer)
-        start_step = restore_trainer_state(state, ctx.scheduler, ctx.scaler, data.loader, guard.loss)
+        start_step = restore_trainer_state(state, ctx.scheduler, ctx.scaler, data.batches, guard.loss)
         log.info("resumed from %s at step %d", start.checkpoint, start_step)
     log_layout(plan, ctx, data, env)
 
@@ -100,6 +101,7 @@ def train(cfg: JobConfig) -> dict:
         guard.raise_readable(err, plan)
         raise
     finally:
+        data.close()  # the prefetch thread ends here: after the last step, on errors and on preemption
         guard.close()
         monitor.close()
     summary = monitor.summarise(time.perf_counter() - t_run, _local_numel(ctx.model))
@@ -131,7 +133,7 @@ def build_step_context(plan: RunPlan, device: torch.device, data: TrainingData, 
     configure_aux_loss(parallel.model, job.train.aux_loss_alpha, plan.aux_loss_grad_scale)
     optimizer = build_optimizer(parallel.model, job.optim)
     scheduler = build_scheduler(optimizer, job.optim, job.train.steps)
-    return StepContext(plan, device, parallel, optimizer, scheduler, scaler, iter(data.loader), guard.loss,
+    return StepContext(plan, device, parallel, optimizer, scheduler, scaler, data.batches, guard.loss,
                        pipeline_loss, plan.autocast(device))
 
 
@@ -147,7 +149,7 @@ def _trainer_state_fn(plan: RunPlan, ctx: StepContext, data: TrainingData, guard
     """``trainer_state.json`` of a checkpoint at a step: what DCP's shards do not hold."""
     def state(step: int) -> dict:
         return {"step": step, "scheduler": ctx.scheduler.state_dict(), "scaler": ctx.scaler.state_dict(),
-                "data": data.loader.state_dict(), "model_config": plan.model.name,
+                "data": data.batches.state_dict(), "model_config": plan.model.name,
                 "config": config_to_toml(plan.job), "faults": guard.loss.state_dict(),
                 "world_size": env.world_size}
     return state
