@@ -1,8 +1,11 @@
 """What overlaps training, end to end through the real CLI (one process, CPU, fp32, deterministic):
-batches read ahead by a thread (``data.prefetch``) change no batch, loss, checkpoint or resume, and an
-error in that thread reaches the user as the same one line at the same step.
+batches read ahead by a thread (``data.prefetch``) and checkpoints written in the background
+(``checkpoint.async_save``) change no batch, loss, checkpoint or resume; an error in the read-ahead
+thread reaches the user as the same one line at the same step; the training thread's checkpoint time
+is in the metrics and the summary.
 
-Every run takes 4 steps with a checkpoint every 2; the runs without read-ahead are the reference.
+Every run takes 4 steps with a checkpoint every 2; the run without read-ahead and with sync saves is
+the reference.
 """
 
 from __future__ import annotations
@@ -30,13 +33,13 @@ def plain(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def ahead(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("ahead")
-    train(run, *RUN, "data.prefetch=3")
+    train(run, *RUN, "data.prefetch=3", "checkpoint.async_save=true")
     return run
 
 
-def test_read_ahead_changes_no_batch_loss_or_checkpoint(plain, ahead):
-    """Same losses bit for bit, and checkpoints whose data position counts the batches trained on
-    (step 2 × 4 windows), not the ones the thread had read ahead."""
+def test_read_ahead_and_async_saves_change_no_batch_loss_or_checkpoint(plain, ahead):
+    """Same losses bit for bit, and the same checkpoints, whose data position counts the batches trained
+    on (step 2 × 4 windows), not the ones the thread had read ahead."""
     assert step_losses(ahead) == step_losses(plain) and sorted(step_losses(plain)) == [1, 2, 3, 4]
     for step in ("step-00000002", "step-00000004"):
         same_contents(ahead / "checkpoints" / step, plain / "checkpoints" / step)
@@ -51,11 +54,28 @@ def test_resume_with_read_ahead_equals_the_uninterrupted_run(plain, ahead, tmp_p
     shutil.copytree(ahead, run)
     shutil.rmtree(run / "checkpoints" / "step-00000004")
     (run / "metrics.jsonl").unlink()
-    proc = train(run, *RUN, "data.prefetch=3")
+    proc = train(run, *RUN, "data.prefetch=3", "checkpoint.async_save=true")
     assert "step-00000002 at step 2" in proc.stdout + proc.stderr
     resumed, reference = step_losses(run), step_losses(plain)
     assert sorted(resumed) == [3, 4] and [resumed[s] for s in (3, 4)] == [reference[s] for s in (3, 4)]
     same_contents(run / "checkpoints" / "step-00000004", plain / "checkpoints" / "step-00000004")
+
+
+def test_the_checkpoint_stall_is_logged_at_its_step_and_summarised(plain, ahead):
+    """The step that saves (2) logs the training thread's time in the save as ``checkpoint_stall_s``
+    (async: the copy to host memory; its commit lands at the first step that finds the write done); a
+    step that neither saves nor commits logs nothing; the summary adds them up. The final checkpoint
+    is written after the last step."""
+    import json
+
+    from run_cli import metrics
+
+    for run in (plain, ahead):
+        stalls = {m["step"]: m["checkpoint_stall_s"] for m in metrics(run) if "checkpoint_stall_s" in m}
+        assert 2 in stalls and 1 not in stalls and all(s > 0 for s in stalls.values()), stalls
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["checkpoint_stalls"] == len(stalls)
+        assert summary["checkpoint_stall_s_total"] == pytest.approx(sum(stalls.values()))
 
 
 _FAILING_LOADER = textwrap.dedent("""

@@ -28,6 +28,7 @@ from seektrain.parallel.distributed import DistEnv, init_distributed
 from seektrain.parallel.parallelize import parallelize_model, unwrap
 from seektrain.plan.auto import auto_layout
 from seektrain.plan.run_plan import RunPlan
+from seektrain.platform import policy_for
 from seektrain.train.balance import configure_aux_loss
 from seektrain.train.evaluate import Evaluator
 from seektrain.train.faults import FaultGuard
@@ -46,7 +47,8 @@ log = logging.getLogger("seektrain.train")
 def train(cfg: JobConfig) -> dict:
     env = init_distributed(cfg.dist)
     run_dir = Path(cfg.run.dir)
-    ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank)
+    ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank,
+                             pin_memory=policy_for(env.device).pin_host_memory())
     # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
     # every rank gets the same checkpoint and model, or the same one-line refusal
     start = ckpt.resume_choice(cfg.checkpoint.resume, configured_model_config(cfg))
@@ -88,10 +90,14 @@ def train(cfg: JobConfig) -> dict:
             metrics = train_step(ctx, step)
             if evaluator.due(step):
                 metrics["val_loss"] = evaluator.val_loss(ctx)
-            monitor.after_step(step, metrics)
             if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < cfg.train.steps:
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
-            if guard.end_step(step):  # [faults] SIGTERM on any rank: every rank saves this step, exits 143
+            preempted = guard.end_step(step)  # [faults] also commits an async checkpoint written everywhere
+            stall = ckpt.take_stall_s()  # what this step's checkpoint save or commit blocked training for
+            if stall is not None:
+                metrics["checkpoint_stall_s"] = stall
+            monitor.after_step(step, metrics)
+            if preempted:  # [faults] SIGTERM on any rank: every rank saves this step, exits 143
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step), blocking=True)
                 guard.exit_preempted(step, ckpt.root / step_dir_name(step))
         if step > start_step or start.checkpoint is None:
@@ -102,6 +108,7 @@ def train(cfg: JobConfig) -> dict:
         raise
     finally:
         data.close()  # the prefetch thread ends here: after the last step, on errors and on preemption
+        ckpt.close()
         guard.close()
         monitor.close()
     summary = monitor.summarise(time.perf_counter() - t_run, _local_numel(ctx.model))
