@@ -27,17 +27,20 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+def staging_options(pinned: bool):
+    """DCP's ``StagingOptions``; ``pinned``: the platform's ``pin_host_memory()`` (true only with an
+    accelerator). Imported here, not at the top: only async saves need it (torch >= 2.9)."""
+    from torch.distributed.checkpoint.staging import StagingOptions
 
-def staging_options(pinned: bool) -> StagingOptions:
-    """``pinned``: the platform's ``pin_host_memory()`` (true only with an accelerator)."""
     return StagingOptions(use_pinned_memory=pinned, use_shared_memory=False, use_async_staging=False,
                           use_non_blocking_copy=pinned)
 
 
-def snapshot_stager(pinned: bool) -> DefaultStager:
-    """A stager to keep for the whole run (its cache is the reuse); ``close()`` it at the end."""
+def snapshot_stager(pinned: bool):
+    """A ``DefaultStager`` to keep for the whole run (its cache is the reuse); ``close()`` it at the end."""
+    from torch.distributed.checkpoint.staging import DefaultStager
+
     return DefaultStager(staging_options(pinned))
 
 
