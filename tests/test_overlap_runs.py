@@ -113,3 +113,37 @@ def test_a_loader_error_is_one_line_at_its_step(tmp_path, prefetch):
     assert errors[0].endswith("shard-00000.bin cannot be read; re-run `seektrain data prepare ... --force`")
     assert [m["step"] for m in metrics(tmp_path)] == [1, 2]
     assert "threads left: []" in proc.stdout
+
+
+_PREEMPTED = textwrap.dedent("""
+    import os, signal, sys, threading
+    import seektrain.train.trainer as trainer
+    step_once = trainer.train_step
+    def train_step(ctx, step):  # SIGTERM arrives during step 2, as from a preempting scheduler
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step_once(ctx, step)
+    trainer.train_step = train_step
+    from seektrain.cli.main import main
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as done:
+        code = done.code
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("seektrain-")]
+    print("threads left:", alive)
+    sys.exit(code)
+""")
+
+
+def test_preemption_stops_the_threads(tmp_path):
+    """SIGTERM during step 2 with read-ahead and async saves: the run saves step 2, exits with 143 and
+    leaves no prefetch, checkpoint-write or pruning thread behind."""
+    from run_cli import TINY
+
+    args = ["train", "--set", f"run.dir={tmp_path}"]
+    for item in (*TINY, "train.steps=6", "data.prefetch=2", "checkpoint.async_save=true", "checkpoint.interval=1"):
+        args += ["--set", item]
+    proc = subprocess.run([sys.executable, "-c", _PREEMPTED, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert (tmp_path / "checkpoints" / "step-00000002" / "COMPLETE").is_file()
+    assert "threads left: []" in proc.stdout
