@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +46,7 @@ import torch  # noqa: E402
 
 from bench_model_vs_hf import LOGITS_TOLERANCE, cast_model, logits_diff, make_step  # noqa: E402
 from seektrain.models import ModelConfig, build_model, count_params  # noqa: E402
-from seektrain.models.hf_io import save_pretrained  # noqa: E402
+from seektrain.models.hf_io import from_pretrained, save_pretrained  # noqa: E402
 from seektrain.observe.flops import model_flops_per_token  # noqa: E402
 from seektrain.platform import policy_for  # noqa: E402
 
@@ -157,20 +158,21 @@ def make_batches(vocab: int, batch: int, seq: int, n: int, device: torch.device)
     return out
 
 
-def time_steps(step, batches: list, warmup: int, device: torch.device) -> tuple[list[float], float]:
-    """Wall time of each step (synchronised), the warm-up ones left out; also the first step's time."""
-    times, first = [], 0.0
+def time_steps(step, batches: list, warmup: int, device: torch.device) -> tuple[list[float], float, float]:
+    """Wall time of each step (synchronised), the warm-up ones left out; also the first step's time and
+    loss (the loss of batch 0, the same for every row)."""
+    times, first, first_loss = [], 0.0, float("nan")
     sync(device)
     for i, (tokens, labels) in enumerate(batches):
         t0 = time.perf_counter()
-        step(tokens, labels)
+        loss = step(tokens, labels)
         sync(device)
         dt = time.perf_counter() - t0
         if i == 0:
-            first = dt
+            first, first_loss = dt, float(loss)
         if i >= warmup:
             times.append(dt)
-    return times, first
+    return times, first, first_loss
 
 
 def speed(times: list[float], tokens_per_step: int, flops_per_token: float, peak: float | None,
@@ -187,8 +189,9 @@ def _bytes(model) -> int:
 
 def bare_rows(results: Results, key: str, cfg: ModelConfig, hf_dir: Path, args, device: torch.device,
               peak: float | None, selected: set[str]) -> None:
-    """Our model eager, then regionally compiled, then transformers' on the same (bf16) weights. The
-    Hugging Face folder written here is also what the trainer rows start from."""
+    """Our model eager, transformers' on the same (bf16) weights, then ours regionally compiled (last:
+    compiling changes the model in place). The Hugging Face folder written here is also what the trainer
+    rows start from."""
     import transformers
 
     from seektrain.parallel.compile import apply_compile
@@ -205,8 +208,8 @@ def bare_rows(results: Results, key: str, cfg: ModelConfig, hf_dir: Path, args, 
     def eager():
         reset_peak(device)
         ours.train()
-        times, _ = time_steps(make_step(ours, "fused"), batches, args.warmup, device)
-        return speed(times, tokens_per_step, flops, peak, device)
+        times, _, loss = time_steps(make_step(ours, "fused"), batches, args.warmup, device)
+        return {**speed(times, tokens_per_step, flops, peak, device), "first_loss": loss}
 
     def compiled():
         from torch._dynamo.utils import counters
@@ -215,40 +218,37 @@ def bare_rows(results: Results, key: str, cfg: ModelConfig, hf_dir: Path, args, 
         ours.train()
         blocks = apply_compile(ours)
         counters.clear()
-        times, first = time_steps(make_step(ours, "fused"), batches, args.warmup, device)
+        times, first, _ = time_steps(make_step(ours, "fused"), batches, args.warmup, device)
         return {**speed(times, tokens_per_step, flops, peak, device), "compile_s": first, "compiled_blocks": blocks,
                 "graphs": counters["stats"]["unique_graphs"], "graph_breaks": dict(counters["graph_break"]),
                 "note": "compile_s: wall time of the first fwd+bwd, compilation included; graphs: distinct graphs "
                         "compiled over all steps (a block type with no graph break is one)"}
 
     def theirs_row():
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(
-            hf_dir, dtype=torch.float32, attn_implementation="sdpa").to(device)
-        try:
-            cast_model(ours, torch.float32)  # both fp32, from the same bf16 values, for the logits check
-            tf32 = torch.backends.cuda.matmul.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = False
-            try:
-                diff = logits_diff(ours, theirs, cfg.vocab_size, device)
-            finally:
-                torch.backends.cuda.matmul.allow_tf32 = tf32
-                cast_model(ours, torch.bfloat16)
-            facts = {"logits_max_abs_diff_fp32": diff, "class": type(theirs).__name__,
-                     "experts_implementation": getattr(theirs.config, "_experts_implementation", None),
-                     "attn_implementation": getattr(theirs.config, "_attn_implementation", None)}
-            if not diff < LOGITS_TOLERANCE:
-                return {**facts, "error": f"fp32 logits differ from ours by {diff:.2e} (>= {LOGITS_TOLERANCE}): "
-                                          "the comparison would be meaningless"}
-            cast_model(theirs, torch.bfloat16).train()
-            reset_peak(device)
-            times, _ = time_steps(make_step(theirs, "hf"), batches, args.warmup, device)
-            result = {**speed(times, tokens_per_step, flops, peak, device), **facts}
-            if device.type == "cuda":  # our model sits on the GPU meanwhile: its bytes are not transformers'
-                result["peak_mem_gib"] -= _bytes(ours) / 2**30
-                result["note"] = "peak_mem_gib: max_memory_allocated less our model's weights, resident meanwhile"
-            return result
-        finally:
-            del theirs
+        # The logits check runs on the CPU in fp32, as bench_model_vs_hf.py's does: transformers' model and
+        # ours read back from the same folder (on the GPU, fp32 experts would take other kernels than the
+        # bf16 ones timed; the first-step bf16 losses on the GPU are compared below as well).
+        experts = {"experts_implementation": args.hf_experts} if args.hf_experts and cfg.is_moe else {}
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32,
+                                                                   attn_implementation="sdpa", **experts)
+        reference = from_pretrained(hf_dir, dtype=torch.float32)
+        diff = logits_diff(reference, theirs, cfg.vocab_size, "cpu")
+        del reference
+        facts = {"logits_max_abs_diff_fp32": diff, "class": type(theirs).__name__,
+                 "experts_implementation": getattr(theirs.config, "_experts_implementation", None),
+                 "attn_implementation": getattr(theirs.config, "_attn_implementation", None)}
+        if not diff < LOGITS_TOLERANCE:
+            return {**facts, "error": f"fp32 logits differ from ours by {diff:.2e} (>= {LOGITS_TOLERANCE}): "
+                                      "the comparison would be meaningless"}
+        theirs = cast_model(theirs.to(device), torch.bfloat16).train()
+        reset_peak(device)
+        times, _, loss = time_steps(make_step(theirs, "hf"), batches, args.warmup, device)
+        result = {**speed(times, tokens_per_step, flops, peak, device), **facts, "first_loss": loss}
+        if device.type == "cuda":  # our model sits on the GPU meanwhile: its bytes are not transformers'
+            result["peak_mem_gib"] -= _bytes(ours) / 2**30
+            result["note"] = "peak_mem_gib: max_memory_allocated less our model's weights, resident meanwhile"
+        del theirs
+        return result
 
     model_facts["hf_dir_bytes"] = sum(p.stat().st_size for p in hf_dir.iterdir())
     try:
@@ -273,6 +273,9 @@ def parse_args(argv):
     ap.add_argument("--iters", type=int, default=None, help="timed steps, median reported (10; smoke 2)")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated subset of {', '.join(ROWS)}")
+    ap.add_argument("--hf-experts", default=None,
+                    help="transformers' experts_implementation for the MoE model (default: transformers' own default; "
+                         "the JSON records which it used)")
     ap.add_argument("--trainer-compile", choices=("on", "off"), default=None,
                     help="train.compile in the trainer rows (on; smoke off: the compiled row already covers it)")
     ap.add_argument("--trainer-timeout", type=float, default=300.0, help="seconds before a trainer row is stopped")
@@ -300,7 +303,7 @@ def main(argv=None) -> int:
 
     from bench_gpu_checkpoint import checkpoint_rows
     from bench_gpu_report import print_report
-    from bench_gpu_trainer import prepare_data, trainer_rows
+    from bench_gpu_trainer import prepare_data
 
     args = parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
@@ -321,41 +324,62 @@ def main(argv=None) -> int:
           + f"; torch {results.data['versions']['torch']}, transformers {results.data['versions']['transformers']}, "
           f"torchao {results.data['versions']['torchao']}; commit {results.data['commit']['sha']}", flush=True)
 
+    # A time limit's SIGTERM unwinds like an exception: the trainer row in flight kills its process group
+    # (which is in a session of its own), the work folder goes, and the report covers what was measured.
+    signal.signal(signal.SIGTERM, _terminated)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_gpu-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         data_dir = prepare_data(work / "data", args)
         for key in args.models.split(","):
-            cfg = (dense_config if key == "dense" else moe_config)(args.smoke, args.seq)
-            counts = count_params(cfg)
-            results.model(key, {"config": cfg.to_dict(), "params_total": counts.total, "params_active": counts.active,
-                                "flops_per_token": model_flops_per_token(cfg, args.seq)})
-            print(f"{key}: {cfg.name}, {counts.total / 1e9:.3f}B parameters ({counts.active / 1e9:.3f}B activated "
-                  f"without the embedding), {model_flops_per_token(cfg, args.seq) / 1e9:.2f} GFLOP/token", flush=True)
-            hf_dir = work / f"hf-{key}"
-            try:
-                bare_rows(results, key, cfg, hf_dir, args, device, facts["peak_bf16_flops"], selected)
-                trainer_rows(results, key, hf_dir, data_dir, work, args, device, selected)
-            except Exception as err:  # noqa: BLE001 - e.g. the model does not fit: the other model still runs
-                traceback.print_exc()
-                for row in MODEL_ROWS:
-                    if row not in results.data["rows"][key]:
-                        results.row(key, row, {"error": f"{type(err).__name__}: {err}"[:500]})
-            finally:
-                shutil.rmtree(hf_dir, ignore_errors=True)
-                free_memory(device)
+            model_rows(results, key, data_dir, work, args, device, selected)
         if "dense" in args.models.split(","):
             checkpoint_rows(results, dense_config(args.smoke, args.seq), work, device, selected)
+    except (KeyboardInterrupt, SystemExit) as stop:
+        results.data["interrupted"] = f"{type(stop).__name__} {stop}".strip()
+        print(f"\ninterrupted ({results.data['interrupted']}): the report below has the rows measured so far",
+              flush=True)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    results.data["wall_s"] = time.perf_counter() - results.t0
-    print_report(results.data)  # also adds the ratios the targets speak of
-    results.write()
-    if args.out is not None:
-        print(f"\nfigures: {args.out}")
-    return 0
+        results.data["wall_s"] = time.perf_counter() - results.t0
+        print_report(results.data)  # also adds the ratios the targets speak of
+        results.write()
+        if args.out is not None:
+            print(f"\nfigures: {args.out}")
+    return 1 if "interrupted" in results.data else 0
 
+
+def _terminated(signum, frame):
+    raise SystemExit(f"signal {signum}")
+
+
+def model_rows(results: Results, key: str, data_dir: Path, work: Path, args, device: torch.device,
+               selected: set[str]) -> None:
+    """Every row of one model; a failure outside a row (building, saving) marks the rows left undone."""
+    import shutil
+
+    from bench_gpu_trainer import trainer_rows
+
+    cfg = (dense_config if key == "dense" else moe_config)(args.smoke, args.seq)
+    counts = count_params(cfg)
+    flops = model_flops_per_token(cfg, args.seq)
+    results.model(key, {"config": cfg.to_dict(), "params_total": counts.total, "params_active": counts.active,
+                        "flops_per_token": flops})
+    print(f"{key}: {cfg.name}, {counts.total / 1e9:.3f}B parameters ({counts.active / 1e9:.3f}B activated "
+          f"without the embedding), {flops / 1e9:.2f} GFLOP/token", flush=True)
+    hf_dir = work / f"hf-{key}"
+    try:
+        bare_rows(results, key, cfg, hf_dir, args, device, results.data["device"]["peak_bf16_flops"], selected)
+        trainer_rows(results, key, hf_dir, data_dir, work, args, device, selected)
+    except Exception as err:  # noqa: BLE001 - e.g. the model does not fit: the other model still runs
+        traceback.print_exc()
+        for row in MODEL_ROWS:
+            if row not in results.data["rows"][key]:
+                results.row(key, row, {"error": f"{type(err).__name__}: {err}"[:500]})
+    finally:
+        shutil.rmtree(hf_dir, ignore_errors=True)
+        free_memory(device)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_gpu_common import Results, run_row, sync
+from bench_gpu_common import NOT_SELECTED, Results, run_row, sync
 
 _RECORDED = re.compile(r"stall|block|stag", re.IGNORECASE)
 
@@ -62,7 +62,7 @@ def checkpoint_rows(results: Results, cfg, work: Path, device: torch.device, sel
 
     rows = [r for r in ("ckpt_sync", "ckpt_async") if r in selected]
     for row in {"ckpt_sync", "ckpt_async"} - set(rows):
-        results.row("dense", row, {"skipped": "not selected (--rows)"})
+        results.row("dense", row, {"skipped": NOT_SELECTED})
     if not rows:
         return
     init_distributed()  # the single-rank process group the trainer runs with (the manager's gloo group)

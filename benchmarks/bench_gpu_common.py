@@ -26,6 +26,7 @@ TITLES = {
     "ckpt_sync": "checkpoint save, synchronous",
     "ckpt_async": "checkpoint save, async",
 }
+NOT_SELECTED = "not selected (--rows)"
 TARGETS = {"mfu_dense": 0.50, "mfu_moe": 0.35, "vs_transformers": 1.3, "fp8_vs_bf16": 1.3, "ckpt_stall_s": 1.0}
 
 
@@ -109,7 +110,7 @@ def run_row(results: Results, model: str, row: str, selected: set[str], fn, devi
     """Run one row: ``fn()`` returns its figures; an exception becomes the row's error and the next row
     runs (after freeing memory)."""
     if row not in selected:
-        return results.row(model, row, {"skipped": "not selected (--rows)"})
+        return results.row(model, row, {"skipped": NOT_SELECTED})
     t0 = time.perf_counter()
     try:
         result = fn()

@@ -3,7 +3,7 @@ issue-14 targets are stated in. Only measured figures are printed; a skipped or 
 
 from __future__ import annotations
 
-from bench_gpu_common import MODEL_ROWS, MODELS, TARGETS, TITLES
+from bench_gpu_common import MODEL_ROWS, MODELS, NOT_SELECTED, TARGETS, TITLES
 
 
 def _ok(row: dict | None) -> bool:
@@ -30,6 +30,9 @@ def comparisons(data: dict) -> dict:
             "mfu_compiled": rows["compiled"]["mfu"] if _ok(rows.get("compiled")) else None,
             "mfu_trainer_bf16": rows["trainer_bf16"]["mfu"] if _ok(rows.get("trainer_bf16")) else None,
             "mfu_target": TARGETS["mfu_dense" if key == "dense" else "mfu_moe"],
+            # bf16 loss of batch 0 in both models: the on-device check that they compute the same thing
+            "first_loss_ours": rows["eager"].get("first_loss") if _ok(rows.get("eager")) else None,
+            "first_loss_transformers": rows["transformers"].get("first_loss") if _ok(rows.get("transformers")) else None,
         }
     dense = data["rows"].get("dense", {})
     for row in ("ckpt_sync", "ckpt_async"):
@@ -41,6 +44,8 @@ def comparisons(data: dict) -> dict:
 def _cells(row: dict | None, notes: list[str]) -> list[str]:
     if not row:
         return ["—", "", ""]
+    if row.get("skipped") == NOT_SELECTED:
+        return ["not run", "", ""]
     why = row.get("skipped") or row.get("error")
     if why:
         notes.append(("skipped: " if row.get("skipped") else "ERROR: ") + why)
@@ -66,6 +71,8 @@ def print_report(data: dict) -> None:
           + (f"{peak / 1e12:.1f} TFLOP/s ({dev['hardware']})" if peak else "(unknown: no MFU)")
           + f"; torch {data['versions']['torch']}, transformers {data['versions']['transformers']}, "
           f"torchao {data['versions']['torchao']}; commit {data['commit']['sha']}; {data.get('wall_s', 0):.0f} s in all")
+    if data.get("interrupted"):
+        print(f"\nINTERRUPTED ({data['interrupted']}): rows not reached are missing.")
     print()
     header = ["row"]
     for key in MODELS:
@@ -93,6 +100,8 @@ def print_report(data: dict) -> None:
         ("trainer fp8 / trainer bf16", "fp8_vs_bf16", ".2f", f"≥ {TARGETS['fp8_vs_bf16']}x"),
         ("MFU, ours compiled", "mfu_compiled", ".1%", f"dense ≥ {TARGETS['mfu_dense']:.0%}, MoE ≥ {TARGETS['mfu_moe']:.0%}"),
         ("MFU, trainer bf16", "mfu_trainer_bf16", ".1%", ""),
+        ("first-step loss, ours eager", "first_loss_ours", ".4f", "equal (same weights, same batch)"),
+        ("first-step loss, transformers", "first_loss_transformers", ".4f", ""),
     ]
     for title, field, spec, target in lines:
         cells = [_fmt(comp[k][field], spec) for k in MODELS if k in comp]
@@ -103,7 +112,7 @@ def print_report(data: dict) -> None:
             print(f"\n{key}: regional compile took {compiled['compile_s']:.1f} s (first fwd+bwd, compilation included)")
 
     dense = data["rows"].get("dense", {})
-    if dense.get("ckpt_sync") or dense.get("ckpt_async"):
+    if any(dense.get(r) and dense[r].get("skipped") != NOT_SELECTED for r in ("ckpt_sync", "ckpt_async")):
         print()
         print(f"| checkpoint of the dense model (fp32 weights + AdamW) | stall s | background s | GB written "
               f"| target |")
@@ -113,6 +122,8 @@ def print_report(data: dict) -> None:
             if not r:
                 continue
             why = r.get("skipped") or r.get("error")
+            if why == NOT_SELECTED:
+                continue
             if why:
                 notes.append(("skipped: " if r.get("skipped") else "ERROR: ") + why)
                 print(f"| {TITLES[row]} | {'skipped' if r.get('skipped') else 'error'} [{len(notes)}] | | | |")

@@ -103,7 +103,7 @@ def cast_model(model, dtype: torch.dtype):
     return model
 
 
-def _no_attention(q, k, v, scale):
+def _no_attention(q, k, v, scale, kernels=None):
     """Stands in for our attention in the "floor" variant: passes the values through (keeps the graph)."""
     return v.transpose(1, 2).flatten(2) * 1.0
 
