@@ -330,7 +330,9 @@ def main(argv=None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_gpu-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        data_dir = prepare_data(work / "data", args)
+        vocab = min((dense_config if k == "dense" else moe_config)(args.smoke, args.seq).vocab_size
+                    for k in args.models.split(","))
+        data_dir = prepare_data(work / "data", args, vocab)
         for key in args.models.split(","):
             model_rows(results, key, data_dir, work, args, device, selected)
         if "dense" in args.models.split(","):

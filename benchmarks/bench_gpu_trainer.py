@@ -4,8 +4,8 @@ read from the run's ``metrics.jsonl``.
 The trainer runs as users run it (``python -m seektrain.cli.main train --set ...``), from the Hugging Face
 folder the bare-model rows wrote (``model.hf_path``), on one rank: the run plan trains the plain model
 there (FSDP wraps only when there is more than one data-parallel rank, or with CPU offload), with fp32
-master weights, bf16 autocast, fused AdamW and gradient clipping, on a small prepared slice of the
-built-in corpus. Once the record of its last step is in ``metrics.jsonl`` the process group of the run
+master weights, bf16 autocast, fused AdamW and gradient clipping, on a prepared dataset of random
+tokens (``prepare_data``). Once the record of its last step is in ``metrics.jsonl`` the process group of the run
 is killed: its end-of-run checkpoint (tens of GB for these models, minutes of disk and hashing) is not
 what these rows measure, and the checkpoint rows time saving on their own.
 """
@@ -31,14 +31,35 @@ _DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RAN
               "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
 
 
-def prepare_data(target: Path, args) -> Path:
-    """A prepared dataset (byte tokenizer) with twice the tokens the trainer rows read, cut from the
-    built-in corpus: seconds to write, where the whole corpus would take minutes on first use."""
-    from seektrain.data.builtin import builtin_files
+def prepare_data(target: Path, args, vocab_size: int) -> Path:
+    """A prepared dataset of uniformly random token ids over the whole vocabulary, as the bare-model rows
+    draw theirs (for a MoE model the token distribution decides the experts' loads, so the trainer rows
+    see the same kind of batches), with twice the tokens the trainer rows read. Made with
+    ``seektrain data prepare``'s own code from a word-level tokenizer.json whose word ``w<i>`` is id i
+    (``</s>`` the last id, the end of each document) and JSONL documents of random words: no download,
+    no dependence on what the machine's Python ships."""
+    import json as _json
+
+    import numpy as np
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     from seektrain.data.prepare import prepare_dataset
 
-    need = 2 * (args.warmup + args.iters) * args.batch * (args.seq + 1)
-    prepare_dataset(builtin_files(), target, "byte", fmt="text", max_tokens=max(need, 1 << 16), force=True)
+    src = target.with_name(target.name + "-src")
+    src.mkdir(parents=True, exist_ok=True)
+    vocab = {f"w{i}": i for i in range(vocab_size - 1)}
+    vocab["</s>"] = vocab_size - 1
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="</s>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(["</s>"])
+    tokenizer.save(str(src / "tokenizer.json"))
+    need = max(2 * (args.warmup + args.iters) * args.batch * (args.seq + 1), 1 << 16)
+    docs = 100
+    ids = np.random.default_rng(0).integers(0, vocab_size - 1, size=need + docs)
+    with open(src / "docs.jsonl", "w") as f:
+        for chunk in np.array_split(ids, docs):
+            f.write(_json.dumps({"text": " ".join(f"w{i}" for i in chunk.tolist())}) + "\n")
+    prepare_dataset([src / "docs.jsonl"], target, str(src / "tokenizer.json"), fmt="jsonl", force=True)
     return target
 
 
