@@ -368,8 +368,8 @@ def model_rows(results: Results, key: str, data_dir: Path, work: Path, args, dev
     flops = model_flops_per_token(cfg, args.seq)
     results.model(key, {"config": cfg.to_dict(), "params_total": counts.total, "params_active": counts.active,
                         "flops_per_token": flops})
-    print(f"{key}: {cfg.name}, {counts.total / 1e9:.3f}B parameters ({counts.active / 1e9:.3f}B activated "
-          f"without the embedding), {flops / 1e9:.2f} GFLOP/token", flush=True)
+    print(f"{key}: {cfg.name}, {counts.total:,} parameters ({counts.active:,} activated without the embedding), "
+          f"{flops / 1e9:.3f} GFLOP/token", flush=True)
     hf_dir = work / f"hf-{key}"
     try:
         bare_rows(results, key, cfg, hf_dir, args, device, results.data["device"]["peak_bf16_flops"], selected)

@@ -55,6 +55,10 @@ def _cells(row: dict | None, notes: list[str]) -> list[str]:
     return [f"{row['tokens_per_s']:,.0f}", mfu, mem]
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
@@ -77,7 +81,7 @@ def print_report(data: dict) -> None:
     header = ["row"]
     for key in MODELS:
         if key in models:
-            name = f"{key} {models[key]['params_total'] / 1e9:.2f}B"
+            name = f"{key} {_count(models[key]['params_total'])}"
             header += [f"{name} tokens/s", "MFU", "peak GiB"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
