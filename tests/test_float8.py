@@ -179,17 +179,18 @@ def _train(model: nn.Module, batches) -> list[float]:
 
 
 def test_rowwise_training_follows_bf16_on_cpu():
-    """20 AdamW steps of tiny-dense on real text, fp32 master weights under bf16 autocast, with and without
-    rowwise FP8: the mean of the last 5 losses agrees within 2% (measured 0.2%-1.7% over 20-40 steps),
-    and the two runs are not the same computation."""
+    """12 AdamW steps of a 2-layer tiny-dense on real text, fp32 master weights under bf16 autocast, with
+    and without rowwise FP8: the mean of the last 4 losses agrees within 2% (measured: see
+    docs/training.md), and the two runs are not the same computation. (torch's CPU ``_scaled_mm`` makes
+    an FP8 step ~4x slower than bf16 here, hence the small model.)"""
     pytest.importorskip("torchao")
-    batches = _text_batches(20)
-    plain = build_model(get_preset("tiny-dense"), seed=1)
+    batches = _text_batches(12)
+    plain = build_model(dataclasses.replace(get_preset("tiny-dense"), num_hidden_layers=2), seed=1)
     converted = copy.deepcopy(plain)
     apply_float8(converted, "rowwise", experts=False)
     want, got = _train(plain, batches), _train(converted, batches)
     assert want[-1] < want[0] - 1.5  # it learned something
-    assert abs(sum(got[-5:]) - sum(want[-5:])) / sum(want[-5:]) < 0.02, (got, want)
+    assert abs(sum(got[-4:]) - sum(want[-4:])) / sum(want[-4:]) < 0.02, (got, want)
     assert got != want
 
 
