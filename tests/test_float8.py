@@ -197,7 +197,8 @@ def test_rowwise_training_follows_bf16_on_cpu():
 # ----------------------------------------------------------------------------- start-up checks
 def test_cpu_is_refused_with_the_fix():
     problem = float8_environment_problem("rowwise", "cpu")
-    assert "H100/H200/H800/L40" in problem and "--set precision.fp8=none" in problem
+    assert "H100/H200/H800/L40-class GPU" in problem and "--set precision.fp8=none" in problem
+    assert "H100/H200/H800-class GPU (CUDA capability 9.0+)" in float8_environment_problem("blockwise", "cpu")
     assert float8_environment_problem("none", "cpu") is None
 
 
@@ -214,7 +215,8 @@ def test_gpu_without_fp8_tensor_cores_is_refused(monkeypatch):
 
 def test_blockwise_needs_hopper(monkeypatch):
     _fake_gpu(monkeypatch, (8, 9), "NVIDIA L40S")
-    assert "9.0" in float8_environment_problem("blockwise", "cuda")
+    problem = float8_environment_problem("blockwise", "cuda")
+    assert "9.0+" in problem and "L40S has 8.9" in problem and "precision.fp8=rowwise" in problem
     pytest.importorskip("torchao")
     assert float8_environment_problem("rowwise", "cuda") is None  # L40S runs rowwise
 
@@ -332,14 +334,40 @@ def _parallel_worker(rank: int, port: int, out_dir: str) -> None:
         parallel = parallelize_model(build_model(plan.model, device="meta"), plan, torch.device("cpu")).model
         result[name] = _loss(parallel, plan, tokens, labels)
         result[f"{name}_fp8"] = sum("Float8Linear" in type(m).__name__ for m in parallel.modules())
+    result.update(_expert_parallel_fp8_experts(model, rank))
     (pathlib.Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+def _expert_parallel_fp8_experts(single: nn.Module, rank: int) -> dict:
+    """FP8 experts (converted as on an SM 9.0 GPU) split by expert parallelism over 2 ranks, materialised
+    and initialised: each rank's DTensor shard still wraps torchao's FP8 grouped-GEMM tensor and holds
+    the one-process model's experts (the grouped GEMM itself needs triton: GPU only)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchao.prototype.moe_training.tensor import Float8TrainingWeightWrapperTensor
+
+    from seektrain.parallel.expert_parallel import apply_expert_parallel
+
+    model = build_model(get_preset("tiny-v3"), device="meta")
+    apply_float8(model, "rowwise", experts=True)
+    apply_expert_parallel(model, init_device_mesh("cpu", (2,)))
+    model.to_empty(device="cpu")
+    model.init_weights(RunPlan.resolve(load_config(None, []), get_preset("tiny-v3"), 1, "cpu").job.train.seed)
+    out = {"ep_wrapped": 0, "ep_equal": 0}
+    for name in TINY_V3_EXPERTS:
+        for param in ("gate_up_proj", "down_proj"):
+            local = getattr(model.get_submodule(name), param).to_local()
+            want = getattr(single.get_submodule(name), param).detach().chunk(2)[rank]
+            out["ep_wrapped"] += isinstance(local, Float8TrainingWeightWrapperTensor)
+            out["ep_equal"] += torch.equal(local._data, want)
+    return out
 
 
 def test_rowwise_under_tensor_parallel_and_fsdp_matches_one_process(tmp_path):
     """TP=2 (DTensor weights, sequence parallel, MLA's replicated low-rank projections) and FSDP=2 (bf16
     mixed precision) with FP8 linears: the loss of one batch equals the one-process FP8 model's within
-    0.2% (measured 0.024%: per-shard rowwise scales and bf16 parameters differ from it slightly)."""
+    0.2% (measured 0.024%: per-shard rowwise scales and bf16 parameters differ from it slightly). And
+    expert parallelism keeps FP8 experts' weights (``_expert_parallel_fp8_experts``)."""
     pytest.importorskip("torchao")
     import json
 
@@ -351,3 +379,4 @@ def test_rowwise_under_tensor_parallel_and_fsdp_matches_one_process(tmp_path):
         for name in LAYOUTS:
             assert got[f"{name}_fp8"] == len(TINY_V3_LINEARS), name
             assert got[name] == pytest.approx(got["single"], rel=2e-3), (name, got)
+        assert got["ep_wrapped"] == got["ep_equal"] == 2 * len(TINY_V3_EXPERTS)

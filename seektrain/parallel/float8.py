@@ -175,18 +175,16 @@ def float8_environment_problem(recipe: str, device_type: str) -> str | None:
     by the launcher and by every worker, on the device it trains on."""
     if recipe == "none":
         return None
-    fix = "or --set precision.fp8=none"
+    # torchao's blockwise kernels need SM 9.0; rowwise runs on any GPU with FP8 tensor cores (SM 8.9+)
+    need, gpus = ((9, 0), "H100/H200/H800") if recipe == "blockwise" else ((8, 9), "H100/H200/H800/L40")
+    needs = (f"precision.fp8={recipe} needs FP8 tensor cores, an {gpus}-class GPU (CUDA capability "
+             f"{need[0]}.{need[1]}+)")
+    fix = "--set precision.fp8=none" if recipe == "rowwise" else "--set precision.fp8=rowwise (SM 8.9) or none"
     if device_type != "cuda":
-        return (f"precision.fp8={recipe} needs FP8 tensor cores, an H100/H200/H800/L40-class GPU (CUDA capability "
-                f"8.9+), and this run is on {device_type}; train on such a GPU {fix}")
+        return f"{needs}, and this run is on {device_type}; train on such a GPU or {fix}"
     major, minor = torch.cuda.get_device_capability()
-    name = torch.cuda.get_device_name()
-    if (major, minor) < (8, 9):
-        return (f"precision.fp8={recipe} needs FP8 tensor cores, an H100/H200/H800/L40-class GPU (CUDA capability "
-                f"8.9+), and {name} has {major}.{minor}; {fix}")
-    if recipe == "blockwise" and (major, minor) < (9, 0):
-        return (f"precision.fp8=blockwise needs CUDA capability 9.0+ (H100/H200/H800; torchao's blockwise "
-                f"kernels), and {name} has {major}.{minor}; use precision.fp8=rowwise {fix}")
+    if (major, minor) < need:
+        return f"{needs}, and {torch.cuda.get_device_name()} has {major}.{minor}; {fix}"
     return torchao_problem(recipe)
 
 
