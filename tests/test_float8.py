@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import pathlib
 import sys
+import warnings
 
 import pytest
 import torch
@@ -74,6 +75,39 @@ def test_rowwise_converts_exactly_the_dense_linears_and_experts():
     plain = build_model(get_preset("tiny-v3"), seed=3)
     for name, value in plain.state_dict().items():  # the layout-independent init sees the same tensors
         torch.testing.assert_close(model.state_dict()[name].float(), value.float(), rtol=0, atol=0, msg=name)
+
+
+def test_checkpoints_hold_plain_tensors(tmp_path):
+    """A DCP checkpoint of a model with FP8 experts holds ordinary tensors (torchao's wrapper would be
+    pickled otherwise, and ``weights_only`` loading refuses it): a plain model reads it, and the FP8
+    model reads a plain model's checkpoint in place, its experts staying wrapped."""
+    pytest.importorskip("torchao")
+    import torch.distributed.checkpoint as dcp
+    from torchao.prototype.moe_training.tensor import Float8TrainingWeightWrapperTensor
+
+    def fp8_model(seed: int) -> nn.Module:
+        model = _meta("tiny-v3")
+        apply_float8(model, "rowwise", experts=True)
+        model.to_empty(device="cpu")
+        model.init_weights(seed)
+        return model
+
+    converted, plain = fp8_model(5), build_model(get_preset("tiny-v3"), seed=6)
+    state = converted.state_dict()
+    assert not any(isinstance(v, Float8TrainingWeightWrapperTensor) for v in state.values())
+    with warnings.catch_warnings():  # DCP without a process group: "assuming ... a single process"
+        warnings.filterwarnings("ignore", message=".*single process")
+        dcp.save(state, checkpoint_id=tmp_path / "fp8")
+        dcp.save(plain.state_dict(), checkpoint_id=tmp_path / "plain")
+        loaded = build_model(get_preset("tiny-v3"), seed=8).state_dict()
+        dcp.load(loaded, checkpoint_id=tmp_path / "fp8")
+        back = fp8_model(7)
+        dcp.load(back.state_dict(), checkpoint_id=tmp_path / "plain")
+    for key, value in state.items():
+        assert torch.equal(loaded[key], value), key
+    experts = back.get_submodule(TINY_V3_EXPERTS[0])
+    assert isinstance(experts.gate_up_proj.data, Float8TrainingWeightWrapperTensor)
+    assert torch.equal(experts.gate_up_proj.data._data, plain.get_submodule(TINY_V3_EXPERTS[0]).gate_up_proj.data)
 
 
 def test_expert_row_padding_keeps_a_larger_platform_multiple():
@@ -354,6 +388,8 @@ def _expert_parallel_fp8_experts(single: nn.Module, rank: int) -> dict:
     model.to_empty(device="cpu")
     model.init_weights(RunPlan.resolve(load_config(None, []), get_preset("tiny-v3"), 1, "cpu").job.train.seed)
     out = {"ep_wrapped": 0, "ep_equal": 0}
+    out["ep_state_plain"] = not any(isinstance(v.to_local(), Float8TrainingWeightWrapperTensor)
+                                    for k, v in model.state_dict().items() if ".experts." in k)
     for name in TINY_V3_EXPERTS:
         for param in ("gate_up_proj", "down_proj"):
             local = getattr(model.get_submodule(name), param).to_local()
@@ -379,4 +415,4 @@ def test_rowwise_under_tensor_parallel_and_fsdp_matches_one_process(tmp_path):
         for name in LAYOUTS:
             assert got[f"{name}_fp8"] == len(TINY_V3_LINEARS), name
             assert got[name] == pytest.approx(got["single"], rel=2e-3), (name, got)
-        assert got["ep_wrapped"] == got["ep_equal"] == 2 * len(TINY_V3_EXPERTS)
+        assert got["ep_wrapped"] == got["ep_equal"] == 2 * len(TINY_V3_EXPERTS) and got["ep_state_plain"]

@@ -125,7 +125,28 @@ def apply_float8(model: nn.Module, recipe: str, experts: bool) -> Float8Choice:
             grouped = model.get_submodule(name)
             multiple = math.lcm(grouped.kernels.expert_row_multiple, EXPERT_ROW_MULTIPLE)
             grouped.kernels = dataclasses.replace(grouped.kernels, expert_row_multiple=multiple)
+        # on the root: expert and tensor parallelism replace the experts modules, the root stays
+        model.register_state_dict_post_hook(_plain_expert_tensors)
     return choice
+
+
+def _plain_expert_tensors(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
+    """State-dict hook: the FP8 experts' weights as the plain tensors torchao's wrapper holds (same
+    storage, so DCP still loads in place). Checkpoints then hold ordinary tensors: without it DCP pickles
+    torchao's tensor subclass, which ``torch.load(weights_only=True)`` refuses and which a run without
+    torchao (or with ``precision.fp8=none``) could not read."""
+    from torch.distributed.tensor import DTensor
+    from torchao.prototype.moe_training.tensor import TrainingWeightWrapperBaseTensor
+
+    for key, value in state_dict.items():
+        local = value.to_local() if isinstance(value, DTensor) else value
+        if not isinstance(local, TrainingWeightWrapperBaseTensor):
+            continue
+        if isinstance(value, DTensor):
+            state_dict[key] = DTensor.from_local(local._data, value.device_mesh, value.placements, run_check=False,
+                                                 shape=value.shape, stride=value.stride())
+        else:
+            state_dict[key] = local._data
 
 
 def _layer_linears(cfg, layer_idx: int) -> list[tuple[int, int, bool]]:
