@@ -24,7 +24,8 @@ Recipes: ``rowwise`` is torchao's ``Float8LinearConfig.from_recipe_name("rowwise
 inputs and weights, power-of-2 scales, e4m3 everywhere). ``blockwise`` is DeepSeek-V3's: 128×128 weight
 blocks and 1×128 activation tiles, torchao's ``Float8BlockwiseLinear`` (prototype; triton kernels, SM
 9.0+). FSDP's float8 all-gather (``enable_fsdp_float8_all_gather``) exists only for tensorwise scaling,
-so neither recipe uses it: FSDP gathers bf16 weights, each linear casts them to FP8.
+so neither recipe uses it (torchao refuses it for rowwise): FSDP gathers bf16 weights, each linear casts
+them to FP8. Checkpoints hold plain tensors (``_plain_expert_tensors``), whatever was converted.
 
 Whether this machine can run it (a CUDA device of capability 8.9+, torchao installed) is checked at
 start-up by ``float8_environment_problem``; the layout rules are in ``plan/layout_checks.py``.
