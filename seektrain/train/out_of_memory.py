@@ -54,8 +54,8 @@ def cheapest_fix(plan) -> Fix:
                    "recompute activations in backward: about a third more compute, far fewer stored activations")
     if mode != "full":  # selective or every:K
         return Fix(("train.activation_checkpoint=full",),
-                   f"recompute every layer from its input alone (now {mode}): more compute, fewer stored "
-                   "activations")
+                   f"recompute every layer from its input alone instead of {mode}: more compute, fewer "
+                   "stored activations")
     if job.train.micro_batch_size > 1:
         smaller = _largest_proper_divisor(job.train.micro_batch_size)
         return Fix((f"train.micro_batch_size={smaller}",),
