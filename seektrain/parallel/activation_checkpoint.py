@@ -9,11 +9,14 @@ products, casts, routing arithmetic) from them: almost no extra FLOPs, and activ
 "none" and "full" (torchtitan's op-level selective checkpointing; the planner's model of what stays is in
 ``seektrain/plan/memory.py``).
 
-Collectives inside a layer (tensor parallelism's sequence all-gathers and reduce-scatters, which DTensor
-issues as functional collectives) are saved too, so recomputation never communicates again. Expert
-parallelism's all-to-alls run through ``dist.all_to_all_single`` (in-place into a buffer), which a
-selective checkpoint cannot save; they are recomputed in backward like every other op, on every rank in
-the same order, as under "full".
+Functional collectives inside a layer (tensor parallelism's sequence all-gathers and reduce-scatters,
+which DTensor issues; expert parallelism's all-to-alls, seektrain/parallel/expert_parallel.py) are kept
+too, so recomputation never communicates again. (A collective that fills a buffer in place, such as
+``dist.all_to_all_single``, could not be kept: recomputation would leave its buffer empty.)
+
+The zero-bubble V pipeline schedule runs a stage's backward in two passes, each recomputing; a selective
+checkpoint hands its kept tensors to one recomputation only, so the run plan refuses that combination
+(seektrain/plan/layout_checks.py).
 
 No RNG state is kept for recomputation (``preserve_rng_state=False``): the models have no dropout or other
 random operation in a layer, so a recomputed layer is the same computation without it.
@@ -44,7 +47,7 @@ SAVED_OPS = (
     "aten._scaled_dot_product_cudnn_attention.default",
     "aten._scaled_dot_product_fused_attention_overrideable.default",
     "aten._scaled_dot_product_attention_math.default",
-    # functional collectives (DTensor's redistributions under tensor/sequence parallelism)
+    # functional collectives (DTensor's redistributions under TP/SP, expert parallelism's all-to-alls)
     "_c10d_functional.all_gather_into_tensor.default", "_c10d_functional.reduce_scatter_tensor.default",
     "_c10d_functional.all_reduce.default", "_c10d_functional.all_to_all_single.default",
     "_c10d_functional_autograd.all_gather_into_tensor.default",
