@@ -74,6 +74,8 @@ class PrecisionSection:
     reduce_dtype: str = _key("fp32", "dtype of FSDP's gradient reduce-scatter: fp32 | bf16 (halves its bytes)", choices=("fp32", "bf16"))
     loss_scale_init: float = _key(2.0**16, "fp16: initial dynamic loss scale", above=0)
     loss_scale_growth_interval: int = _key(200, "fp16: double the loss scale after this many good steps", min=1)
+    fp8: str = _key("none", "FP8 matmuls via torchao on H100-class GPUs: none | rowwise | blockwise (DeepSeek-V3's 128x128 / 1x128 scaling)",
+                    choices=("none", "rowwise", "blockwise"))
 
 
 @dataclass

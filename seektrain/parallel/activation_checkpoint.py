@@ -47,6 +47,9 @@ SAVED_OPS = (
     "aten._scaled_dot_product_cudnn_attention.default",
     "aten._scaled_dot_product_fused_attention_overrideable.default",
     "aten._scaled_dot_product_attention_math.default",
+    # FP8 scaling (precision.fp8: torchao's absmax of each cast tensor; a scalar or a row's worth), kept as
+    # torchtitan does so that recomputation does not reduce over the whole tensor again
+    "aten.max.default", "aten.amax.default",
     # functional collectives (DTensor's redistributions under TP/SP, expert parallelism's all-to-alls)
     "_c10d_functional.all_gather_into_tensor.default", "_c10d_functional.reduce_scatter_tensor.default",
     "_c10d_functional.all_reduce.default", "_c10d_functional.all_to_all_single.default",

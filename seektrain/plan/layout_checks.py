@@ -66,6 +66,15 @@ def check_cpu_offload(cpu_offload: bool, data_parallel: str) -> None:
                           f"not {data_parallel}; set parallel.data_parallel=fsdp or parallel.cpu_offload=false")
 
 
+def check_float8(recipe: str, tp: int) -> None:
+    """``precision.fp8`` layouts torchao can run: rowwise float8 linears take tensor-parallel (DTensor)
+    weights; torchao's blockwise layer runs its triton kernels on plain tensors only."""
+    if recipe == "blockwise" and tp > 1:
+        raise ConfigError(f"precision.fp8=blockwise cannot run under parallel.tp={tp}: torchao's blockwise FP8 "
+                          "layer takes no tensor-parallel weights; set parallel.tp=1 (FSDP/EP/PP are fine) "
+                          "or precision.fp8=rowwise")
+
+
 def tp_error(cfg: ModelConfig, tp: int) -> str | None:
     """Why the model's sharded dimensions do not divide by ``tp`` (one line), or None."""
     if tp == 1:

@@ -58,6 +58,7 @@ class RunPlan:
             dp_shard = world_size // others
         layout_checks.check_degrees(world_size, p.pp, p.dp_replicate, dp_shard, p.tp, p.ep, p.data_parallel)
         layout_checks.check_cpu_offload(p.cpu_offload, p.data_parallel)
+        layout_checks.check_float8(job.precision.fp8, p.tp)
         dp = p.dp_replicate * dp_shard
         per_step = t.micro_batch_size * dp
         if t.global_batch_size % per_step:

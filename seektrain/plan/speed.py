@@ -8,6 +8,9 @@ Assumptions (each a number here, so they can be argued with):
   Selectively checkpointed layers recompute no matmul (about 0 extra FLOPs) but redo the elementwise ops,
   norms and routing arithmetic, which are memory-bound: they cost the bytes those ops move at the device's
   memory bandwidth, ``RECOMPUTE_TRAFFIC`` times the bytes they write (``memory.selective_rebuilt_bytes``).
+- ``precision.fp8``: the FLOPs of the linears it converts (``parallel/float8.py``, ``fp8_matmul_params``)
+  run at the same efficiency of the fp8 peak, the rest at the bf16 peak; the FP8 casts (memory-bound) are
+  not counted. Hardware without fp8 tensor cores (``fp8_tflops == 0``) keeps the bf16 peak.
 - Ring collectives move ``(n-1)/n`` of the data per rank at the link's one-direction bandwidth: NVLink when
   the group fits in a node, else the network (per GPU).
 - FSDP's all-gathers and reduce-scatters overlap with compute (only what exceeds compute shows).
@@ -68,11 +71,18 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     every = checkpoint_every(job.train.activation_checkpoint)
     selective = job.train.activation_checkpoint == SELECTIVE
     recompute = (1 / 3) * (1 / every) if every and not selective else 0.0
-    peak = hw.bf16_tflops * 1e12 * (CPU_EFFICIENCY if hw.name == "cpu" else MATMUL_EFFICIENCY)
+    efficiency = CPU_EFFICIENCY if hw.name == "cpu" else MATMUL_EFFICIENCY
+    peak = hw.bf16_tflops * 1e12 * efficiency
     if a == 4 and hw.name != "cpu":
         peak /= 4
+    compute_time = flops / peak
+    if job.precision.fp8 != "none" and hw.fp8_tflops > 0:
+        from seektrain.parallel.float8 import fp8_matmul_params
+
+        fp8_flops = 6.0 * fp8_matmul_params(cfg, job.precision.fp8, include_mtp=plan.use_mtp) * tokens
+        compute_time = (flops - fp8_flops) / peak + fp8_flops / (hw.fp8_tflops * 1e12 * efficiency)
     recompute_s = selective_recompute_s(plan, hw) if selective else 0.0
-    compute = flops * (1 + recompute) / plan.world_size / peak + recompute_s
+    compute = compute_time * (1 + recompute) / plan.world_size + recompute_s
 
     # parameters of one pipeline rank's share, per tensor-parallel rank (what FSDP moves)
     from seektrain.plan.memory import max_state_bytes

@@ -24,6 +24,7 @@ from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
 from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
+from seektrain.parallel.float8 import check_float8_environment
 from seektrain.parallel.distributed import DistEnv, init_distributed
 from seektrain.parallel.parallelize import parallelize_model, unwrap
 from seektrain.plan.auto import auto_layout
@@ -52,6 +53,7 @@ def train(cfg: JobConfig) -> dict:
     start = ckpt.resume_choice(cfg.checkpoint.resume, configured_model_config(cfg))
     cfg, auto_why = auto_layout(cfg, start.model, env.world_size, env.device.type)  # parallel.auto
     plan = RunPlan.resolve(cfg, start.model, env.world_size, env.device.type)
+    check_float8_environment(cfg.precision.fp8, env.device.type)  # [precision] precision.fp8 on this device
     plan.platform.prepare_process(cfg.train.deterministic, cfg.cpu.keep_freed_memory)
     write_run_files(plan, run_dir, env)
     setup_logging(run_dir, env.rank)
