@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from compare_runs import assert_same_run, run_layout
+from test_float8 import cpu_fp8  # noqa: F401 (fixture)
 
 from seektrain.config.loader import ConfigError, load_config
 from seektrain.models.presets import get_preset
@@ -85,6 +86,33 @@ def test_kept_bytes_equal_the_planner_model(preset):
         want = layer_selective_bytes(cfg, int(key), 4, 1, 1, pad_values=True).kept * B * T
         assert abs(kept - want) <= 64, f"{preset} layer {key}: kept {kept} bytes, planner {want:.0f}"  # 64: MoE counts
         y.sum().backward()
+
+
+def test_selective_with_fp8_gives_the_gradients_of_no_checkpointing(cpu_fp8):  # noqa: F811 (fixture)
+    """precision.fp8=rowwise (torchao's FP8 linears, CPU ``_scaled_mm``) under bf16 autocast: a selective
+    checkpoint replays the kept matmul outputs and absmax scales, so loss and every gradient are
+    bit-identical to the same FP8 model without checkpointing."""
+    import copy
+    import dataclasses
+
+    from seektrain.models.transformer import build_model
+    from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
+    from seektrain.parallel.float8 import apply_float8
+
+    model = build_model(dataclasses.replace(get_preset("tiny-dense"), num_hidden_layers=2), seed=1)
+    apply_float8(model, "rowwise", experts=False)
+    tokens = torch.randint(0, 320, (2, 64), generator=torch.Generator().manual_seed(0))
+    results = []
+    for mode in ("none", "selective"):
+        m = copy.deepcopy(model)
+        apply_activation_checkpointing(m, mode)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(tokens, labels=tokens).main / tokens.numel()
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in m.parameters()]))
+    (loss0, grads0), (loss1, grads1) = results
+    assert torch.equal(loss0, loss1)
+    assert all(torch.equal(a, b) for a, b in zip(grads0, grads1))
 
 
 def test_selective_is_a_valid_key_and_refused_under_zero_bubble_v():
