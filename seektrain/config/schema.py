@@ -45,7 +45,7 @@ class TrainSection:
     seq_len: int = _key(256, "tokens per training sequence", min=1)
     seed: int = _key(1234, "seed of model init and data order", min=0)
     grad_clip: float = _key(1.0, "max global grad norm; 0 disables clipping (the norm is still logged)", min=0)
-    activation_checkpoint: str = _key("none", "recompute activations in backward: none | full | every:K layers", nonempty=True)
+    activation_checkpoint: str = _key("none", "recompute activations in backward: none | full | every:K layers | selective (keep matmul and attention outputs)", nonempty=True)
     mtp_loss_weight: float = _key(0.3, "weight of the multi-token-prediction loss (models with MTP layers)", min=0)
     aux_loss_alpha: float = _key(0.0, "sequence-wise expert balance loss weight (0 = off)", min=0)
     bias_update_speed: float = _key(0.01, "V3 aux-loss-free balancing bias step (DeepSeek-V3: 0.001); 0 = off", min=0)

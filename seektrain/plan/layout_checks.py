@@ -122,6 +122,16 @@ def pipeline_microbatches(n: int, local_sequences: int) -> int:
     return n
 
 
+def check_pipeline_checkpointing(activation_checkpoint: str, p: ParallelSection) -> None:
+    """The zero-bubble V schedule runs a stage's backward in two passes (input gradients, then weight
+    gradients), each recomputing the checkpointed layers; a selective checkpoint hands its kept tensors to
+    one recomputation only (torch raises "Trying to backward an extra time")."""
+    if activation_checkpoint == "selective" and p.pp > 1 and p.pp_schedule == "zbv":
+        raise ConfigError("train.activation_checkpoint=selective cannot run under parallel.pp_schedule=zbv (its "
+                          "split backward recomputes each layer twice, a selective checkpoint allows once): use "
+                          "train.activation_checkpoint=full or another parallel.pp_schedule")
+
+
 def check_pipeline(cfg: ModelConfig, p: ParallelSection, n_micro: int, dp: int) -> tuple[tuple[int, ...], ...]:
     """The layer ranges of every stage, after checking the schedule, split and micro-batch count."""
     per_rank = stages_per_rank(p.pp_schedule, p.pp_stages_per_rank)
