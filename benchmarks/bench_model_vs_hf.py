@@ -41,6 +41,7 @@ from seektrain.config.dtypes import dtype_from_name
 from seektrain.models import build_model, get_preset
 from seektrain.models.hf_io import save_pretrained
 from seektrain.platform import policy_for
+from seektrain.train.balance import collect_expert_load
 
 BENCH_DTYPES = ("bf16", "fp32")  # fp16 is not benchmarked
 
@@ -71,18 +72,26 @@ def build_pair(preset: str, impls: list[str], seed: int):
     return cfg, ours, theirs
 
 
-def check_logits(ours, theirs: dict, vocab: int) -> None:
-    tokens = torch.randint(0, vocab, (2, 64), generator=torch.Generator().manual_seed(0))
+LOGITS_TOLERANCE = 1e-3  # fp32 max |ours - transformers|; measured ~3e-6 on small-v3
+
+
+def logits_diff(ours, theirs, vocab: int, device: torch.device | str = "cpu") -> float:
+    """Max |ours - transformers| of the logits of one fixed batch (2 x 64 tokens), both in eval mode; run
+    it with both models in fp32 (the models are left in eval mode: call ``.train()`` before training)."""
+    tokens = torch.randint(0, vocab, (2, 64), generator=torch.Generator().manual_seed(0)).to(device)
     ours.eval()
+    theirs.eval()
     with torch.no_grad():
-        ref = ours(tokens).float()
-        for impl, model in theirs.items():
-            model.eval()
-            diff = (model(tokens).logits.float() - ref).abs().max().item()
-            status = "ok" if diff < 1e-3 else "MISMATCH"
-            print(f"  fp32 logits max |ours - transformers[{impl}]| = {diff:.2e}  {status}")
-            if diff >= 1e-3:
-                raise SystemExit("logits differ: the comparison would be meaningless")
+        return (theirs(tokens).logits.float() - ours(tokens).float()).abs().max().item()
+
+
+def check_logits(ours, theirs: dict, vocab: int) -> None:
+    for impl, model in theirs.items():
+        diff = logits_diff(ours, model, vocab)
+        status = "ok" if diff < LOGITS_TOLERANCE else "MISMATCH"
+        print(f"  fp32 logits max |ours - transformers[{impl}]| = {diff:.2e}  {status}")
+        if diff >= LOGITS_TOLERANCE:
+            raise SystemExit("logits differ: the comparison would be meaningless")
 
 
 def cast_model(model, dtype: torch.dtype):
@@ -94,7 +103,7 @@ def cast_model(model, dtype: torch.dtype):
     return model
 
 
-def _no_attention(q, k, v, scale):
+def _no_attention(q, k, v, scale, kernels=None):
     """Stands in for our attention in the "floor" variant: passes the values through (keeps the graph)."""
     return v.transpose(1, 2).flatten(2) * 1.0
 
@@ -121,6 +130,11 @@ def make_step(model, kind: str):
         loss.backward()
         for p in model.parameters():
             p.grad = None
+        if kind != "hf":
+            # As the trainer does after each step: read and reset our MoE's token counts. Left alone they
+            # grow by one tensor per forward, and under torch.compile a guard on their length recompiles
+            # the MoE blocks at every step.
+            collect_expert_load(model, None)
         return loss
 
     return step

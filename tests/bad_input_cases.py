@@ -177,6 +177,12 @@ CONFIG_ROWS = [
     Case("dp_shard=0", ["config", "show", "--set", "parallel.dp_shard=0"], ["parallel.dp_shard", "-1"]),
     Case("port-65536", ["config", "show", "--set", "metrics.prometheus_port=65536"], ["metrics.prometheus_port"]),
     Case("trackers-twice", ["config", "show", "--set", "metrics.trackers=[wandb, wandb]"], ["metrics.trackers"]),
+    Case("fp8-with-fp16", ["config", "show", "--set", "precision.fp8=rowwise", "--set", "precision.dtype=fp16"],
+         ["precision.fp8", "precision.dtype=bf16"]),
+    Case("fp8-on-cpu", ["train", "--set", "precision.fp8=rowwise", "--set", "model.preset=tiny-dense"],
+         ["precision.fp8=rowwise", "H100", "--set precision.fp8=none"]),
+    Case("fp8-blockwise-tp", ["train", "--nproc-per-node", "2", "--set", "parallel.tp=2", "--set", "precision.fp8=blockwise",
+                              "--set", "model.preset=tiny-dense"], ["precision.fp8=blockwise", "parallel.tp=2"]),
 ]
 
 # --------------------------------------------------------------------------------- CLI flags

@@ -8,15 +8,18 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 from run_cli import train
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from seektrain.checkpoint import rng
 from seektrain.checkpoint.manager import CheckpointError, CheckpointManager, describe_error
+from seektrain.checkpoint.staging import snapshot_stager, staging_options
 from seektrain.config.loader import ConfigError, load_config
 from seektrain.models import build_model, get_preset
 from seektrain.train.faults import BadLossError, CollectiveError, FaultGuard, LossGuard
@@ -73,6 +76,86 @@ def test_async_save_is_a_snapshot_while_training_continues(tmp_path):
     assert all(torch.equal(sync_sd[k], async_sd[k]) for k in sync_sd)
     assert all(torch.equal(a["exp_avg"], b["exp_avg"]) for a, b in
                zip(sync_opt["state"].values(), async_opt["state"].values()))
+
+
+def test_async_snapshots_reuse_their_host_buffers_and_stay_snapshots():
+    """The stager of async saves keeps one host buffer per tensor storage: a second snapshot lands in the
+    same memory with the new values, and changing the weights afterwards leaves it as it was."""
+    model, optimizer = tiny()
+    stager = snapshot_stager(pinned=False)
+    try:
+        def snapshot():
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            return stager.stage({"model": model_sd, "optim": optim_sd})
+
+        first = snapshot()
+        where = {k: t.data_ptr() for k, t in first["model"].items()}
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        second = snapshot()
+        assert {k: t.data_ptr() for k, t in second["model"].items()} == where  # reused, not reallocated
+        assert all(torch.equal(second["model"][k], v) for k, v in model.state_dict().items())
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.0)
+        assert not any(t.is_pinned() for t in second["model"].values())  # CPU: nothing pinned
+        assert all(t.abs().sum() > 0 for k, t in second["model"].items() if k.endswith("weight"))  # a snapshot
+    finally:
+        stager.close()
+
+
+def test_staging_pins_and_copies_asynchronously_only_with_an_accelerator():
+    gpu, cpu = staging_options(pinned=True), staging_options(pinned=False)
+    assert (gpu.use_pinned_memory, gpu.use_non_blocking_copy) == (True, True)
+    assert (cpu.use_pinned_memory, cpu.use_non_blocking_copy) == (False, False)
+    for options in (gpu, cpu):  # the writer is a thread of ours; save() returns after the copy
+        assert (options.use_shared_memory, options.use_async_staging) == (False, False)
+
+
+def test_async_saves_are_checksummed_in_the_background_and_their_stall_is_measured(tmp_path, monkeypatch):
+    """Two async saves: each verifies (rank 0 hashed the folder on the writing thread), the training
+    thread's time is reported once per save or commit; a failed checksum is one line on commit and
+    leaves the earlier checkpoint alone."""
+    import seektrain.checkpoint.manager as manager_module
+    from seektrain.checkpoint.finder import verify
+
+    model, optimizer = tiny()
+    manager = CheckpointManager(tmp_path, keep=5, async_save=True, rank=0)
+    assert manager.take_stall_s() is None
+    hashed_on = []
+    real_sha = manager_module.sha256_file
+    monkeypatch.setattr(manager_module, "sha256_file",
+                        lambda p: hashed_on.append(threading.current_thread().name) or real_sha(p))
+    manager.save(1, model, optimizer, {"step": 1})
+    assert manager.take_stall_s() > 0 and manager.take_stall_s() is None
+    manager.wait()
+    assert manager.take_stall_s() > 0
+    assert set(hashed_on) == {"seektrain-checkpoint-write"}
+    assert verify(tmp_path / "checkpoints" / "step-00000001") is None
+    monkeypatch.setattr(manager_module, "sha256_file", lambda p: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    manager.save(2, model, optimizer, {"step": 2})
+    with pytest.raises(CheckpointError) as err:
+        manager.wait()
+    assert "\n" not in str(err.value) and "step-00000002.tmp failed (OSError: [Errno 5] I/O error)" in str(err.value)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000001"]
+    manager.close()
+
+
+def test_old_checkpoints_are_pruned_off_the_training_thread(tmp_path, monkeypatch):
+    import seektrain.checkpoint.manager as manager_module
+
+    model, optimizer = tiny()
+    pruned_on = []
+    real_rmtree = manager_module.shutil.rmtree
+    monkeypatch.setattr(manager_module.shutil, "rmtree",
+                        lambda path, **kw: pruned_on.append(threading.current_thread().name) or real_rmtree(path, **kw))
+    manager = CheckpointManager(tmp_path, keep=1, async_save=False, rank=0)
+    for step in (1, 2, 3):
+        manager.save(step, model, optimizer, {"step": step})
+    manager.close()  # waits for the last pruning
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000003"]
+    assert pruned_on == ["seektrain-checkpoint-prune"] * 2
 
 
 def test_rng_state_round_trips_as_raw_bytes(tmp_path):

@@ -172,11 +172,38 @@ def test_doctor_comm_measures_the_link_between_the_nodes(hosts, tmp_path_factory
     assert storage["status"] == "ok" and "all 2 ranks on 2 host(s)" in storage["detail"]
 
 
+@pytest.mark.parametrize("node1_extra,port,expected", [
+    # node 1 asks for 2 processes: the rendezvous completes, the workers compare launch options at start-up
+    (("--nproc-per-node", "2"), 29460, ["nodes were started with different launch options: vm (10.77.0.1) (rank 0) "
+                                        "with --nnodes 2 --nproc-per-node 1, vm (10.77.0.2) was started with "
+                                        "--nnodes 2 --nproc-per-node 2"] * 2),
+    # node 1 asks for 3 nodes: it stops at the store, and node 0's rendezvous is closed
+    (("--nnodes", "3"), 29461, ["node 0 (10.77.0.1): another node stopped the rendezvous at 10.77.0.1:29461",
+                                "node 1 (10.77.0.2) at 10.77.0.1:29461: this node was started with --nnodes 3 but "
+                                "the nodes already at the rendezvous with --nnodes 2"]),
+], ids=["nproc", "nnodes"])
+def test_nodes_with_different_launch_options_end_with_one_line(hosts, tmp_path_factory, node1_extra, port, expected):
+    """Nodes started with different --nproc-per-node or --nnodes stop within seconds, each with one line
+    naming the mismatch, before anything trains (a batch valid for every world size they could form)."""
+    run = tmp_path_factory.mktemp("mismatch")
+    steps = ("train.steps=2", "train.global_batch_size=24")  # divides 2 x 2, 2 x 3 and 2 x 4
+    argvs = {k: node_command(run, port, 1, steps, ("--node-rank", str(k), "--rdzv-timeout", "120",
+                                                   *(node1_extra if k else ()))) for k in (0, 1)}
+    t0 = time.monotonic()
+    results = run_on_nodes(hosts, argvs, timeout=300)
+    assert time.monotonic() - t0 < 90  # well inside the rendezvous timeout
+    for (rc, out), want in zip(results, expected):
+        assert rc != 0 and "Traceback" not in out, out[-3000:]
+        errors = [line for line in out.splitlines() if line.startswith("seektrain: error:")]
+        assert len(errors) == 1 and errors[0].startswith(f"seektrain: error: {want}"), out[-3000:]
+    assert not (run / "metrics.jsonl").exists()
+
+
 # -- the same decisions without namespaces (fast) ------------------------------------------------------
 from seektrain.config.loader import ConfigError, load_config  # noqa: E402
 from seektrain.launch.elastic import LaunchOptions, torchrun_args, worker_env  # noqa: E402
 from seektrain.launch.network import node_network, parse_endpoint  # noqa: E402
-from seektrain.parallel.dist_env import mismatched_versions, worker_environment  # noqa: E402
+from seektrain.parallel.dist_env import mismatched_launch, mismatched_versions, worker_environment  # noqa: E402
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -252,6 +279,7 @@ def test_interface_choice_respects_the_user():
     env = worker_env(LaunchOptions(nnodes="2", rdzv_endpoint="127.0.0.1:29500"), net, {"GLOO_SOCKET_IFNAME": "x"})
     assert env["SEEKTRAIN_LOCAL_ADDR"] == "127.0.0.1" and "GLOO_SOCKET_IFNAME" not in env
     assert env["NCCL_SOCKET_IFNAME"] == "lo"
+    assert env["SEEKTRAIN_LAUNCH"] == "--nnodes 2 --nproc-per-node 1"
 
 
 def test_dist_section_keys():
@@ -275,3 +303,15 @@ def test_mixed_versions_are_named():
     assert mismatched_versions([facts("a", "2.13.0"), facts("b", "2.12.1")]) == (
         "mixed torch versions across nodes: rank 0 on a has 2.13.0, rank 1 on b has 2.12.1; install the same "
         "torch on every node")
+
+
+def test_mixed_launch_options_are_named():
+    def facts(addr, launch):
+        return {"host": "vm", "addr": addr, "launch": launch}
+
+    same = "--nnodes 2 --nproc-per-node 1"
+    assert mismatched_launch([facts("10.0.0.1", same), facts("10.0.0.2", same)]) is None
+    assert mismatched_launch([facts("10.0.0.1", same), facts("10.0.0.2", "--nnodes 3 --nproc-per-node 1")]) == (
+        "nodes were started with different launch options: vm (10.0.0.1) (rank 0) with --nnodes 2 "
+        "--nproc-per-node 1, vm (10.0.0.2) was started with --nnodes 3 --nproc-per-node 1; start every "
+        "node with the same --nnodes and --nproc-per-node")

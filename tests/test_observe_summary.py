@@ -39,6 +39,18 @@ def test_summary_of_a_healthy_run(tmp_path):
     assert "1,000 tokens/s" in text and "MFU          40.0%" in text and "advice" not in text
 
 
+def test_checkpoint_stalls_are_summed_over_the_steps_that_logged_one(tmp_path):
+    """Only steps that saved or committed a checkpoint carry the key; warm-up steps count too."""
+    logged = records()
+    for step, stall in ((2, 0.5), (4, 0.25), (8, 1.5)):
+        logged[step - 1]["checkpoint_stall_s"] = stall
+    summary = write_summary(tmp_path, logged)
+    assert (summary["checkpoint_stalls"], summary["checkpoint_stall_s_max"]) == (3, 1.5)
+    assert summary["checkpoint_stall_s_total"] == 2.25
+    assert "checkpoints  training blocked 2.25 s in 3 steps, at most 1.50 s" in format_summary(summary)
+    assert "checkpoint_stalls" not in write_summary(tmp_path, records())
+
+
 def test_advice_for_numbers_that_look_wrong(tmp_path):
     bad = records(data_wait_s=0.3, expert_imbalance=lambda i: 1.0 + 0.1 * i, mfu=0.02,
                   loss_scale=lambda i: 2.0 ** (16 - 2 * i))

@@ -4,7 +4,7 @@ and the peak activation bytes ``MemTracker`` sees in one forward + backward (its
 include FSDP's gathered parameters and unsharded gradients) are within ±15% of the prediction.
 
 Layouts: FSDP=2, TP=2, EP=2 (with FSDP=2) and PP=2 (1F1B), on tiny-dense, tiny-v3 and small-v3, with and
-without activation checkpointing. Under PP, MemTracker runs without its module hooks (they fail inside
+without activation checkpointing (full, every:2, selective). Under PP, MemTracker runs without its module hooks (they fail inside
 the schedule's ``autograd.grad``) and cannot tell gradients from activations; in 1F1B the first
 micro-batch's gradients exist while later micro-batches' activations are held, so there the prediction
 compared is the transient peak plus the stage's gradients.
@@ -30,9 +30,15 @@ CASES = {
     "fsdp2-v3": ("tiny-v3", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2"]),
     "fsdp2-v3-full-ckpt": ("tiny-v3", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2",
                                              "train.activation_checkpoint=full"]),
+    "fsdp2-v3-selective": ("tiny-v3", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2",
+                                             "train.activation_checkpoint=selective"]),
     "tp2-v3": ("tiny-v3", SEQ + ["train.micro_batch_size=4", "parallel.tp=2", "parallel.dp_shard=1"]),
+    "tp2-v3-selective": ("tiny-v3", SEQ + ["train.micro_batch_size=4", "parallel.tp=2", "parallel.dp_shard=1",
+                                           "train.activation_checkpoint=selective"]),
     "tp2-dense": ("tiny-dense", SEQ + ["train.micro_batch_size=4", "parallel.tp=2", "parallel.dp_shard=1"]),
     "ep2-v3": ("tiny-v3", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2", "parallel.ep=2"]),
+    "ep2-v3-selective": ("tiny-v3", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2", "parallel.ep=2",
+                                           "train.activation_checkpoint=selective"]),
     "pp2-v3": ("tiny-v3", SEQ + ["train.micro_batch_size=4", "parallel.pp=2", "parallel.dp_shard=1",
                                  "parallel.pp_microbatches=2"]),
     "pp2-dense": ("tiny-dense", SEQ + ["train.micro_batch_size=4", "parallel.pp=2", "parallel.dp_shard=1",
@@ -82,6 +88,15 @@ def test_peak_activations_within_15_percent(measured, name):
         predicted = _transient(_plan(name), rank)
         got = measured[rank][name]["activations"]
         assert abs(predicted / got - 1) <= 0.15, f"{name} rank {rank}: predicted {predicted:.0f}, measured {got}"
+
+
+def test_selective_keeps_less_than_none_and_more_than_full(measured):
+    """Measured peak activations of the same FSDP=2 tiny-v3 step: selective checkpointing lies strictly
+    between no checkpointing and full checkpointing, by a margin (not a rounding)."""
+    for rank in range(WORLD):
+        none, selective, full = (measured[rank][name]["activations"]
+                                 for name in ("fsdp2-v3", "fsdp2-v3-selective", "fsdp2-v3-full-ckpt"))
+        assert 1.2 * full < selective < none / 1.2, f"rank {rank}: none {none}, selective {selective}, full {full}"
 
 
 def test_print_accuracy_table(measured, capsys):

@@ -72,4 +72,6 @@ def write_initial_checkpoint(model: Transformer, run_dir: str | Path, source: st
                                           "model_config": model.cfg.name})
     except CheckpointError as err:
         raise ValueError(str(err)) from None
+    finally:
+        manager.close()
     return manager.root / step_dir_name(0)

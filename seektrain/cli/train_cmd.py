@@ -56,6 +56,9 @@ def check_layout(cfg, world_size: int, ranks_per_node: int | None = None) -> Non
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     cfg, _ = auto_layout(cfg, model, world_size, device_type, ranks_per_node)
     RunPlan.resolve(cfg, model, world_size, device_type)
+    from seektrain.parallel.float8 import check_float8_environment
+
+    check_float8_environment(cfg.precision.fp8, device_type)
 
 
 def run(args: argparse.Namespace) -> int:

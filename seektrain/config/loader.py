@@ -147,8 +147,13 @@ def validate(cfg: JobConfig) -> JobConfig:
            f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size="
            f"{t.micro_batch_size}; make it one")
     ac = t.activation_checkpoint
-    _check(ac in ("none", "full") or (ac.startswith("every:") and ac[6:].isdigit() and int(ac[6:]) > 0),
-           f"train.activation_checkpoint={ac!r}: use none, full or every:K (K >= 1)")
+    _check(ac in ("none", "full", "selective")
+           or (ac.startswith("every:") and ac[6:].isdigit() and int(ac[6:]) > 0),
+           f"train.activation_checkpoint={ac!r}: use none, full, selective or every:K (K >= 1)")
+    p = cfg.precision
+    _check(p.fp8 == "none" or p.dtype == "bf16",
+           f"precision.fp8={p.fp8!r} runs the rest of the model in bf16, not precision.dtype={p.dtype!r}; "
+           "set precision.dtype=bf16 or precision.fp8=none")
     _check_resume(cfg.checkpoint.resume)
     _check_dist(cfg.dist)
     _check_trackers(cfg)

@@ -45,7 +45,7 @@ class TrainSection:
     seq_len: int = _key(256, "tokens per training sequence", min=1)
     seed: int = _key(1234, "seed of model init and data order", min=0)
     grad_clip: float = _key(1.0, "max global grad norm; 0 disables clipping (the norm is still logged)", min=0)
-    activation_checkpoint: str = _key("none", "recompute activations in backward: none | full | every:K layers", nonempty=True)
+    activation_checkpoint: str = _key("none", "recompute activations in backward: none | full | every:K layers | selective (keep matmul and attention outputs)", nonempty=True)
     mtp_loss_weight: float = _key(0.3, "weight of the multi-token-prediction loss (models with MTP layers)", min=0)
     aux_loss_alpha: float = _key(0.0, "sequence-wise expert balance loss weight (0 = off)", min=0)
     bias_update_speed: float = _key(0.01, "V3 aux-loss-free balancing bias step (DeepSeek-V3: 0.001); 0 = off", min=0)
@@ -74,6 +74,8 @@ class PrecisionSection:
     reduce_dtype: str = _key("fp32", "dtype of FSDP's gradient reduce-scatter: fp32 | bf16 (halves its bytes)", choices=("fp32", "bf16"))
     loss_scale_init: float = _key(2.0**16, "fp16: initial dynamic loss scale", above=0)
     loss_scale_growth_interval: int = _key(200, "fp16: double the loss scale after this many good steps", min=1)
+    fp8: str = _key("none", "FP8 matmuls via torchao on H100-class GPUs: none | rowwise | blockwise (DeepSeek-V3's 128x128 / 1x128 scaling)",
+                    choices=("none", "rowwise", "blockwise"))
 
 
 @dataclass
@@ -111,6 +113,7 @@ class DistSection:
 class DataSection:
     path: str = _key("builtin", "a folder made by `seektrain data prepare`, or builtin", nonempty=True)
     tokenizer: str = _key("byte", "built-in corpus tokenizer: byte, a tokenizer.json path or a hub id (org/name)", nonempty=True)
+    prefetch: int = _key(2, "training batches read ahead in a background thread (pinned on GPUs); 0 = read in the step", min=0, max=64)
 
 
 @dataclass

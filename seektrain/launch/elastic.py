@@ -94,10 +94,12 @@ def torchrun_args(opts: LaunchOptions, worker_argv: list[str], net: NodeNetwork 
 
 def worker_env(opts: LaunchOptions, net: NodeNetwork | None, environ: dict[str, str]) -> dict[str, str]:
     """Variables the agent exports to its workers: ``dist.env``, the interface (a detected one never
-    overrides GLOO_/NCCL_SOCKET_IFNAME the user set), and what was detected, for ``env.json``."""
-    from seektrain.parallel.dist_env import AUTO_IFNAME_VAR, IFNAME_VARS, LOCAL_ADDR_VAR
+    overrides GLOO_/NCCL_SOCKET_IFNAME the user set), what was detected, for ``env.json``, and this node's
+    launch options, which the workers compare across nodes."""
+    from seektrain.parallel.dist_env import AUTO_IFNAME_VAR, IFNAME_VARS, LAUNCH_VAR, LOCAL_ADDR_VAR
 
     env = dict(opts.worker_env)
+    env[LAUNCH_VAR] = f"--nnodes {opts.nnodes or 1} --nproc-per-node {opts.nproc_per_node}"
     if opts.socket_ifname:
         env.update({v: opts.socket_ifname for v in IFNAME_VARS})
     if net is not None:
@@ -165,10 +167,18 @@ def _run(opts: LaunchOptions, worker_argv: list[str], what: str, net: NodeNetwor
 
 def rendezvous_failure(opts: LaunchOptions, net: NodeNetwork | None, err: Exception) -> str:
     """One line for a rendezvous that did not complete: which endpoint, which node, what to do."""
-    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
+    from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousConnectionError,
+                                                          RendezvousTimeoutError)
+
+    from seektrain.launch.rendezvous import NodeCountMismatch
 
     where = f"{opts.node_name} ({net.local_addr})" if net else opts.node_name
     endpoint = net.endpoint if net else opts.rdzv_endpoint
+    if isinstance(err, NodeCountMismatch):
+        return f"{where} at {endpoint}: {err}"
+    if isinstance(err, RendezvousClosedError):
+        return (f"{where}: another node stopped the rendezvous at {endpoint} (its own error line says why, e.g. "
+                "a different --nnodes); start every node again with the same options")
     if isinstance(err, RendezvousConnectionError):
         return unreachable(opts, net) if net else f"{where} could not reach the rendezvous store at {endpoint}"
     if isinstance(err, RendezvousTimeoutError):

@@ -32,6 +32,8 @@ STANDARD_KEYS: dict[str, str] = {
     "fwd_bwd_s": "Time of forward and backward passes in the last step.",
     "optim_s": "Time of the optimizer update in the last step.",
     "comm_s": "Time of explicit (non-overlapped) communication in the last step.",
+    "checkpoint_stall_s": ("Time the training thread spent saving or committing a checkpoint after the last "
+                           "step that did."),
     "mem_allocated_gib": "CUDA memory held by tensors.",
     "mem_reserved_gib": "CUDA memory held by the caching allocator.",
     "mem_peak_gib": "Peak CUDA memory held by tensors since the run began.",

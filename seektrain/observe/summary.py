@@ -87,6 +87,12 @@ def write_summary(run_dir: Path | str, records: list[dict], extra: dict | None =
         if values:
             summary[f"peak_{key}"] = max(values)
 
+    stalls = _values(records, "checkpoint_stall_s")  # every step that saved or committed a checkpoint
+    if stalls:
+        summary["checkpoint_stalls"] = len(stalls)
+        summary["checkpoint_stall_s_max"] = max(stalls)
+        summary["checkpoint_stall_s_total"] = sum(stalls)
+
     phase_totals = {k: sum(_values(steady, k)) for k in PHASE_KEYS}
     total = sum(_values(steady, "step_time_s")) or sum(phase_totals.values())
     if total > 0:
@@ -115,6 +121,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     peaks = [(k.removeprefix("peak_"), v) for k, v in summary.items() if k.startswith("peak_")]
     if peaks:
         lines.append("  peak memory  " + ", ".join(f"{k} {v:.2f}" for k, v in peaks))
+    if "checkpoint_stall_s_max" in summary:
+        lines.append(f"  checkpoints  training blocked {summary['checkpoint_stall_s_total']:.2f} s in "
+                     f"{summary['checkpoint_stalls']} steps, at most {summary['checkpoint_stall_s_max']:.2f} s")
     fractions = summary.get("time_fractions")
     if fractions:
         lines.append("  step time    " + ", ".join(f"{k.removesuffix('_s')} {v:.0%}"

@@ -23,6 +23,7 @@ log = logging.getLogger("seektrain.dist")
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # set by the launcher for its workers: what it detected (never a user's choice)
 AUTO_IFNAME_VAR, LOCAL_ADDR_VAR = "SEEKTRAIN_AUTO_IFNAME", "SEEKTRAIN_LOCAL_ADDR"
+LAUNCH_VAR = "SEEKTRAIN_LAUNCH"  # the node's own --nnodes/--nproc-per-node, compared across nodes at start-up
 
 
 def choose_backend(requested: str, cuda: bool) -> str:
@@ -74,7 +75,8 @@ def node_label() -> str:
 def node_facts() -> dict:
     """What this rank tells the others at start-up: its versions and where it runs."""
     return {"versions": versions(), "host": socket.gethostname(), "addr": os.environ.get(LOCAL_ADDR_VAR, ""),
-            "ifname": {v: os.environ[v] for v in IFNAME_VARS if v in os.environ}}
+            "ifname": {v: os.environ[v] for v in IFNAME_VARS if v in os.environ},
+            "launch": os.environ.get(LAUNCH_VAR, "")}
 
 
 def mismatched_versions(facts: list[dict]) -> str | None:
@@ -89,14 +91,28 @@ def mismatched_versions(facts: list[dict]) -> str | None:
     return None
 
 
+def mismatched_launch(facts: list[dict]) -> str | None:
+    """One line naming the nodes started with other launch options than rank 0's node, or None. The
+    rendezvous completes on the store host's node count, so a node given another ``--nnodes`` (or
+    ``--nproc-per-node``) would otherwise train in a world it did not ask for."""
+    want = facts[0].get("launch", "")
+    name = lambda f: f"{f['host']} ({f['addr']})" if f.get("addr") else f["host"]  # noqa: E731
+    odd = {name(f): f.get("launch") or "no launcher" for f in facts if f.get("launch", "") != want}  # one per node
+    if not odd:
+        return None
+    others = ", ".join(f"{node} was started with {launch}" for node, launch in list(odd.items())[:4])
+    return (f"nodes were started with different launch options: {name(facts[0])} (rank 0) with "
+            f"{want or 'no launcher'}, {others}; start every node with the same --nnodes and --nproc-per-node")
+
+
 def gather_node_facts() -> list[dict]:
     """Every rank's ``node_facts`` (one small collective right after the process group starts); a
-    version mismatch is a ValueError of one line on every rank, before any model is built."""
+    version or launch-option mismatch is a ValueError of one line on every rank, before any model is built."""
     facts = [node_facts()]
     if dist.is_initialized() and dist.get_world_size() > 1:
         facts = [None] * dist.get_world_size()
         dist.all_gather_object(facts, node_facts())
-    problem = mismatched_versions(facts)
+    problem = mismatched_versions(facts) or mismatched_launch(facts)
     if problem:
         raise ValueError(problem)
     return facts

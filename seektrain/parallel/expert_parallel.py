@@ -20,7 +20,6 @@ on this rank (E / R), R ranks of the ep group, D hidden size.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -42,22 +41,26 @@ def shard_expert_weights(module: nn.Module, experts: GroupedExperts, mesh: Devic
         module.register_parameter(name, nn.Parameter(dt, requires_grad=full.requires_grad))
 
 
+def _all_to_all(x_ND: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+    """Rows of ``x_ND`` exchanged over ``group`` with uneven splits, as a functional collective: it returns a
+    new tensor instead of filling a buffer in place, so a selective activation checkpoint keeps the result
+    rather than communicating again when it recomputes the layer (seektrain/parallel/activation_checkpoint.py)."""
+    out = torch.ops._c10d_functional.all_to_all_single(x_ND.contiguous(), out_splits, in_splits, group.group_name)
+    return torch.ops._c10d_functional.wait_tensor(out)
+
+
 class _AllToAll(torch.autograd.Function):
-    """``dist.all_to_all_single`` along dim 0 with uneven splits; backward sends gradients back."""
+    """``_all_to_all`` along dim 0 with uneven splits; backward sends gradients back."""
 
     @staticmethod
     def forward(ctx, x_ND: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
         ctx.splits, ctx.group = (out_splits, in_splits), group
-        out = x_ND.new_empty((sum(out_splits),) + x_ND.shape[1:])
-        dist.all_to_all_single(out, x_ND.contiguous(), out_splits, in_splits, group=group)
-        return out
+        return _all_to_all(x_ND, out_splits, in_splits, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         out_splits, in_splits = ctx.splits
-        back = grad.new_empty((sum(in_splits),) + grad.shape[1:])
-        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return back, None, None, None
+        return _all_to_all(grad, in_splits, out_splits, ctx.group), None, None, None
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -109,9 +112,7 @@ class ExpertParallelExperts(GroupedExperts):
         E = counts_E.numel()
         L = E // R
         # 1. recv_RL[r, l]: slots rank r sends to my l-th expert.
-        recv_RL = torch.empty_like(counts_E)
-        dist.all_to_all_single(recv_RL, counts_E.contiguous(), group=group)
-        recv_RL = recv_RL.view(R, L)
+        recv_RL = _all_to_all(counts_E, [L] * R, [L] * R, group).view(R, L)
         # The one host read of the step outside the flush steps: an all-to-all with uneven splits needs
         # their sizes on the host, to size its output and tell each peer how much comes. A sync-free
         # exchange would have to send a fixed capacity per peer: drop tokens (a different model) or pad

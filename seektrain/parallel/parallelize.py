@@ -1,5 +1,7 @@
 """Turn a plain model into the parallelised, initialised parts this rank trains, as the run plan says
-(torchtitan's recipe): cut out this rank's pipeline stages, apply expert and tensor parallelism (experts
+(torchtitan's recipe): cut out this rank's pipeline stages, convert their matmuls to FP8
+(``precision.fp8``; before anything else, since torchao swaps plain ``nn.Linear`` modules and FSDP must
+shard the converted ones), apply expert and tensor parallelism (experts
 first: the tensor-parallel plan of an MoE block leaves expert-parallel experts alone), activation
 checkpointing, regional ``torch.compile`` (``train.compile``) and FSDP/HSDP (with CPU offload when the plan
 says so), materialise only this rank's shards, then initialise them. DDP wraps the
@@ -45,8 +47,13 @@ class ParallelModel:
         return self.schedule is None or any(p.norm is not None for p in self.parts)
 
 
-def _parallelize_part(part: Transformer, plan) -> None:
+def _parallelize_part(part: Transformer, plan, device: torch.device) -> None:
     meshes = plan.meshes
+    if plan.job.precision.fp8 != "none":
+        from seektrain.parallel.float8 import apply_float8, fp8_grouped_gemm_supported
+
+        choice = apply_float8(part, plan.job.precision.fp8, experts=fp8_grouped_gemm_supported(device))
+        log.info(choice.describe(plan.job.precision.fp8))
     if plan.ep > 1:
         from seektrain.parallel.expert_parallel import apply_expert_parallel
 
@@ -104,7 +111,7 @@ def parallelize_model(model: Transformer, plan, device: torch.device, state_dict
 
         parts, ids = pipeline.rank_stages(model, plan, plan.meshes.pp.get_local_rank())
     for part in parts:
-        _parallelize_part(part, plan)
+        _parallelize_part(part, plan, device)
         # Offloaded shards are materialised in host memory; buffers (the balancing biases) are not FSDP's
         # and stay with the compute on the device.
         part.to_empty(device="cpu" if plan.cpu_offload else device)

@@ -66,6 +66,15 @@ def check_cpu_offload(cpu_offload: bool, data_parallel: str) -> None:
                           f"not {data_parallel}; set parallel.data_parallel=fsdp or parallel.cpu_offload=false")
 
 
+def check_float8(recipe: str, tp: int) -> None:
+    """``precision.fp8`` layouts torchao can run: rowwise float8 linears take tensor-parallel (DTensor)
+    weights; torchao's blockwise layer runs its triton kernels on plain tensors only."""
+    if recipe == "blockwise" and tp > 1:
+        raise ConfigError(f"precision.fp8=blockwise cannot run under parallel.tp={tp}: torchao's blockwise FP8 "
+                          "layer takes no tensor-parallel weights; set parallel.tp=1 (FSDP/EP/PP are fine) "
+                          "or precision.fp8=rowwise")
+
+
 def tp_error(cfg: ModelConfig, tp: int) -> str | None:
     """Why the model's sharded dimensions do not divide by ``tp`` (one line), or None."""
     if tp == 1:
@@ -111,6 +120,16 @@ def pipeline_microbatches(n: int, local_sequences: int) -> int:
         raise ConfigError(f"parallel.pp_microbatches={n} does not divide the {local_sequences} sequences each "
                           "data-parallel rank gets per step; pick a divisor")
     return n
+
+
+def check_pipeline_checkpointing(activation_checkpoint: str, p: ParallelSection) -> None:
+    """The zero-bubble V schedule runs a stage's backward in two passes (input gradients, then weight
+    gradients), each recomputing the checkpointed layers; a selective checkpoint hands its kept tensors to
+    one recomputation only (torch raises "Trying to backward an extra time")."""
+    if activation_checkpoint == "selective" and p.pp > 1 and p.pp_schedule == "zbv":
+        raise ConfigError("train.activation_checkpoint=selective cannot run under parallel.pp_schedule=zbv (its "
+                          "split backward recomputes each layer twice, a selective checkpoint allows once): use "
+                          "train.activation_checkpoint=full or another parallel.pp_schedule")
 
 
 def check_pipeline(cfg: ModelConfig, p: ParallelSection, n_micro: int, dp: int) -> tuple[tuple[int, ...], ...]:

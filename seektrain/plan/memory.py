@@ -214,6 +214,71 @@ def layer_activation_bytes(cfg: ModelConfig, layer: int, a: int, tp: int, ep: in
 
 
 @dataclass(frozen=True)
+class Selective:
+    """Bytes per token of one selectively checkpointed layer (``train.activation_checkpoint=selective``):
+    ``kept`` from its forward to its backward; ``tail``, the part of it still held while the layer's backward
+    runs beside the tensors recomputation rebuilds (the layer's input, and the outputs of its last matmul
+    and collective, which recomputation stops short of: it ends once every tensor backward needs exists)."""
+
+    kept: float
+    tail: float
+
+
+def _row_output(d: int, a: int, tp: int) -> float:
+    """A row-wise projection's output (the full-sequence partial sum under TP) and, under TP+SP, the
+    sequence shard its reduce-scatter returns: both are kept (a matmul's output and a collective's)."""
+    return a * d + (a * d / tp if tp > 1 else 0)
+
+
+def _selective_attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool) -> float:
+    """The projections' outputs, the attention kernel's output and fp32 log-sum-exp, o_proj's output."""
+    h = cfg.num_attention_heads / tp
+    v_kernel = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    if pad_values and cfg.is_mla and v_kernel < cfg.qk_head_dim:
+        v_kernel = cfg.qk_head_dim  # the CPU flash kernel gets values zero-padded to qk (see _attention)
+    kernel = a * h * v_kernel + FP32 * h
+    if cfg.is_mla:  # the low-rank projections are replicated under TP, the up-projections split by head
+        latents = cfg.kv_lora_rank + cfg.qk_rope_head_dim + (cfg.q_lora_rank or 0)
+        projections = a * latents + a * h * (cfg.qk_head_dim + cfg.qk_nope_head_dim + cfg.v_head_dim)
+    else:
+        projections = a * (h + 2 * cfg.num_key_value_heads / tp) * cfg.head_dim
+    return projections + kernel + _row_output(cfg.hidden_size, a, tp)
+
+
+def _selective_mlp(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int) -> tuple[float, float]:
+    """(kept, its tail). Dense: gate, up and down outputs. MoE: the router's fp32 logits, per routed slot
+    the grouped gate/up and down outputs (and, under EP, the dispatched slot and the returned result, both
+    all-to-all outputs), the shared experts like a dense MLP, under TP the reduce-scattered block output."""
+    d = cfg.hidden_size
+    if not cfg.is_moe_layer(layer):
+        return 2 * a * cfg.intermediate_size / tp + _row_output(d, a, tp), _row_output(d, a, tp)
+    k = cfg.num_experts_per_tok / tp  # TP: E/tp experts per rank; TP×EP: each tp rank its share of tokens
+    kept = FP32 * cfg.n_routed_experts + k * a * (2 * cfg.moe_intermediate_size + d) + (2 * k * a * d if ep > 1 else 0)
+    reduced = a * d / tp if tp > 1 else 0.0  # the block's partial output, reduce-scattered
+    if not cfg.n_shared_experts:
+        return kept + reduced, reduced
+    shared = 2 * a * cfg.n_shared_experts * cfg.moe_intermediate_size / tp + a * d
+    return kept + shared + reduced, a * d + reduced
+
+
+def layer_selective_bytes(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool) -> Selective:
+    """What one selectively checkpointed decoder layer keeps for backward, per token: its input (the
+    checkpoint's), under TP+SP the two all-gathered norm outputs, and the outputs of every matmul, attention
+    kernel and collective inside it (seektrain/parallel/activation_checkpoint.py)."""
+    d = cfg.hidden_size
+    gathered = 2 * a * d if tp > 1 else 0.0  # attention's and the MLP's inputs
+    mlp, tail = _selective_mlp(cfg, layer, a, tp, ep)
+    return Selective(a * d / tp + gathered + _selective_attention(cfg, a, tp, pad_values) + mlp, a * d / tp + tail)
+
+
+def selective_rebuilt_bytes(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool) -> float:
+    """Bytes per token recomputation writes in a selectively checkpointed layer's backward: what the layer
+    saves without checkpointing, less what it kept (the tail aside, which stays beside the rebuilt tensors)."""
+    s = layer_selective_bytes(cfg, layer, a, tp, ep, pad_values)
+    return max(0.0, layer_activation_bytes(cfg, layer, a, tp, ep, pad_values) + s.tail - s.kept)
+
+
+@dataclass(frozen=True)
 class Activations:
     layers: float  # saved by the decoder layers of this rank, all in-flight micro-batches
     backward: float  # working set of backward: activation gradients, half the largest layer's tensors
@@ -266,16 +331,22 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
     else:
         local_seqs, layers, last, in_flight = job.train.micro_batch_size, range(cfg.num_hidden_layers), True, 1
     tokens = local_seqs * job.train.seq_len
-    from seektrain.parallel.activation_checkpoint import checkpoint_every
+    from seektrain.parallel.activation_checkpoint import SELECTIVE, checkpoint_every
 
-    every = checkpoint_every(job.train.activation_checkpoint)
+    mode = job.train.activation_checkpoint
+    every = checkpoint_every(mode)
     per_layer = [layer_activation_bytes(cfg, i, a, tp, ep, pad_values) for i in layers]
-    kept = sum(a * d / tp if every and i % every == 0 else b for i, b in zip(layers, per_layer))
+    if mode == SELECTIVE:  # each layer keeps its matmul/attention outputs; its backward rebuilds the rest
+        kept = sum(layer_selective_bytes(cfg, i, a, tp, ep, pad_values).kept for i in layers)
+        rebuilt = [selective_rebuilt_bytes(cfg, i, a, tp, ep, pad_values) for i in layers]
+    else:
+        kept = sum(a * d / tp if every and i % every == 0 else b for i, b in zip(layers, per_layer))
+        rebuilt = per_layer
     if plan.pp > 1:  # the schedule keeps each in-flight micro-batch's stage output (and, with MTP, the
         # label embeddings passed along) until its backward
         kept += a * d / tp * (2 if plan.use_mtp and not last else 1)
     largest = max(per_layer, default=0.0)
-    recompute = largest if every else 0.0
+    recompute = max(rebuilt, default=0.0) if every else 0.0
     head = 0.0
     use_mtp = plan.use_mtp
     if last or plan.pp == 1:

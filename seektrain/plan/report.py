@@ -59,7 +59,7 @@ def to_dict(result: SearchResult, header: dict, top: int) -> dict:
         out["ranked"].append({"settings": cand.settings, "memory_gib": mem,
                               "time": {"compute_s": t.compute_s, "fsdp_s": t.fsdp_s, "tp_s": t.tp_s,
                                        "ep_s": t.ep_s, "pp_s": t.pp_s, "bubble": t.bubble,
-                                       "offload_s": t.offload_s},
+                                       "offload_s": t.offload_s, "recompute_s": t.recompute_s},
                               **throughput(cand, result.world_size, peak)})
     out["ceiling_100pct_mfu"] = ceiling(best.plan, result.world_size, peak)
     reasons: dict[str, int] = {}
@@ -103,8 +103,9 @@ def format_text(data: dict) -> str:
     lines.append(f"  (device memory {hw['memory_gib']:.1f} GiB)")
     t = best["time"]
     lines += [
-        f"predicted step {best['step_s']:.3f} s (compute {t['compute_s']:.3f} s, FSDP/DP traffic {t['fsdp_s']:.3f} s "
-        f"overlapped, TP {t['tp_s']:.3f} s, EP {t['ep_s']:.3f} s, PP p2p {t['pp_s']:.3f} s, bubble "
+        f"predicted step {best['step_s']:.3f} s (compute {t['compute_s']:.3f} s"
+        + (f" of which selective recompute {t['recompute_s']:.3f} s" if t.get("recompute_s") else "")
+        + f", FSDP/DP traffic {t['fsdp_s']:.3f} s overlapped, TP {t['tp_s']:.3f} s, EP {t['ep_s']:.3f} s, PP p2p {t['pp_s']:.3f} s, bubble "
         f"{t['bubble'] * 100:.0f}%" + (f", CPU offload {t['offload_s']:.3f} s" if t["offload_s"] else "") + ")",
         f"predicted {best['tokens_per_s']:,.0f} tokens/s, {best['samples_per_s']:,.2f} samples/s, "
         f"MFU {best['mfu'] * 100:.1f}%",

@@ -58,6 +58,7 @@ class RunPlan:
             dp_shard = world_size // others
         layout_checks.check_degrees(world_size, p.pp, p.dp_replicate, dp_shard, p.tp, p.ep, p.data_parallel)
         layout_checks.check_cpu_offload(p.cpu_offload, p.data_parallel)
+        layout_checks.check_float8(job.precision.fp8, p.tp)
         dp = p.dp_replicate * dp_shard
         per_step = t.micro_batch_size * dp
         if t.global_batch_size % per_step:
@@ -70,6 +71,7 @@ class RunPlan:
         if p.pp > 1:
             n_micro = layout_checks.pipeline_microbatches(p.pp_microbatches or accum, accum * t.micro_batch_size)
             stages = layout_checks.check_pipeline(model, p, n_micro, dp)
+            layout_checks.check_pipeline_checkpointing(t.activation_checkpoint, p)
         return cls(job, model, world_size, device_type, p.dp_replicate, dp_shard, p.tp, p.pp, p.ep,
                    p.data_parallel, accum, n_micro, stages)
 

@@ -17,7 +17,7 @@ from seektrain.plan.run_plan import RunPlan
 from seektrain.plan.speed import StepTime, step_time
 
 GIB = 2**30
-CHECKPOINT_MODES = ("none", "every:2", "full")
+CHECKPOINT_MODES = ("none", "selective", "every:2", "full")
 MICRO_BATCHES = (1, 2, 4, 8)
 
 

@@ -4,7 +4,13 @@ efficiency, plus the communication that is not hidden behind compute, times the 
 Assumptions (each a number here, so they can be argued with):
 
 - Matmuls reach ``MATMUL_EFFICIENCY`` of the dense bf16 peak (fp32 compute: a quarter of it on GPUs,
-  whose fp32 is not tensor-core). Checkpointed layers are computed forward twice (+1/3 of their FLOPs).
+  whose fp32 is not tensor-core). Fully checkpointed layers are computed forward twice (+1/3 of their FLOPs).
+  Selectively checkpointed layers recompute no matmul (about 0 extra FLOPs) but redo the elementwise ops,
+  norms and routing arithmetic, which are memory-bound: they cost the bytes those ops move at the device's
+  memory bandwidth, ``RECOMPUTE_TRAFFIC`` times the bytes they write (``memory.selective_rebuilt_bytes``).
+- ``precision.fp8``: the FLOPs of the linears it converts (``parallel/float8.py``, ``fp8_matmul_params``)
+  run at the same efficiency of the fp8 peak, the rest at the bf16 peak; the FP8 casts (memory-bound) are
+  not counted. Hardware without fp8 tensor cores (``fp8_tflops == 0``) keeps the bf16 peak.
 - Ring collectives move ``(n-1)/n`` of the data per rank at the link's one-direction bandwidth: NVLink when
   the group fits in a node, else the network (per GPU).
 - FSDP's all-gathers and reduce-scatters overlap with compute (only what exceeds compute shows).
@@ -26,6 +32,9 @@ MATMUL_EFFICIENCY = 0.45  # of the dense peak; a typical well-tuned large-model 
 CPU_EFFICIENCY = 0.35  # of the measured matmul probe
 PCIE_BYTES_PER_S = 25e9  # parallel.cpu_offload: PCIe Gen4/5 x16 achieved, one direction (assumption)
 HOST_BYTES_PER_S = 20e9  # host memory bandwidth one rank's CPU optimizer step gets (assumption)
+# Bytes read and written per byte a recomputed op writes: an elementwise op with two inputs of its output's
+# size (the products, sums and casts of norms, RoPE, SwiGLU, routing) reads two and writes one.
+RECOMPUTE_TRAFFIC = 3
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,7 @@ class StepTime:
     total_s: float
     model_flops: float  # per step, all ranks (what MFU counts)
     offload_s: float = 0.0  # parallel.cpu_offload: host transfers and the host optimizer step
+    recompute_s: float = 0.0  # selective checkpointing's memory-bound recomputation (inside compute_s)
 
 
 def _ring(bytes_: float, n: int, bandwidth: float) -> float:
@@ -56,14 +66,23 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     seq, tokens = job.train.seq_len, plan.tokens_per_step
     a = 4 if job.precision.dtype == "fp32" else 2
     flops = model_flops_per_token(cfg, seq, include_mtp=plan.use_mtp) * tokens
-    from seektrain.parallel.activation_checkpoint import checkpoint_every
+    from seektrain.parallel.activation_checkpoint import SELECTIVE, checkpoint_every
 
     every = checkpoint_every(job.train.activation_checkpoint)
-    recompute = (1 / 3) * (1 / every) if every else 0.0
-    peak = hw.bf16_tflops * 1e12 * (CPU_EFFICIENCY if hw.name == "cpu" else MATMUL_EFFICIENCY)
+    selective = job.train.activation_checkpoint == SELECTIVE
+    recompute = (1 / 3) * (1 / every) if every and not selective else 0.0
+    efficiency = CPU_EFFICIENCY if hw.name == "cpu" else MATMUL_EFFICIENCY
+    peak = hw.bf16_tflops * 1e12 * efficiency
     if a == 4 and hw.name != "cpu":
         peak /= 4
-    compute = flops * (1 + recompute) / plan.world_size / peak
+    compute_time = flops / peak
+    if job.precision.fp8 != "none" and hw.fp8_tflops > 0:
+        from seektrain.parallel.float8 import fp8_matmul_params
+
+        fp8_flops = 6.0 * fp8_matmul_params(cfg, job.precision.fp8, include_mtp=plan.use_mtp) * tokens
+        compute_time = (flops - fp8_flops) / peak + fp8_flops / (hw.fp8_tflops * 1e12 * efficiency)
+    recompute_s = selective_recompute_s(plan, hw) if selective else 0.0
+    compute = compute_time * (1 + recompute) / plan.world_size + recompute_s
 
     # parameters of one pipeline rank's share, per tensor-parallel rank (what FSDP moves)
     from seektrain.plan.memory import max_state_bytes
@@ -108,4 +127,18 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
         # parameters, gradients and both moments
         offload = (state.params + state.grads) / PCIE_BYTES_PER_S + 2 * (state.params * 4) / HOST_BYTES_PER_S
     total = (compute + exposed_fsdp + tp + ep + pp) * (1 + bubble) + offload
-    return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops, offload)
+    return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops, offload, recompute_s)
+
+
+def selective_recompute_s(plan, hw: Hardware) -> float:
+    """Seconds per step one rank spends recomputing its selectively checkpointed layers: the bytes the
+    recomputation writes (every layer of the model per token, divided over the pipeline stages; per
+    tensor-parallel rank as the memory model counts them) times ``RECOMPUTE_TRAFFIC``, for the tokens of
+    one data-parallel rank, at the device's memory bandwidth."""
+    from seektrain.plan.memory import selective_rebuilt_bytes
+
+    cfg = plan.model
+    a = 4 if plan.job.precision.dtype == "fp32" else 2
+    per_token = sum(selective_rebuilt_bytes(cfg, i, a, plan.tp, plan.ep, hw.name == "cpu")
+                    for i in range(cfg.num_hidden_layers)) / plan.pp
+    return RECOMPUTE_TRAFFIC * per_token * plan.tokens_per_step / plan.dp / (hw.memory_gbs * 1e9)

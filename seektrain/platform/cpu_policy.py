@@ -48,6 +48,10 @@ class CpuPolicy(PlatformPolicy):
         if self.trims_memory:
             cpu_allocator.release_free_memory()
 
+    def pin_host_memory(self) -> bool:
+        """The device is the host: nothing to pin (and a CPU-only torch cannot pin at all)."""
+        return False
+
     def configure_fsdp(self, module: nn.Module, mp_policy: MixedPrecisionPolicy) -> None:
         """gloo's all-gather and reduce-scatter are slow on one host: swap in point-to-point ones
         (``cpu_gloo_collectives.py``). Under bf16/fp16 compute with fp32 reduction, gradient chunks

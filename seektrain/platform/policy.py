@@ -1,8 +1,9 @@
 """The platform policy's interface, its generic (do-nothing) form, and the choice by device.
 
-The trainer asks the policy at four points instead of testing the device itself: once per process
-before any matmul, after every optimizer step, after sharding each model part with FSDP, and for the
-model's kernels. So the generic path (CUDA) never touches, or imports, what only the CPU needs.
+The trainer asks the policy at five points instead of testing the device itself: once per process
+before any matmul, after every optimizer step, after sharding each model part with FSDP, for the
+model's kernels, and whether host buffers that feed the device are pinned. So the generic path (CUDA)
+never touches, or imports, what only the CPU needs.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ class PlatformPolicy:
     def model_kernels(self) -> Kernels:
         """The kernels to build the training model with (``build_model(..., kernels=...)``)."""
         return Kernels()
+
+    def pin_host_memory(self) -> bool:
+        """Whether host copies that travel to or from the device (prefetched batches, checkpoint staging)
+        go to pinned (page-locked) memory: only then do copies with ``non_blocking=True`` run
+        asynchronously and at full bus speed. Pinning needs an accelerator."""
+        return torch.accelerator.is_available()
 
     def cpu_offload_policy(self) -> CPUOffloadPolicy:
         """FSDP2's offload policy for ``parallel.cpu_offload``: pinned host memory, so the copies to and

@@ -48,9 +48,14 @@ def _largest_proper_divisor(n: int) -> int:
 def cheapest_fix(plan) -> Fix:
     """The first memory-saving change, in order of cost, that this ``RunPlan`` has not made yet."""
     job = plan.job
-    if job.train.activation_checkpoint == "none":
+    mode = job.train.activation_checkpoint
+    if mode == "none":
         return Fix(("train.activation_checkpoint=full",),
                    "recompute activations in backward: about a third more compute, far fewer stored activations")
+    if mode != "full":  # selective or every:K
+        return Fix(("train.activation_checkpoint=full",),
+                   f"recompute every layer from its input alone instead of {mode}: more compute, fewer "
+                   "stored activations")
     if job.train.micro_batch_size > 1:
         smaller = _largest_proper_divisor(job.train.micro_batch_size)
         return Fix((f"train.micro_batch_size={smaller}",),

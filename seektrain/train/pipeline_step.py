@@ -14,7 +14,6 @@ import torch.distributed as dist
 from seektrain.train.balance import moe_layers
 from seektrain.train.loss import model_loss
 from seektrain.train.precision import DynamicLossScaler
-from seektrain.train.transfer import to_device
 
 
 class PipelineLoss:
@@ -40,8 +39,9 @@ def pipeline_forward_backward(ctx, spans: dict) -> torch.Tensor:
     plan, pm, loss_fn = ctx.plan, ctx.parallel, ctx.pipeline_loss
     t0 = ctx.clock.mark()
     batches = [next(ctx.batches) for _ in range(plan.accum_steps)]
-    tokens = to_device(torch.cat([b[0] for b in batches]), ctx.device)
-    labels = to_device(torch.cat([b[1] for b in batches]), ctx.device)
+    # non_blocking: a blocking copy to the device waits for the stream (the prefetched batches are pinned)
+    tokens = torch.cat([b[0] for b in batches]).to(ctx.device, non_blocking=True)
+    labels = torch.cat([b[1] for b in batches]).to(ctx.device, non_blocking=True)
     t1 = ctx.clock.mark()
     last = pm.has_last_stage
     args = ((tokens, labels) if plan.use_mtp else (tokens,)) if pm.has_first_stage else ()

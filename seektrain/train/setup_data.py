@@ -1,16 +1,19 @@
-"""The training data of a run: a prepared folder or the built-in corpus, opened for this rank."""
+"""The training data of a run: a prepared folder or the built-in corpus, opened for this rank, with its
+batches read ahead (``data.prefetch``, ``seektrain/data/prefetch.py``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from seektrain.config.schema import JobConfig
 from seektrain.data.builtin import ensure_builtin_corpus
 from seektrain.data.dataset import TokenDataset
 from seektrain.data.loader import DistributedBatchLoader
+from seektrain.data.prefetch import PrefetchingLoader
 from seektrain.models.config import ModelConfig
 
 
@@ -19,9 +22,13 @@ class TrainingData:
     path: Path
     dataset: TokenDataset
     loader: DistributedBatchLoader
+    batches: PrefetchingLoader  # what the step reads, and whose position a checkpoint holds
 
     def describe(self) -> str:
         return f"data {self.path} ({len(self.dataset):,} tokens)"
+
+    def close(self) -> None:
+        self.batches.close()
 
 
 def data_dir(cfg: JobConfig, is_main: bool) -> Path:
@@ -38,7 +45,8 @@ def data_dir(cfg: JobConfig, is_main: bool) -> Path:
 
 
 def open_training_data(cfg: JobConfig, model_cfg: ModelConfig, dp_rank: int, dp_size: int,
-                       is_main: bool) -> TrainingData:
+                       is_main: bool, pin_device: torch.device | None = None) -> TrainingData:
+    """``pin_device``: the accelerator the batches go to, when they should be pinned in host memory."""
     path = data_dir(cfg, is_main)
     dataset = TokenDataset(path, split="train")
     if dataset.vocab_size > model_cfg.vocab_size:
@@ -46,4 +54,4 @@ def open_training_data(cfg: JobConfig, model_cfg: ModelConfig, dp_rank: int, dp_
                          f"{model_cfg.name} has vocab_size {model_cfg.vocab_size}; use a matching tokenizer")
     loader = DistributedBatchLoader(dataset, cfg.train.seq_len, cfg.train.micro_batch_size, dp_rank, dp_size,
                                     cfg.train.seed)
-    return TrainingData(path, dataset, loader)
+    return TrainingData(path, dataset, loader, PrefetchingLoader(loader, cfg.data.prefetch, pin_device))

@@ -30,7 +30,6 @@ from seektrain.train.grad import clip_grad_norm
 from seektrain.train.loss import model_loss
 from seektrain.train.pipeline_step import PipelineLoss, pipeline_forward_backward
 from seektrain.train.precision import DynamicLossScaler
-from seektrain.train.transfer import to_device
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (tokens, labels), [micro_batch_size, seq_len] each
 
@@ -64,6 +63,7 @@ class StepRecord:
 
     values: dict
     verdict: faults.Verdict
+    read: bool = False  # values read on the host and the verdict settled (seektrain.train.step_log)
 
 
 def _no_sync(model: nn.Module, last: bool):
@@ -81,7 +81,7 @@ def accumulate(ctx: StepContext, step: int, spans: dict[str, Spans]) -> torch.Te
     for micro in range(accum):
         t0 = clock.mark()
         tokens, labels = next(ctx.batches)
-        tokens, labels = to_device(tokens, ctx.device), to_device(labels, ctx.device)
+        tokens, labels = tokens.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
         t1 = clock.mark()
         with _no_sync(ctx.model, micro == accum - 1):
             with ctx.autocast:

@@ -2,11 +2,11 @@
 
 A step leaves its numbers (loss, gradient norm, loss scale, expert imbalance, the bad-loss verdict) on
 the device, so it never waits for the device to finish. The trainer flushes every ``run.log_interval``
-steps, at the first and last step, and before anything depends on the values: an evaluation, a
-checkpoint (so the loss guard has spoken before a step is saved), a preemption. A flush reads every
-waiting value in one copy (one wait for the device), settles the loss guard's verdicts in step order (a
-warning, or ``BadLossError`` under ``train.on_bad_loss=stop``, raised before the bad step is logged)
-and hands each step, with the same values it would have had when read at once, to the monitor.
+steps, at the first and last step, and after an evaluation, a checkpoint or a preemption. Before a
+checkpoint is saved it settles: it reads every waiting value in one copy (one wait for the device) and
+settles the loss guard's verdicts in step order (a warning, or ``BadLossError`` under
+``train.on_bad_loss=stop``, raised before the bad step is logged or saved). A flush settles and hands
+each step, with the same values it would have had when read at once, to the monitor.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from seektrain.observe.step_clock import Spans
-from seektrain.train.faults import LossGuard
+from seektrain.train.faults import BadLossError, LossGuard
 from seektrain.train.monitor import RunMonitor
 from seektrain.train.step import StepRecord
 
@@ -33,26 +33,39 @@ class StepLog:
         """A flush step by the clock: every ``run.log_interval``-th, the first and the last."""
         return step % self.log_interval == 0 or step in (self.first_step, self.last_step)
 
-    def flush(self) -> None:
-        waiting, self.waiting = self.waiting, []
-        tensors = [t for _, record in waiting for t in _device_values(record)]
-        read = iter(torch.stack([t.detach().to(self.device, torch.float64).reshape(()) for t in tensors]).tolist()
-                    if tensors else [])
-        for step, record in waiting:
-            values = {}
+    def settle(self) -> None:
+        """Read the waiting steps' device values (one copy) and settle their loss verdicts in step order;
+        a ``BadLossError`` (``stop``) is raised after the steps before the bad one are logged."""
+        unread = [(step, record) for step, record in self.waiting if not record.read]
+        tensors = [t for _, record in unread for t in _device_values(record)]
+        numbers = iter(torch.stack([t.detach().to(self.device, torch.float64).reshape(()) for t in tensors]).tolist()
+                       if tensors else [])
+        for step, record in unread:
             for key, value in record.values.items():
                 if isinstance(value, torch.Tensor):
-                    number = next(read)
-                    value = number if value.is_floating_point() else int(number)
-                elif isinstance(value, Spans):
-                    value = value.seconds()
-                values[key] = value
-            good, mean = bool(next(read)), next(read)
-            self.loss_guard.settle(step, values["loss"], good, mean)
+                    number = next(numbers)
+                    record.values[key] = number if value.is_floating_point() else int(number)
+            good, mean = bool(next(numbers)), next(numbers)
+            record.read = True
+            try:
+                self.loss_guard.settle(step, record.values["loss"], good, mean)
+            except BadLossError:
+                self._log([(s, r) for s, r in self.waiting if s < step])
+                raise
+
+    def flush(self) -> None:
+        """Settle, then hand every waiting step's metrics to the monitor."""
+        self.settle()
+        waiting, self.waiting = self.waiting, []
+        self._log(waiting)
+
+    def _log(self, steps: list[tuple[int, StepRecord]]) -> None:
+        for step, record in steps:
+            values = {k: v.seconds() if isinstance(v, Spans) else v for k, v in record.values.items()}
             self.monitor.log(step, values)
 
 
 def _device_values(record: StepRecord) -> list[torch.Tensor]:
-    """The record's tensors in the order ``flush`` consumes them: its values', then the verdict's."""
+    """The record's tensors in the order ``settle`` consumes them: its values', then the verdict's."""
     return [v for v in record.values.values() if isinstance(v, torch.Tensor)] + [record.verdict.good,
                                                                                  record.verdict.mean]

@@ -24,10 +24,12 @@ from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
 from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
+from seektrain.parallel.float8 import check_float8_environment
 from seektrain.parallel.distributed import DistEnv, init_distributed
 from seektrain.parallel.parallelize import parallelize_model, unwrap
 from seektrain.plan.auto import auto_layout
 from seektrain.plan.run_plan import RunPlan
+from seektrain.platform import policy_for
 from seektrain.train.balance import configure_aux_loss
 from seektrain.train.evaluate import Evaluator
 from seektrain.train.faults import FaultGuard
@@ -47,12 +49,14 @@ log = logging.getLogger("seektrain.train")
 def train(cfg: JobConfig) -> dict:
     env = init_distributed(cfg.dist)
     run_dir = Path(cfg.run.dir)
-    ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank)
+    ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank,
+                             pin_memory=policy_for(env.device).pin_host_memory())
     # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
     # every rank gets the same checkpoint and model, or the same one-line refusal
     start = ckpt.resume_choice(cfg.checkpoint.resume, configured_model_config(cfg))
     cfg, auto_why = auto_layout(cfg, start.model, env.world_size, env.device.type)  # parallel.auto
     plan = RunPlan.resolve(cfg, start.model, env.world_size, env.device.type)
+    check_float8_environment(cfg.precision.fp8, env.device.type)  # [precision] precision.fp8 on this device
     plan.platform.prepare_process(cfg.train.deterministic, cfg.cpu.keep_freed_memory)
     write_run_files(plan, run_dir, env)
     setup_logging(run_dir, env.rank)
@@ -62,7 +66,8 @@ def train(cfg: JobConfig) -> dict:
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
 
-    data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main)
+    data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main,
+                              env.device if plan.platform.pin_host_memory() else None)
     guard = FaultGuard(cfg.train, cfg.checkpoint, ckpt, env.rank, env.device,  # [faults] SIGTERM, bad loss, hangs
                        cfg.dist.collective_timeout_s)
     weights = initial_weights(cfg) if start.checkpoint is None else None
@@ -70,7 +75,7 @@ def train(cfg: JobConfig) -> dict:
     start_step = 0
     if start.checkpoint is not None:
         state = ckpt.load(start.checkpoint, ctx.model, ctx.optimizer)
-        start_step = restore_trainer_state(state, ctx.scheduler, ctx.scaler, data.loader, guard.loss)
+        start_step = restore_trainer_state(state, ctx.scheduler, ctx.scaler, data.batches, guard.loss)
         log.info("resumed from %s at step %d", start.checkpoint, start_step)
     log_layout(plan, ctx, data, env)
 
@@ -91,15 +96,19 @@ def train(cfg: JobConfig) -> dict:
             evaluating = evaluator.due(step)
             if evaluating:
                 record.values["val_loss"] = evaluator.val_loss(ctx)
-            monitor.after_step(step, record.values)
             steps_log.add(step, record)
             saving = bool(cfg.checkpoint.interval) and step % cfg.checkpoint.interval == 0 and step < cfg.train.steps
-            if saving or evaluating or steps_log.due(step):  # [faults] a bad loss is settled before any save
-                steps_log.flush()
             if saving:
+                steps_log.settle()  # [faults] a bad loss stops the run before a checkpoint holds its step
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
-            if guard.end_step(step):  # [faults] SIGTERM on any rank: every rank saves this step, exits 143
+            preempted = guard.end_step(step)  # [faults] also commits an async checkpoint written everywhere
+            stall = ckpt.take_stall_s()  # what this step's checkpoint save or commit blocked training for
+            if stall is not None:
+                record.values["checkpoint_stall_s"] = stall
+            monitor.after_step(step, record.values)
+            if saving or evaluating or preempted or steps_log.due(step):
                 steps_log.flush()
+            if preempted:  # [faults] SIGTERM on any rank: every rank saves this step, exits 143
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step), blocking=True)
                 guard.exit_preempted(step, ckpt.root / step_dir_name(step))
         steps_log.flush()
@@ -110,6 +119,8 @@ def train(cfg: JobConfig) -> dict:
         guard.raise_readable(err, plan)
         raise
     finally:
+        data.close()  # the prefetch thread ends here: after the last step, on errors and on preemption
+        ckpt.close()
         guard.close()
         monitor.close()
     summary = monitor.summarise(time.perf_counter() - t_run, _local_numel(ctx.model))
@@ -141,7 +152,7 @@ def build_step_context(plan: RunPlan, device: torch.device, data: TrainingData, 
     configure_aux_loss(parallel.model, job.train.aux_loss_alpha, plan.aux_loss_grad_scale)
     optimizer = build_optimizer(parallel.model, job.optim)
     scheduler = build_scheduler(optimizer, job.optim, job.train.steps)
-    return StepContext(plan, device, parallel, optimizer, scheduler, scaler, iter(data.loader), guard.loss,
+    return StepContext(plan, device, parallel, optimizer, scheduler, scaler, data.batches, guard.loss,
                        pipeline_loss, plan.autocast(device))
 
 
@@ -157,7 +168,7 @@ def _trainer_state_fn(plan: RunPlan, ctx: StepContext, data: TrainingData, guard
     """``trainer_state.json`` of a checkpoint at a step: what DCP's shards do not hold."""
     def state(step: int) -> dict:
         return {"step": step, "scheduler": ctx.scheduler.state_dict(), "scaler": ctx.scaler.state_dict(),
-                "data": data.loader.state_dict(), "model_config": plan.model.name,
+                "data": data.batches.state_dict(), "model_config": plan.model.name,
                 "config": config_to_toml(plan.job), "faults": guard.loss.state_dict(),
                 "world_size": env.world_size}
     return state

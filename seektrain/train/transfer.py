@@ -1,22 +1,14 @@
-"""Moving values between the host and the device without waiting for the device's queued work.
+"""Reading a device tensor on the host without waiting for the device's later work.
 
-A blocking copy (``tensor.tolist()``, ``.to(device)`` without ``non_blocking``) waits for everything
-queued on the stream before it. ``to_device`` sends a host batch from pinned memory, so the copy is
-queued like a kernel. ``HostCopy`` queues a device tensor's copy to the host as soon as its values are
-produced and records an event behind it; ``values()`` waits for that event only. Read a step later, the
-values cost no device idle time: the next step's work is already queued.
+A blocking copy (``tensor.tolist()``) is queued at the end of the stream and waits for everything queued
+before it, including work queued after the tensor was made. ``HostCopy`` queues the copy (into pinned
+memory) as soon as the values are produced and records an event behind it; ``values()`` waits for that
+event only. Read a step later, the values cost no device idle time: the next step's work is queued.
 """
 
 from __future__ import annotations
 
 import torch
-
-
-def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host batch on ``device``, queued: from pageable memory the driver may first wait for the stream."""
-    if device.type != "cpu":
-        batch = batch.pin_memory()
-    return batch.to(device, non_blocking=True)
 
 
 class HostCopy:
