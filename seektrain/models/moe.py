@@ -222,6 +222,7 @@ class MoE(nn.Module):
             out = _AttachAuxLoss.apply(out, aux, self.aux_loss_scale)
         return out
 
+    @torch.compiler.disable  # traced, the growing list's length is a guard: a recompile per micro-batch
     def _record(self, counts_E: torch.Tensor) -> None:
         self.expert_counts.append(counts_E.detach().float())
 
