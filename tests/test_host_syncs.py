@@ -36,7 +36,7 @@ def test_only_flush_steps_read_device_values(tmp_path, overrides):
     assert proc.returncode == 0, proc.stderr[-3000:]
     reads = {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1])["reads"].items()}
     assert {step: r for step, r in reads.items() if step not in FLUSH_STEPS} == {}
-    assert all(any("flush" in r for r in reads[step]) for step in FLUSH_STEPS)  # the count does see reads
+    assert all(any("step_log.py" in r for r in reads[step]) for step in FLUSH_STEPS)  # the count sees reads
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 8))  # every step is still logged
     if "precision.dtype=fp16" in overrides:

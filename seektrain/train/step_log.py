@@ -6,7 +6,8 @@ steps, at the first and last step, and after an evaluation, a checkpoint or a pr
 checkpoint is saved it settles: it reads every waiting value in one copy (one wait for the device) and
 settles the loss guard's verdicts in step order (a warning, or ``BadLossError`` under
 ``train.on_bad_loss=stop``, raised before the bad step is logged or saved). A flush settles and hands
-each step, with the same values it would have had when read at once, to the monitor.
+each step, with the same values it would have had when read at once, to the monitor. When an error
+ends the loop, the steps completed before it are still logged (``salvage``), as before.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from seektrain.observe.step_clock import Spans
-from seektrain.train.faults import BadLossError, LossGuard
+from seektrain.train.faults import BadLossError, LossGuard, is_collective_failure
 from seektrain.train.monitor import RunMonitor
 from seektrain.train.step import StepRecord
 
@@ -58,6 +59,17 @@ class StepLog:
         self.settle()
         waiting, self.waiting = self.waiting, []
         self._log(waiting)
+
+    def salvage(self, err: BaseException) -> None:
+        """After ``err`` ended the loop: log the steps that completed before it, as reading them at once
+        would have, unless the error may leave the device unable to answer (a failed collective: a read
+        could wait behind it) or is the loss guard's own. Never raises: ``err`` is what the user sees."""
+        if isinstance(err, BadLossError) or is_collective_failure(err):
+            return
+        try:
+            self.flush()
+        except Exception:  # noqa: BLE001 - a broken device, a bad loss among them: err stays the story
+            pass
 
     def _log(self, steps: list[tuple[int, StepRecord]]) -> None:
         for step, record in steps:

@@ -115,8 +115,10 @@ def train(cfg: JobConfig) -> dict:
         if step > start_step or start.checkpoint is None:
             ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
         ckpt.wait()
-    except (RuntimeError, MemoryError) as err:  # [faults] out of memory, a dead or hung rank: one line each
-        guard.raise_readable(err, plan)
+    except BaseException as err:
+        steps_log.salvage(err)  # the steps completed before the error still reach metrics.jsonl
+        if isinstance(err, (RuntimeError, MemoryError)):  # [faults] out of memory, a dead or hung rank: one line
+            guard.raise_readable(err, plan)
         raise
     finally:
         data.close()  # the prefetch thread ends here: after the last step, on errors and on preemption
