@@ -65,6 +65,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
               "before": before.item(), "after": after.item(), "cpu_policy": CPUOffloadPolicy.__name__}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+    dist.barrier()  # neither rank tears gloo down while the other still has collectives in flight
     dist.destroy_process_group()
 
 
