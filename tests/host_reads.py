@@ -8,7 +8,8 @@ run initialises a process group) and checks that no other step reads anything.
 
 The run uses the generic platform policy, the one a GPU gets: the CPU policy's padded kernels may read
 counts on the host, which costs nothing on a CPU. Reads inside torch's C++ (a CUDA ``bincount`` sizing
-its output, say) are invisible here; only a GPU run under ``torch.cuda.set_sync_debug_mode`` sees those.
+its output, a blocking copy) are invisible to the Python hooks; on a machine with CUDA the run also sets
+``torch.cuda.set_sync_debug_mode("warn")`` and counts each synchronising operation it reports.
 
     python tests/host_reads.py RUN_DIR --set model.preset=tiny-dense ...
     -> {"reads": {"STEP": ["item at seektrain/train/step.py:97 train_step", ...]}}
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -60,14 +62,29 @@ def count_reads(run_dir: str, overrides: list[str]) -> dict[int, list[str]]:
         step[0] = n
         begin_step(self, n)
 
+    def device_sync(message, category, filename, lineno, file=None, line=None):
+        if step[0] and "synchroniz" in str(message):
+            reads[step[0]].append(f"cuda sync at {_caller()}: {str(message).splitlines()[0]}")
+        else:
+            show(message, category, filename, lineno, file, line)
+
     originals = {name: getattr(torch.Tensor, name) for name in READS}
     faults.FaultGuard.begin_step = begin
     platform.policy_for = lambda device: PlatformPolicy()  # the generic (GPU) path's kernels
     for name, original in originals.items():
         setattr(torch.Tensor, name, counted(name, original))
+    show, cuda = warnings.showwarning, torch.cuda.is_available()
     try:
-        train(load_config(None, [f"run.dir={run_dir}", *overrides]))
+        with warnings.catch_warnings():
+            if cuda:
+                warnings.simplefilter("always")
+                warnings.showwarning = device_sync
+                torch.cuda.set_sync_debug_mode("warn")
+            train(load_config(None, [f"run.dir={run_dir}", *overrides]))
     finally:
+        if cuda:
+            torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = show
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
     return reads

@@ -6,7 +6,8 @@ tiny in-process run's training loop (generic platform policy, i.e. the GPU path'
 flush steps (every ``run.log_interval``, the first and the last) may read. The runs cover MLA + MoE +
 MTP with the spike guard on, and a dense model under fp16 loss scaling with overflowing first steps.
 Expert parallelism's all-to-all splits (a read per MoE layer, needed to size the exchange) need ``ep > 1``,
-hence several processes, and are not covered here. Reads inside torch's C++ are invisible to this count.
+hence several processes, and are not covered here. Reads inside torch's C++ are invisible to this count
+on a CPU; on a GPU machine the run also counts what ``torch.cuda.set_sync_debug_mode`` reports.
 """
 
 from __future__ import annotations

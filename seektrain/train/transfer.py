@@ -17,7 +17,8 @@ class HostCopy:
         if tensor.device.type == "cpu":  # already on the host: nothing to wait for
             self._host = tensor
         else:
-            self._host = tensor.to("cpu", non_blocking=True)  # pinned destination, queued on the stream
+            self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)  # pinned: truly async
+            self._host.copy_(tensor, non_blocking=True)  # queued on the stream, right behind the values
             self._done = torch.Event(device=tensor.device)
             self._done.record()
 
