@@ -93,6 +93,21 @@ def model_and_optimizer(name: str, device: torch.device):
     return model, optimizer
 
 
+def timed_save(manager: CheckpointManager, step: int, model, optimizer, device: torch.device) -> dict[str, float]:
+    """One ``save`` as the trainer makes it: the call (training stalls), the background write (training
+    would go on), and the commit on the training thread; seconds of each."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    manager.save(step, model, optimizer, {"step": step})
+    t1 = time.perf_counter()
+    while manager.in_flight():  # training steps would run here
+        time.sleep(0.005)
+    t2 = time.perf_counter()
+    manager.wait()  # the commit (sync: nothing left)
+    return {"save_s": t1 - t0, "background_s": t2 - t1, "commit_s": time.perf_counter() - t2}
+
+
 def timed_saves(model, optimizer, root: Path, async_save: bool, repeats: int,
                 device: torch.device) -> dict[str, list[float]]:
     """Per save: the save call and the commit on the training thread (their sum is the stall), and the
@@ -102,20 +117,11 @@ def timed_saves(model, optimizer, root: Path, async_save: bool, repeats: int,
     manager = CheckpointManager(root, keep=1, async_save=async_save, rank=0,
                                 pin_memory=policy_for(device).pin_host_memory())
     for step in range(1, repeats + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        manager.save(step, model, optimizer, {"step": step})
-        t1 = time.perf_counter()
-        while manager.in_flight():  # training steps would run here
-            time.sleep(0.005)
-        t2 = time.perf_counter()
-        manager.wait()  # the commit (sync: nothing left)
-        t3 = time.perf_counter()
-        out["save"].append(t1 - t0)
-        out["commit"].append(t3 - t2)
-        out["stall"].append(t1 - t0 + t3 - t2)
-        out["total"].append(t3 - t0)
+        t = timed_save(manager, step, model, optimizer, device)
+        out["save"].append(t["save_s"])
+        out["commit"].append(t["commit_s"])
+        out["stall"].append(t["save_s"] + t["commit_s"])
+        out["total"].append(t["save_s"] + t["background_s"] + t["commit_s"])
     manager.close()
     return out
 

@@ -20,10 +20,10 @@ import contextlib
 import logging
 import re
 import shutil
-import time
 from pathlib import Path
 
 import torch
+from bench_checkpoint import folder_bytes, timed_save
 from bench_gpu_common import NOT_SELECTED, Results, run_row, sync
 
 _RECORDED = re.compile(r"stall|block|stag", re.IGNORECASE)
@@ -51,10 +51,6 @@ def captured_logs(name: str):
 
 def _tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-
-
-def _folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def checkpoint_rows(results: Results, cfg, work: Path, device: torch.device, selected: set[str]) -> None:
@@ -91,16 +87,7 @@ def checkpoint_rows(results: Results, cfg, work: Path, device: torch.device, sel
                 saves = []
                 with captured_logs("seektrain.checkpoint") as logs:
                     for step in (1, 2):
-                        sync(device)
-                        t0 = time.perf_counter()
-                        manager.save(step, model, optimizer, {"step": step})
-                        t1 = time.perf_counter()
-                        while manager.in_flight():  # training steps would run here
-                            time.sleep(0.005)
-                        t2 = time.perf_counter()
-                        manager.wait()  # the commit (sync: nothing left)
-                        saves.append({"save_s": t1 - t0, "commit_s": time.perf_counter() - t2,
-                                      "background_s": t2 - t1})
+                        saves.append(timed_save(manager, step, model, optimizer, device))
                     manager.close()
                 first, later = saves
                 recorded = {k: v for k, v in vars(manager).items()
@@ -110,7 +97,7 @@ def checkpoint_rows(results: Results, cfg, work: Path, device: torch.device, sel
                         "save_s": later["save_s"], "commit_s": later["commit_s"] if async_save else None,
                         "background_s": later["background_s"] if async_save else None,
                         "pinned": manager.pin_memory and async_save,
-                        "state_bytes": state_bytes, "bytes_written": _folder_bytes(folder / "checkpoints"),
+                        "state_bytes": state_bytes, "bytes_written": folder_bytes(folder / "checkpoints"),
                         "recorded_by_manager": recorded or None,
                         "manager_log": [ln for ln in logs if _RECORDED.search(ln) or "committed" in ln] or logs[-3:],
                         "note": "stall_s: CheckpointManager.save + commit of the second save on the training thread "
