@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:  # the checkout this script belongs to, also where
 import torch  # noqa: E402
 
 from bench_model_vs_hf import LOGITS_TOLERANCE, cast_model, logits_diff, make_step  # noqa: E402
-from seektrain.models import ModelConfig, build_model, count_params  # noqa: E402
+from seektrain.models import ModelConfig, build_model, count_params, get_preset  # noqa: E402
 from seektrain.models.hf_io import from_pretrained, save_pretrained  # noqa: E402
 from seektrain.observe.flops import model_flops_per_token  # noqa: E402
 from seektrain.platform import policy_for  # noqa: E402
@@ -68,13 +68,8 @@ def moe_config(smoke: bool, seq: int) -> ModelConfig:
     width 768 in 8 groups (top-4 groups), top-6 + 1 shared, layer 0 dense (V3 keeps its first 3 of 61
     dense), no MTP; vocabulary 102400 (the dense model's) puts the total at 2.05B, 0.46B activated."""
     if smoke:
-        return ModelConfig(
-            name="bench-moe-smoke", arch="deepseek_v3", vocab_size=512, hidden_size=128, intermediate_size=352,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=seq,
-            q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-            n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=64,
-            first_k_dense_replace=1, scoring_func="sigmoid", topk_method="noaux_tc", n_group=4, topk_group=2,
-            norm_topk_prob=True, routed_scaling_factor=2.5, num_nextn_predict_layers=0)
+        return get_preset("tiny-v3").replace(name="bench-moe-smoke", vocab_size=512, num_hidden_layers=2,
+                                              max_position_embeddings=seq, num_nextn_predict_layers=0)
     return ModelConfig(
         name="bench-moe-2b", arch="deepseek_v3", vocab_size=102400, hidden_size=1536, intermediate_size=4096,
         num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=seq,
