@@ -125,7 +125,8 @@ def main() -> None:
     for _step in range(args.steps):
         t0 = time.perf_counter()
         for _ in range(accum):
-            tokens, labels = next(batches)
+            batch = next(batches)
+            tokens, labels = batch.tokens, batch.labels
             out = engine(tokens, mtp_labels=labels if use_mtp else None, labels=labels)
             loss, _parts = model_loss(out, labels, train_defaults.mtp_loss_weight)
             engine.backward(loss)

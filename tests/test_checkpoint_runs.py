@@ -194,7 +194,8 @@ def test_start_from_hugging_face_weights_on_two_ranks(straight, tmp_path):
     model, _ = load_run_checkpoint(straight)
     cfg = load_config(None, ["train.seq_len=64", "train.micro_batch_size=4", "train.global_batch_size=4"])
     loader = DistributedBatchLoader(TokenDataset(data_dir(cfg, True), split="train"), 64, 4, seed=cfg.train.seed)
-    tokens, labels = next(loader)
+    batch = next(loader)
+    tokens, labels = batch.tokens, batch.labels
     with torch.no_grad():
         expected, _ = model_loss(model(tokens, mtp_labels=labels), labels, cfg.train.mtp_loss_weight)
     assert step_losses(tmp_path / "run")[1] == pytest.approx(float(expected), rel=1e-5)

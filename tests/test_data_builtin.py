@@ -31,7 +31,8 @@ def test_prepares_once_and_loads(tmp_path: Path) -> None:
     mtime = (path / "manifest.json").stat().st_mtime_ns
     assert ensure_builtin_corpus(tmp_path) == path and (path / "manifest.json").stat().st_mtime_ns == mtime
     loader = DistributedBatchLoader(TokenDataset(path), 64, 2, 0, 2, seed=0)
-    tokens, labels = next(loader)
+    batch = next(loader)
+    tokens = batch.tokens
     assert tokens.shape == (2, 64) and int(tokens.max()) < 259
     text = load_tokenizer("byte").decode(tokens[0].tolist())
     assert text.isprintable() or "\n" in text

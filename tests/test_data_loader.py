@@ -30,8 +30,9 @@ def arange_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def windows(batch: tuple[torch.Tensor, torch.Tensor]) -> list[int]:
-    tokens, labels = batch
+def windows(batch) -> list[int]:
+    tokens, labels = batch.tokens, batch.labels
+    assert batch.positions is None and batch.document_ids is None  # plain windows of one stream
     assert tokens.dtype == labels.dtype == torch.long and tokens.shape == labels.shape
     assert torch.equal(labels, tokens + 1)  # labels are the inputs shifted by one (arange data)
     assert torch.equal(tokens[:, 1:], labels[:, :-1])

@@ -13,6 +13,7 @@ import torch
 from test_data_loader import arange_dir, rank_loaders  # noqa: F401 (fixture)
 
 from seektrain.data import prefetch
+from seektrain.data.batch import Batch
 from seektrain.data.prefetch import PrefetchingLoader
 from seektrain.platform import policy_for
 
@@ -22,7 +23,7 @@ def prefetch_threads() -> list[threading.Thread]:
 
 
 def same(a, b) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    return torch.equal(a.tokens, b.tokens) and torch.equal(a.labels, b.labels)
 
 
 @pytest.mark.parametrize("depth", [0, 1, 3])
@@ -101,7 +102,7 @@ def test_pinning_runs_in_the_thread_on_the_device_asked_for(arange_dir, monkeypa
 
     def fake_pin(batch):
         seen["pinned"].append(threading.current_thread().name)
-        return tuple(t.clone() for t in batch)
+        return Batch(batch.tokens.clone(), batch.labels.clone())
 
     monkeypatch.setattr(prefetch, "pin", fake_pin)
     [plain] = rank_loaders(arange_dir, 1, 2)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seektrain.data.batch import Batch
 from seektrain.data.dataset import TokenDataset, verify_dataset
 
 __all__ = ["DistributedBatchLoader", "TokenDataset", "verify_dataset"]
@@ -31,7 +32,7 @@ STATE_VERSION = 1
 
 
 class DistributedBatchLoader:
-    """Iterator over ``(tokens, labels)`` LongTensors of shape ``[micro_batch_size, seq_len]`` for one rank.
+    """Iterator over ``Batch(tokens, labels)`` (``data/batch.py``) of LongTensors of shape ``[micro_batch_size, seq_len]`` for one rank.
 
     Iteration never ends: epochs roll over automatically. For one pass (validation) take
     ``itertools.islice(loader, loader.steps_per_epoch)`` from a fresh loader.
@@ -84,7 +85,7 @@ class DistributedBatchLoader:
     def __iter__(self) -> DistributedBatchLoader:
         return self
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> Batch:
         if self.offset + self.global_batch > self.num_windows:
             self.epoch += 1
             self.offset = 0
@@ -97,7 +98,7 @@ class DistributedBatchLoader:
         self.offset += self.global_batch
         self.consumed_windows += self.global_batch
         t = torch.from_numpy(batch)
-        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+        return Batch(t[:, :-1].contiguous(), t[:, 1:].contiguous())
 
     def tokens_consumed(self) -> int:
         """Input tokens this rank has been served: its equal share of the global count (exact per rank)."""

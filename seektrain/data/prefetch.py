@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-Batch = tuple[torch.Tensor, ...]
+from seektrain.data.batch import Batch
+
 POLL_S = 0.1  # how often a waiting thread checks for close() and the consumer checks the thread is alive
 _END = object()  # the wrapped iterator ended
 
@@ -46,7 +47,7 @@ def use_device(device: torch.device) -> None:
 
 
 def pin(batch: Batch) -> Batch:
-    return tuple(t.pin_memory() for t in batch)
+    return batch.pin_memory()
 
 
 class PrefetchingLoader:

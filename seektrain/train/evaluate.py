@@ -56,8 +56,8 @@ class Evaluator:
             if plan.pp > 1:
                 total += self._pipeline_losses(ctx, batches)
             else:
-                for tokens, labels in batches:
-                    tokens, labels = tokens.to(self.device), labels.to(self.device)
+                for batch in batches:
+                    tokens, labels = batch.tokens.to(self.device), batch.labels.to(self.device)
                     with ctx.autocast:
                         out = ctx.model(tokens, labels=labels if plan.fused_loss else None)
                     with plan.loss_context():
@@ -76,8 +76,8 @@ class Evaluator:
         pm, loss_fn, accum = ctx.parallel, ctx.pipeline_loss, self.plan.accum_steps
         lm = torch.zeros((), device=self.device)
         for i in range(0, len(batches), accum):
-            tokens = torch.cat([b[0] for b in batches[i:i + accum]]).to(self.device)
-            labels = torch.cat([b[1] for b in batches[i:i + accum]]).to(self.device)
+            tokens = torch.cat([b.tokens for b in batches[i:i + accum]]).to(self.device)
+            labels = torch.cat([b.labels for b in batches[i:i + accum]]).to(self.device)
             args = ((tokens, labels) if self.plan.use_mtp else (tokens,)) if pm.has_first_stage else ()
             loss_fn.records.clear()
             with ctx.autocast, self.plan.loss_context():

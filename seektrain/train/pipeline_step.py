@@ -40,8 +40,8 @@ def pipeline_forward_backward(ctx, spans: dict) -> torch.Tensor:
     t0 = ctx.clock.mark()
     batches = [next(ctx.batches) for _ in range(plan.accum_steps)]
     # non_blocking: a blocking copy to the device waits for the stream (the prefetched batches are pinned)
-    tokens = torch.cat([b[0] for b in batches]).to(ctx.device, non_blocking=True)
-    labels = torch.cat([b[1] for b in batches]).to(ctx.device, non_blocking=True)
+    tokens = torch.cat([b.tokens for b in batches]).to(ctx.device, non_blocking=True)
+    labels = torch.cat([b.labels for b in batches]).to(ctx.device, non_blocking=True)
     t1 = ctx.clock.mark()
     last = pm.has_last_stage
     args = ((tokens, labels) if plan.use_mtp else (tokens,)) if pm.has_first_stage else ()

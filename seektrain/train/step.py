@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from seektrain.data.batch import Batch
 from seektrain.observe.step_clock import Spans, StepClock
 from seektrain.parallel.parallelize import ParallelModel
 from seektrain.plan.run_plan import RunPlan
@@ -31,7 +32,6 @@ from seektrain.train.loss import model_loss
 from seektrain.train.pipeline_step import PipelineLoss, pipeline_forward_backward
 from seektrain.train.precision import DynamicLossScaler
 
-Batch = tuple[torch.Tensor, torch.Tensor]  # (tokens, labels), [micro_batch_size, seq_len] each
 
 
 @dataclass
@@ -80,8 +80,8 @@ def accumulate(ctx: StepContext, step: int, spans: dict[str, Spans]) -> torch.Te
     loss_sum = torch.zeros(3, device=ctx.device)  # total, lm, mtp (summed over micro-batches)
     for micro in range(accum):
         t0 = clock.mark()
-        tokens, labels = next(ctx.batches)
-        tokens, labels = tokens.to(ctx.device, non_blocking=True), labels.to(ctx.device, non_blocking=True)
+        batch = next(ctx.batches).to(ctx.device, non_blocking=True)
+        tokens, labels = batch.tokens, batch.labels
         t1 = clock.mark()
         with _no_sync(ctx.model, micro == accum - 1):
             with ctx.autocast:
