@@ -22,11 +22,16 @@ READS_REASONING = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'user'
                    "{% elif m.role == 'assistant' %}<｜Assistant｜>{% if m.reasoning_content %}<think>"
                    "{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
                    "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}")
-IDIOMS = ("{%- for m in messages -%}\n  {%- if m.role == 'system' -%}{%- continue -%}{%- endif -%}\n"
-          "  {%- if m.role not in ['user', 'assistant', 'tool'] -%}{{ raise_exception('bad role') }}{%- endif -%}\n"
-          "  {{ m.role }}: {% if m.role == 'assistant' %}{% generation %}{{ m.content | tojson }}{{ eos_token }}"
-          "{% endgeneration %}{% else %}{{ m.content }}\n{% endif %}\n{%- endfor -%}\n"
-          "{%- if add_generation_prompt %}assistant: {% endif %}")
+IDIOMS = """{% if messages[0].role == 'system' %}
+    {{ messages[0].content }}
+{% endif %}
+{% for m in messages %}
+    {% if m.role == 'system' %}{% continue %}{% endif %}
+    {% if m.role not in ['user', 'assistant', 'tool'] %}{{ raise_exception('bad role') }}{% endif %}
+    {{ m.role }}: {% if m.role == 'assistant' %}{% generation %}{{ m.content | tojson }}{{ eos_token }}{% endgeneration %}{% else %}{{ m.content }}
+{% endif %}
+{% endfor %}
+{% if add_generation_prompt %}assistant: {% endif %}"""
 
 
 @pytest.fixture(scope="module")
