@@ -276,7 +276,7 @@ def _environment() -> Any:
     class Generation(jinja2.ext.Extension):
         """``{% generation %}…{% endgeneration %}`` (transformers' assistant-mask tags) render their body."""
 
-        tags = {"generation"}
+        tags = frozenset({"generation"})
 
         def parse(self, parser):
             lineno = next(parser.stream).lineno
