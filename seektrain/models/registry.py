@@ -82,10 +82,12 @@ def family_for(cfg) -> ModelFamily:
 
 
 def family_of(model: nn.Module) -> ModelFamily:
-    """The family whose module class ``model`` (a whole model or a pipeline stage of one) is."""
-    for family in FAMILIES.values():
-        if isinstance(model, family.module_class):
-            return family
+    """The family whose module class ``model`` (a whole model or a pipeline stage of one) is; the most
+    derived one when a family's module class subclasses another's."""
+    for cls in type(model).__mro__:
+        for family in FAMILIES.values():
+            if family.module_class is cls:
+                return family
     raise TypeError(f"{type(model).__name__} is not the module class of a registered model family")
 
 

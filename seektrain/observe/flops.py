@@ -46,7 +46,7 @@ def active_matmul_params(cfg: ModelConfig, include_mtp: bool = True) -> int:
     every weight of the shape description, and the shared head once more per MTP depth."""
     n_mtp = cfg.num_nextn_predict_layers if include_mtp else 0
     weights = weights_by_path(cfg)
-    total = sum(w.matmul_params for w in weights.values() if include_mtp or w.pattern.split(".")[0] != "mtp")
+    total = sum(w.matmul_params for w in weights.values() if include_mtp or not w.path.startswith("mtp."))
     return total + n_mtp * weights["lm_head"].matmul_params
 
 

@@ -114,7 +114,8 @@ def transformer_tp_plan(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> dict
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = True) -> None:
     """Shard ``model`` (a ``Transformer``, possibly a pipeline stage with some pieces ``None``) over the 1-D
-    ``tp_mesh``, in place, by the plan its family's TP plan builder makes (``models/registry.py``). Call on the meta-device model before FSDP, ``to_empty`` and ``init_weights``;
+    ``tp_mesh``, in place, by the plan its family's TP plan builder makes (``models/registry.py``). Call on
+    the meta-device model before FSDP, ``to_empty`` and ``init_weights``;
     compute the loss under ``RunPlan.loss_context()``. The run plan has checked that every sharded
     dimension divides (seektrain/plan/layout_checks.py)."""
     if tp_mesh.size() == 1:
