@@ -14,7 +14,8 @@ _HOME = {
     "ModelConfig": "config", "RopeScaling": "config",
     "ParamCounts": "param_count", "count_params": "param_count",
     "OFFICIAL_PRESETS": "presets", "PRESETS": "presets", "get_preset": "presets",
-    "Transformer": "transformer", "build_model": "transformer",
+    "Transformer": "transformer", "build_model": "registry",
+    "ModelFamily": "registry", "get_family": "registry", "family_for": "registry",
     "from_pretrained": "hf_io", "save_pretrained": "hf_io",
 }
 
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from seektrain.models.hf_io import from_pretrained, save_pretrained
     from seektrain.models.param_count import ParamCounts, count_params
     from seektrain.models.presets import OFFICIAL_PRESETS, PRESETS, get_preset
-    from seektrain.models.transformer import Transformer, build_model
+    from seektrain.models.registry import ModelFamily, build_model, family_for, get_family
+    from seektrain.models.transformer import Transformer
 
 
 def __getattr__(name: str) -> Any:

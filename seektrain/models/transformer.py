@@ -139,19 +139,17 @@ class Transformer(nn.Module):
         init_weights(self, self.cfg.initializer_range, seed)
 
 
+def keep_fp32_buffers(model: nn.Module) -> None:
+    """After ``model.to(low dtype)``: the balancing bias accumulates tiny updates, so it stays fp32."""
+    for module in model.modules():
+        if isinstance(module, Router) and module.e_score_correction_bias is not None:
+            module.e_score_correction_bias.data = module.e_score_correction_bias.data.float()
+
+
 def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                 init: bool = True, seed: int = 0, kernels: Kernels | None = None) -> Transformer:
-    """Build on ``device`` ("meta" costs no memory for any size; call ``init_weights`` after ``to_empty``).
-    ``kernels``: the platform's (``seektrain.platform.policy_for(device).model_kernels()``) for training;
-    the default, plain ones count FLOPs exactly and serve as the reference."""
-    cfg.validate()
-    with torch.device(device):
-        model = Transformer(cfg, kernels)
-    if dtype != torch.float32:
-        model.to(dtype)
-        for module in model.modules():  # the balancing bias accumulates tiny updates: keep it fp32
-            if isinstance(module, Router) and module.e_score_correction_bias is not None:
-                module.e_score_correction_bias.data = module.e_score_correction_bias.data.float()
-    if init and torch.device(device).type != "meta":
-        model.init_weights(seed)
-    return model
+    """``seektrain.models.registry.build_model``: the model of ``cfg``'s family (this module's
+    ``Transformer`` for the DeepSeek configs), under this module's historical name."""
+    from seektrain.models.registry import build_model as build  # the registry imports this module
+
+    return build(cfg, device, dtype, init, seed, kernels)

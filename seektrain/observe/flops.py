@@ -16,7 +16,8 @@ Formula (per token, training = forward + backward, backward = 2 x forward):
                a causal mask leaves T/2 keys on average (halves it); training = 3 x forward.
                Written out: 6 x 2 x L_att x H x (qk + v)/2 x T/2.
 
-The count is analytic (nothing is built), so it is free for a 671B config.
+The count is analytic (nothing is built: the weights come from the shape description, models/shapes.py),
+so it is free for a 671B config.
 """
 
 from __future__ import annotations
@@ -27,44 +28,26 @@ import time
 import torch
 
 from seektrain.models.config import ModelConfig
+from seektrain.models.shapes import block_weights, layer_weights, weights_by_path
 
 
 # ----------------------------------------------------------------------------- FLOPs per token
-def _attention_params(cfg: ModelConfig) -> int:
-    d, h = cfg.hidden_size, cfg.num_attention_heads
-    if not cfg.is_mla:
-        hd = cfg.head_dim
-        return d * h * hd + 2 * d * cfg.num_key_value_heads * hd + h * hd * d
-    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    q = d * h * qk if cfg.q_lora_rank is None else d * cfg.q_lora_rank + cfg.q_lora_rank * h * qk
-    kv_a = d * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
-    kv_b = cfg.kv_lora_rank * h * (cfg.qk_nope_head_dim + cfg.v_head_dim)
-    return q + kv_a + kv_b + h * cfg.v_head_dim * d
-
-
-def _mlp_params(cfg: ModelConfig, layer_idx: int) -> int:
-    d = cfg.hidden_size
-    if not cfg.is_moe_layer(layer_idx):
-        return 3 * d * cfg.intermediate_size
-    routed = cfg.num_experts_per_tok * 3 * d * cfg.moe_intermediate_size
-    shared = cfg.n_shared_experts * 3 * d * cfg.moe_intermediate_size
-    return d * cfg.n_routed_experts + routed + shared
-
-
 def layer_matmul_params(cfg: ModelConfig, layer_idx: int) -> int:
-    """Matmul weights one token uses in decoder layer ``layer_idx`` (pipeline balancing uses this)."""
-    return _attention_params(cfg) + _mlp_params(cfg, layer_idx)
+    """Matmul weights one token uses in decoder layer ``layer_idx`` (an index past the decoder layers is
+    MTP block ``layer_idx - L``; pipeline balancing uses this): its attention projections, its dense MLP or
+    router, top-k routed experts and shared experts, from the model's shape description."""
+    if layer_idx < cfg.num_hidden_layers:
+        return sum(w.matmul_params for w in layer_weights(cfg, layer_idx))
+    return sum(w.matmul_params for w in block_weights(cfg, layer_idx, ""))
 
 
 def active_matmul_params(cfg: ModelConfig, include_mtp: bool = True) -> int:
-    """Weights one token multiplies with (biases and norms are not matmuls; the embedding is a lookup)."""
+    """Weights one token multiplies with (biases and norms are not matmuls; the embedding is a lookup):
+    every weight of the shape description, and the shared head once more per MTP depth."""
     n_mtp = cfg.num_nextn_predict_layers if include_mtp else 0
-    total = 0
-    for idx in range(cfg.num_hidden_layers + n_mtp):
-        total += layer_matmul_params(cfg, idx)
-    head = cfg.hidden_size * cfg.vocab_size
-    mtp_extra = n_mtp * (2 * cfg.hidden_size * cfg.hidden_size + head)  # eh_proj + shared head, per depth
-    return total + head + mtp_extra
+    weights = weights_by_path(cfg)
+    total = sum(w.matmul_params for w in weights.values() if include_mtp or not w.path.startswith("mtp."))
+    return total + n_mtp * weights["lm_head"].matmul_params
 
 
 def _v_dim(cfg: ModelConfig) -> int:

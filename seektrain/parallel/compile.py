@@ -14,13 +14,15 @@ import logging
 
 from torch import nn
 
+from seektrain.models.registry import model_blocks
+
 log = logging.getLogger("seektrain.parallel")
 
 
 def apply_compile(model: nn.Module) -> int:
-    """Compile every decoder block of ``model`` (a Transformer or a pipeline stage) in place; returns
-    how many. Compilation itself happens at each block's first call."""
-    blocks = list(model.layers.values()) + list(getattr(model, "mtp", None) or [])
+    """Compile every block of ``model`` (a model of a registered family, or a pipeline stage of one)
+    in place; returns how many. Compilation itself happens at each block's first call."""
+    blocks = model_blocks(model)
     for block in blocks:
         block.compile()
     return len(blocks)

@@ -17,6 +17,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_sh
 from torch.nn.parallel import DistributedDataParallel
 
 from seektrain.config.dtypes import DTYPES as _DTYPES
+from seektrain.models.registry import model_blocks
 
 
 def fsdp_mixed_precision(dtype_name: str, reduce_dtype_name: str = "fp32") -> MixedPrecisionPolicy:
@@ -31,7 +32,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecisionPolicy,
     """Shard ``model`` over ``dp_mesh`` (1-D: FSDP; 2-D (replicate, shard): HSDP); ``offload``: a
     ``CPUOffloadPolicy`` to keep the shards in host memory (None: on the device)."""
     offload = offload or OffloadPolicy()
-    blocks = list(model.layers.values()) + list(getattr(model, "mtp", []) or [])
+    blocks = model_blocks(model)
     for i, block in enumerate(blocks):
         # The last block is resharded at once: the root's backward runs right after it anyway.
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, offload_policy=offload,

@@ -11,7 +11,8 @@ precision:
   (gate/up/down), in the MTP modules' decoder blocks too;
 - kept in bf16: the embedding, the norms, the router (``mlp.gate``: a plain parameter, not a linear),
   the output head ``lm_head`` and each MTP module's ``eh_proj`` (bf16 in DeepSeek-V3's released FP8
-  checkpoint), attention scores (SDPA), and any linear whose two dimensions are not multiples of
+  checkpoint): the weights whose ``high_precision`` the shape description (``models/shapes.py``) sets;
+  attention scores (SDPA), and any linear whose two dimensions are not multiples of
   ``RECIPE_MULTIPLE[recipe]`` (torch's FP8 GEMM needs 16; torchao's blockwise layer 128 and no bias);
 - routed experts (``GroupedExperts``: one ``torch._grouped_mm`` per projection): ``rowwise`` wraps their
   fused weights in torchao's MoE-training tensor (``Float8TrainingOpConfig``), which turns that grouped
@@ -40,11 +41,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from seektrain.models.shapes import EXPERTS, LINEAR, REPLICATED, Weight, weights_by_path
+
 TORCHAO_PIN = "0.17.0"  # pyproject's `fp8` extra; the release built against torch 2.11
 INSTALL = f"pip install 'seektrain[fp8]' (torchao=={TORCHAO_PIN})"
 RECIPE_MULTIPLE = {"rowwise": 16, "blockwise": 128}
 EXPERT_ROW_MULTIPLE = 16  # torchao's FP8 grouped GEMM: every expert's token group a multiple of 16 rows
-KEPT_BY_NAME = {"lm_head": "output head", "eh_proj": "MTP projection"}
 
 
 @dataclass
@@ -66,35 +68,44 @@ class Float8Choice:
                 f"groups in FP8; linears kept in bf16: {kept}")
 
 
-def _linear_kept(name: str, linear: nn.Linear, recipe: str) -> str | None:
-    """Why ``linear`` stays in bf16 under ``recipe``, or None to convert it."""
-    why = KEPT_BY_NAME.get(name.rsplit(".", 1)[-1])
-    if why:
-        return why
+def _linear_kept(linear: Weight, recipe: str) -> str | None:
+    """Why ``linear`` stays in bf16 under ``recipe`` (its dtype policy, or a shape or bias the recipe's
+    layer cannot take), or None to convert it."""
+    if linear.high_precision:
+        return linear.high_precision
     multiple = RECIPE_MULTIPLE[recipe]
     if linear.in_features % multiple or linear.out_features % multiple:
         return f"{linear.in_features}x{linear.out_features} not multiples of {multiple}"
-    if recipe == "blockwise" and linear.bias is not None:
+    if recipe == "blockwise" and linear.bias:
         return "has a bias (torchao's blockwise layer takes none)"
     return None
 
 
-def float8_targets(model: nn.Module, recipe: str, experts: bool) -> Float8Choice:
-    """What ``apply_float8`` converts, without converting (needs no torchao). ``experts``: the device
-    can run FP8 grouped GEMMs (``fp8_grouped_gemm_supported``)."""
-    from seektrain.models.moe import GroupedExperts
+def _experts_convert(gate_up: Weight, recipe: str, experts: bool) -> bool:
+    """Whether the routed experts whose fused ``gate_up_proj`` is ``gate_up`` run in FP8: rowwise only,
+    on a device with FP8 grouped GEMMs, with D and F multiples of 16."""
+    return experts and recipe == "rowwise" and gate_up.in_features % 16 == 0 and (gate_up.out_features // 2) % 16 == 0
 
+
+def float8_targets(model: nn.Module, recipe: str, experts: bool) -> Float8Choice:
+    """What ``apply_float8`` converts, without converting (needs no torchao): the plain ``nn.Linear``
+    modules of ``model`` (whole model or pipeline stage) and its routed experts, as its shape description
+    (``models/shapes.py``) types them. ``experts``: the device can run FP8 grouped GEMMs
+    (``fp8_grouped_gemm_supported``)."""
+    described = weights_by_path(model.cfg) if hasattr(model, "cfg") else {}
     choice = Float8Choice()
     for name, module in model.named_modules():
         if type(module) is nn.Linear:
-            why = _linear_kept(name, module, recipe)
+            # a model's linears are all described (tests/test_model_shapes.py); a bare module has no policy
+            linear = described.get(name) or Weight(name, LINEAR, module.in_features, module.out_features,
+                                                   REPLICATED, bias=module.bias is not None)
+            why = _linear_kept(linear, recipe)
             if why:
                 choice.kept[name] = why
             else:
                 choice.linears.append(name)
-        elif isinstance(module, GroupedExperts) and experts and recipe == "rowwise":
-            _, two_f, d = module.gate_up_proj.shape
-            if d % 16 == 0 and (two_f // 2) % 16 == 0:
+        elif f"{name}.gate_up_proj" in described:
+            if _experts_convert(described[f"{name}.gate_up_proj"], recipe, experts):
                 choice.experts.append(name)
     return choice
 
@@ -150,40 +161,21 @@ def _plain_expert_tensors(module: nn.Module, state_dict: dict, prefix: str, loca
             state_dict[key] = local._data
 
 
-def _layer_linears(cfg, layer_idx: int) -> list[tuple[int, int, bool]]:
-    """(in, out, bias) of decoder layer ``layer_idx``'s dense linears, as models/ builds them."""
-    d, h, b = cfg.hidden_size, cfg.num_attention_heads, cfg.attention_bias
-    if not cfg.is_mla:
-        hd, kv = cfg.head_dim, cfg.num_key_value_heads
-        out = [(d, h * hd, b), (d, kv * hd, b), (d, kv * hd, b), (h * hd, d, b)]
-    else:
-        qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-        out = ([(d, h * qk, False)] if cfg.q_lora_rank is None
-               else [(d, cfg.q_lora_rank, b), (cfg.q_lora_rank, h * qk, False)])
-        out += [(d, cfg.kv_lora_rank + cfg.qk_rope_head_dim, b),
-                (cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), False), (h * cfg.v_head_dim, d, b)]
-    hidden = (cfg.intermediate_size if not cfg.is_moe_layer(layer_idx)
-              else cfg.moe_intermediate_size * cfg.n_shared_experts)
-    if hidden:
-        out += [(d, hidden, False), (d, hidden, False), (hidden, d, False)]
-    return out
-
-
 def fp8_matmul_params(cfg, recipe: str, include_mtp: bool = True, experts: bool = True) -> int:
-    """Weights one token multiplies with in FP8 under ``recipe``: the analytic twin of ``float8_targets``
-    (tests/test_float8.py holds them equal), for the planner's time model. ``experts`` as there."""
+    """Weights one token multiplies with in FP8 under ``recipe``: ``float8_targets`` counted on the shape
+    description instead of modules (tests/test_float8.py holds them equal), for the planner's time
+    model. ``experts`` as there."""
     if recipe == "none":
         return 0
-    multiple, total = RECIPE_MULTIPLE[recipe], 0
-    layers = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if include_mtp else 0)
-    for idx in range(layers):
-        for n_in, n_out, bias in _layer_linears(cfg, idx):
-            if n_in % multiple == 0 and n_out % multiple == 0 and not (bias and recipe == "blockwise"):
-                total += n_in * n_out
-        f = cfg.moe_intermediate_size
-        if (cfg.is_moe_layer(idx) and experts and recipe == "rowwise" and cfg.hidden_size % 16 == 0
-                and f % 16 == 0):
-            total += cfg.num_experts_per_tok * 3 * cfg.hidden_size * f
+    described, total = weights_by_path(cfg), 0
+    for w in described.values():
+        if w.block is None or (w.layer is None and not include_mtp):
+            continue
+        if w.kind == LINEAR and not _linear_kept(w, recipe):
+            total += w.matmul_params
+        elif w.kind == EXPERTS and _experts_convert(described[f"{w.path.rsplit('.', 1)[0]}.gate_up_proj"],
+                                                    recipe, experts):
+            total += w.matmul_params
     return total
 
 

@@ -11,7 +11,8 @@ then all up rows, so an F-split needs each rank to hold two separate row blocks,
 (``_StridedShard``) that DCP cannot save. Expert-sharding keeps state-dict names, full-tensor values,
 checkpoints and the layout-independent init unchanged; the price is that a rank's expert work follows
 the routing balance. The router is replicated; shared experts are column/row-wise like a dense MLP,
-their output left as a partial sum to add to the routed one.
+their output left as a partial sum to add to the routed one (the styles the shape description,
+``models/shapes.py``, gives them; ``tensor_parallel.py`` applies them).
 
 With expert parallelism over the tp ranks (``parallel.ep = tp × k``, torchtitan's "ETP=1"), the routed
 experts are already ``ExpertParallelExperts`` built with the tp mesh, which dispatch only this tp rank's
@@ -26,12 +27,12 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Placement, Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInputOutput, RowwiseParallel
+from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from seektrain.models.moe import GroupedExperts, MoE, grouped_swiglu
 from seektrain.parallel.expert_parallel import ExpertParallelExperts, shard_expert_weights
-from seektrain.parallel.tp_styles import LocalParams, SumGrad
+from seektrain.parallel.tp_styles import SumGrad
 
 
 class TensorParallelExperts(GroupedExperts):
@@ -81,14 +82,3 @@ class MoETensorParallel(ParallelStyle):
         if not isinstance(module.experts, ExpertParallelExperts):
             module.experts = TensorParallelExperts(module.experts, device_mesh)
         return self.layouts._apply(module, device_mesh)
-
-
-def moe_plan(moe: MoE, prefix: str, seq: Placement, sp: bool) -> dict:
-    """The ``parallelize_module`` plan of one MoE block."""
-    plan = {prefix: MoETensorParallel(seq, sp), f"{prefix}.gate": LocalParams()}
-    if moe.shared_experts is not None:
-        shared = f"{prefix}.shared_experts"
-        plan.update({f"{shared}.gate_proj": ColwiseParallel(), f"{shared}.up_proj": ColwiseParallel(),
-                     f"{shared}.down_proj": RowwiseParallel(output_layouts=Partial())})
-    return plan
-

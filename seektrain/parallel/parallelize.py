@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from seektrain.models.transformer import Transformer
+from seektrain.models.registry import family_of, is_family_model, model_blocks
 from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
 from seektrain.parallel.data_parallel import apply_ddp, apply_fsdp, fsdp_mixed_precision
 
@@ -47,7 +47,7 @@ class ParallelModel:
         return self.schedule is None or any(p.norm is not None for p in self.parts)
 
 
-def _parallelize_part(part: Transformer, plan, device: torch.device) -> None:
+def _parallelize_part(part: nn.Module, plan, device: torch.device) -> None:
     meshes = plan.meshes
     if plan.job.precision.fp8 != "none":
         from seektrain.parallel.float8 import apply_float8, fp8_grouped_gemm_supported
@@ -86,7 +86,7 @@ def _buffers_to(module: nn.Module, device: torch.device) -> None:
             sub._buffers[name] = buf.to(device)
 
 
-def _replicate_tensor_parallel(part: Transformer, dp_mesh) -> None:
+def _replicate_tensor_parallel(part: nn.Module, dp_mesh) -> None:
     """DDP for a tensor-parallel model. ``DistributedDataParallel`` cannot take DTensor parameters (its
     start-up broadcast has no DTensor rule), so FSDP2's replicate mode does the same job: no sharding,
     gradients averaged over ``dp_mesh`` per block during backward (like DDP's buckets), parameters
@@ -94,14 +94,15 @@ def _replicate_tensor_parallel(part: Transformer, dp_mesh) -> None:
     precision stays autocast's, as with DDP."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
-    for block in list(part.layers.values()) + list(getattr(part, "mtp", None) or []):
+    for block in model_blocks(part):
         replicate(block, mesh=dp_mesh)
     replicate(part, mesh=dp_mesh)
 
 
-def parallelize_model(model: Transformer, plan, device: torch.device, state_dict: dict | None = None,
+def parallelize_model(model: nn.Module, plan, device: torch.device, state_dict: dict | None = None,
                       loss_fn=None) -> ParallelModel:
-    """The parts of ``model`` (a plain model on the meta device) this rank trains under ``plan``.
+    """The parts of ``model`` (a plain model of a registered family, on the meta device) this rank trains
+    under ``plan``.
     ``state_dict`` (full tensors, e.g. from Hugging Face) replaces random init; ``loss_fn(output, labels)``
     is the pipeline schedule's loss."""
     if plan.pp == 1:
@@ -132,19 +133,23 @@ def parallelize_model(model: Transformer, plan, device: torch.device, state_dict
 class _PartsView(nn.Module):
     """Holds (does not copy) several pipeline parts' submodules under the whole model's names."""
 
-    def __init__(self, parts: list[Transformer]):
+    def __init__(self, parts: list[nn.Module]):
         super().__init__()
-        self.embed_tokens = self.norm = self.lm_head = self.mtp = None
-        self.layers = nn.ModuleDict()
-        for part in sorted(parts, key=lambda p: min((int(k) for k in p.layers.keys()), default=0)):
-            for key, layer in part.layers.items():
-                self.layers[key] = layer
-            for name in ("embed_tokens", "norm", "lm_head", "mtp"):
+        rules = family_of(parts[0]).pipeline
+        ends = rules.first + rules.last
+        for name in ends:
+            setattr(self, name, None)
+        merged = nn.ModuleDict()
+        setattr(self, rules.layers, merged)
+        for part in sorted(parts, key=lambda p: min((int(k) for k in getattr(p, rules.layers).keys()), default=0)):
+            for key, layer in getattr(part, rules.layers).items():
+                merged[key] = layer
+            for name in ends:
                 if getattr(part, name) is not None:
                     setattr(self, name, getattr(part, name))
 
 
-def _merged_view(parts: list[Transformer]) -> nn.Module:
+def _merged_view(parts: list[nn.Module]) -> nn.Module:
     return parts[0] if len(parts) == 1 else _PartsView(parts)
 
 
@@ -157,6 +162,6 @@ def load_full_state_dict(model: nn.Module, state_dict: dict) -> None:
     set_model_state_dict(model, subset, options=StateDictOptions(full_state_dict=True, strict=True))
 
 
-def unwrap(model: nn.Module) -> Transformer:
-    """The Transformer inside DDP (FSDP2 and checkpoint wrappers keep the module itself)."""
-    return model.module if hasattr(model, "module") and isinstance(model.module, Transformer) else model
+def unwrap(model: nn.Module) -> nn.Module:
+    """The family model (``Transformer``...) inside DDP (FSDP2 and checkpoint wrappers keep the module itself)."""
+    return model.module if hasattr(model, "module") and is_family_model(model.module) else model

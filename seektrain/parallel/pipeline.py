@@ -1,8 +1,9 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``: cut the model into this rank's stages and
 build the schedule (GPipe, 1F1B, interleaved 1F1B, zero-bubble V).
 
-A stage is the same ``Transformer`` with the layers it does not own deleted, and the embedding (first
-stage only) or the final norm, head and MTP modules (last stage only) set to ``None``; the model's own
+A stage is the same model (a ``Transformer``, or any registered family's module) with the layers it does
+not own deleted, and the embedding (first stage only) or the final norm, head and MTP modules (last stage
+only) set to ``None``, as its family's pipeline rules say (``models/registry.py``); the model's own
 forward skips what is missing. Parameter names — and so checkpoints — are those of the whole model.
 With MTP, the first stage also embeds the labels and the pipeline carries those embeddings to the last
 stage, where the MTP modules need them; their gradient flows back through the pipeline to the one
@@ -19,29 +20,30 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                                     ScheduleZBVZeroBubble)
 
-from seektrain.models.transformer import Transformer
+from seektrain.models.registry import family_of
 from seektrain.plan.pipeline_split import MULTI_STAGE, stage_ids
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B,
              "zbv": ScheduleZBVZeroBubble}
 
 
-def build_stage_model(model: Transformer, layers: list[int] | tuple[int, ...], first: bool,
-                      last: bool) -> Transformer:
-    """A copy of the (meta-device) model keeping only what one stage needs."""
+def build_stage_model(model: nn.Module, layers: list[int] | tuple[int, ...], first: bool,
+                      last: bool) -> nn.Module:
+    """A copy of the (meta-device) model keeping only what one stage needs, by its family's pipeline
+    rules (``models/registry.py``)."""
+    rules = family_of(model).pipeline
     stage = copy.deepcopy(model)
     keep = {str(i) for i in layers}
-    for key in list(stage.layers.keys()):
+    blocks = getattr(stage, rules.layers)
+    for key in list(blocks.keys()):
         if key not in keep:
-            del stage.layers[key]
-    if not first:
-        stage.embed_tokens = None
-    if not last:
-        stage.norm, stage.lm_head, stage.mtp = None, None, None
+            del blocks[key]
+    for name in (() if first else rules.first) + (() if last else rules.last):
+        setattr(stage, name, None)
     return stage
 
 
-def rank_stages(model: Transformer, plan, pp_rank: int) -> tuple[list[Transformer], list[int]]:
+def rank_stages(model: nn.Module, plan, pp_rank: int) -> tuple[list[nn.Module], list[int]]:
     """(stage models, global stage indices) that pipeline rank ``pp_rank`` runs under ``plan``."""
     n_stages = len(plan.pp_stage_layers)
     ids = stage_ids(pp_rank, plan.pp, plan.pp_stages_per_rank, plan.job.parallel.pp_schedule)

@@ -1,7 +1,8 @@
 """Tensor parallelism (TP) and sequence parallelism (SP), applied from outside to a plain ``Transformer``
 over a 1-D ``tp`` DeviceMesh (torchtitan's recipe, with torch.distributed.tensor.parallel).
 
-Plan (``seq`` is ``Shard(1)`` with sequence parallelism, else ``Replicate()``):
+Plan (``seq`` is ``Shard(1)`` with sequence parallelism, else ``Replicate()``); each weight's style is
+the one the shape description (``seektrain/models/shapes.py``) gives it, the block containers' here:
 
 - ``embed_tokens``: vocabulary-sharded (row-wise), output reduce-scattered to ``seq``.
 - norms (and MTP's ``eh_proj``): ``SequenceParallel`` (replicated weights, sequence-sharded activations).
@@ -19,16 +20,21 @@ FSDP on top, DCP checkpoints and gradient clipping see one kind of tensor.
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from seektrain.models.moe import MoE
-from seektrain.parallel.moe_tensor_parallel import moe_plan
+from seektrain.models.registry import family_of
+from seektrain.models.shapes import (COLWISE, REPLICATED, ROWWISE, ROWWISE_PARTIAL, SEQUENCE, VOCAB_EMBEDDING,
+                                     VOCAB_HEAD, weights_by_path)
+from seektrain.parallel.moe_tensor_parallel import MoETensorParallel
 from seektrain.parallel.tp_styles import LocalParams, SumGrad
 
 
@@ -51,68 +57,72 @@ def _norm_style(sp: bool) -> ParallelStyle:
     return SequenceParallel() if sp else LocalParams()
 
 
-def _attention_plan(attn: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: DeviceMesh) -> dict:
-    plan = {prefix: PrepareModuleInput(input_layouts=(seq, None, None),
-                                       desired_input_layouts=(Replicate(), None, None), use_local_output=True),
-            f"{prefix}.o_proj": RowwiseParallel(output_layouts=seq, use_local_output=not sp)}
-    if not hasattr(attn, "kv_b_proj"):  # grouped-query attention: whole heads per rank
-        for name in ("q_proj", "k_proj", "v_proj"):
-            plan[f"{prefix}.{name}"] = ColwiseParallel()
-        return plan
-    # MLA: the low-rank projections are replicated; the up-projections are sharded by head.
-    for name in ("q_proj", "q_b_proj", "kv_b_proj"):
-        if hasattr(attn, name):
-            plan[f"{prefix}.{name}"] = ColwiseParallel()
-    for name in ("q_a_proj", "q_a_layernorm", "kv_a_proj_with_mqa", "kv_a_layernorm"):
-        if hasattr(attn, name):
-            plan[f"{prefix}.{name}"] = LocalParams()
-    # The decoupled RoPE key (the last columns of kv_a_proj_with_mqa's output) is shared by all heads:
-    # each rank's heads contribute only part of its gradient.
-    group, start = mesh.get_group(), attn.kv_lora_rank
-    attn.kv_a_proj_with_mqa.register_forward_hook(lambda mod, inp, out: SumGrad.apply(out, group, start))
+# The ParallelStyle of each TP style of the shape description (models/shapes.py), given (seq, sp).
+# Routed experts (``expert``) have none: the MoE block's style replaces them (moe_tensor_parallel.py).
+_LEAF_STYLES = {
+    COLWISE: lambda seq, sp: ColwiseParallel(),
+    ROWWISE: lambda seq, sp: RowwiseParallel(output_layouts=seq, use_local_output=not sp),
+    ROWWISE_PARTIAL: lambda seq, sp: RowwiseParallel(output_layouts=Partial()),
+    REPLICATED: lambda seq, sp: LocalParams(),
+    SEQUENCE: lambda seq, sp: _norm_style(sp),
+    VOCAB_EMBEDDING: lambda seq, sp: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq,
+                                                     use_local_output=not sp),
+    VOCAB_HEAD: lambda seq, sp: ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False),
+}
+
+
+def _has(model: nn.Module, path: str) -> bool:
+    """Whether ``model`` (possibly a pipeline stage, with parts deleted or ``None``) holds ``path``."""
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _block_plan(block: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: DeviceMesh) -> dict:
+    """The styles of one decoder block's containers: attention and the MLP take the all-gathered input
+    (an MoE block: ``MoETensorParallel``); its leaves' styles come from the shape description."""
+    gather = dict(input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True)
+    plan = {f"{prefix}.self_attn": PrepareModuleInput(input_layouts=(seq, None, None),
+                                                      desired_input_layouts=(Replicate(), None, None),
+                                                      use_local_output=True),
+            f"{prefix}.mlp": MoETensorParallel(seq, sp) if isinstance(block.mlp, MoE) else PrepareModuleInput(**gather)}
+    attn = block.self_attn
+    if hasattr(attn, "kv_a_proj_with_mqa"):
+        # MLA: the decoupled RoPE key (the last columns of kv_a_proj_with_mqa's output) is shared by all
+        # heads: each rank's heads contribute only part of its gradient.
+        group, start = mesh.get_group(), attn.kv_lora_rank
+        attn.kv_a_proj_with_mqa.register_forward_hook(lambda mod, inp, out: SumGrad.apply(out, group, start))
     return plan
 
 
-def _swiglu_plan(prefix: str, output: Placement, use_local_output: bool) -> dict:
-    return {f"{prefix}.gate_proj": ColwiseParallel(), f"{prefix}.up_proj": ColwiseParallel(),
-            f"{prefix}.down_proj": RowwiseParallel(output_layouts=output, use_local_output=use_local_output)}
-
-
-def _layer_plan(layer: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: DeviceMesh) -> dict:
-    plan = {f"{prefix}.input_layernorm": _norm_style(sp), f"{prefix}.post_attention_layernorm": _norm_style(sp)}
-    plan.update(_attention_plan(layer.self_attn, f"{prefix}.self_attn", seq, sp, mesh))
-    if isinstance(layer.mlp, MoE):
-        plan.update(moe_plan(layer.mlp, f"{prefix}.mlp", seq, sp))
-    else:
-        plan[f"{prefix}.mlp"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),),
-                                                   use_local_output=True)
-        plan.update(_swiglu_plan(f"{prefix}.mlp", seq, use_local_output=not sp))
+def transformer_tp_plan(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> dict[str, ParallelStyle]:
+    """The ``parallelize_module`` plan of a ``Transformer`` (or a pipeline stage of one): the block
+    containers' styles, then one style per described weight the model holds (``models/shapes.py``)."""
+    seq = Shard(1) if sp else Replicate()
+    plan: dict[str, ParallelStyle] = {}
+    for name, layer in model.layers.items():
+        plan.update(_block_plan(layer, f"layers.{name}", seq, sp, tp_mesh))
+    for k, mtp in enumerate(getattr(model, "mtp", None) or []):
+        plan.update(_block_plan(mtp.block, f"mtp.{k}.block", seq, sp, tp_mesh))
+    for weight in weights_by_path(model.cfg).values():
+        if weight.tp in _LEAF_STYLES and _has(model, weight.path):
+            plan[weight.path] = _LEAF_STYLES[weight.tp](seq, sp)
     return plan
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = True) -> None:
     """Shard ``model`` (a ``Transformer``, possibly a pipeline stage with some pieces ``None``) over the 1-D
-    ``tp_mesh``, in place. Call on the meta-device model before FSDP, ``to_empty`` and ``init_weights``;
+    ``tp_mesh``, in place, by the plan its family's TP plan builder makes (``models/registry.py``). Call on
+    the meta-device model before FSDP, ``to_empty`` and ``init_weights``;
     compute the loss under ``RunPlan.loss_context()``. The run plan has checked that every sharded
     dimension divides (seektrain/plan/layout_checks.py)."""
     if tp_mesh.size() == 1:
         return
-    sp = sequence_parallel
-    seq = Shard(1) if sp else Replicate()
-    plan: dict[str, ParallelStyle] = {}
-    if model.embed_tokens is not None:
-        plan["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq,
-                                               use_local_output=not sp)
-    for name, layer in model.layers.items():
-        plan.update(_layer_plan(layer, f"layers.{name}", seq, sp, tp_mesh))
-    if model.norm is not None:
-        plan["norm"] = _norm_style(sp)
-        plan["lm_head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
-    for k, mtp in enumerate(getattr(model, "mtp", None) or []):
-        for name in ("enorm", "hnorm", "eh_proj", "norm"):
-            plan[f"mtp.{k}.{name}"] = _norm_style(sp)
-        plan.update(_layer_plan(mtp.block, f"mtp.{k}.block", seq, sp, tp_mesh))
-    parallelize_module(model, tp_mesh, plan)
+    module, _, function = family_of(model).tp_plan.partition(":")
+    build_plan = getattr(importlib.import_module(module), function)
+    parallelize_module(model, tp_mesh, build_plan(model, tp_mesh, sequence_parallel))
     if model.cfg.tie_word_embeddings and model.embed_tokens is not None and model.norm is not None:
         model.lm_head.weight = model.embed_tokens.weight  # both vocabulary-sharded: Shard(0)
     _reduce_partial_grads(model)

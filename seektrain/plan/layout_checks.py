@@ -10,6 +10,7 @@ from __future__ import annotations
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import ParallelSection
 from seektrain.models.config import ModelConfig
+from seektrain.models.shapes import weights_by_path
 from seektrain.plan.pipeline_split import MULTI_STAGE, split_layers, stages_per_rank
 
 
@@ -76,22 +77,14 @@ def check_float8(recipe: str, tp: int) -> None:
 
 
 def tp_error(cfg: ModelConfig, tp: int) -> str | None:
-    """Why the model's sharded dimensions do not divide by ``tp`` (one line), or None."""
+    """Why the model's sharded dimensions do not divide by ``tp`` (one line), or None: each weight TP
+    splits (``models/shapes.py``) is cut into whole pieces of its ``tp_unit`` (heads, the vocabulary, MLP
+    features, experts), so ``tp`` must divide every unit count."""
     if tp == 1:
         return None
-    checks = [("num_attention_heads", cfg.num_attention_heads), ("vocab_size", cfg.vocab_size)]
-    if not cfg.is_mla:
-        checks.append(("num_key_value_heads", cfg.num_key_value_heads))
-    n_layers = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
-    if any(not cfg.is_moe_layer(i) for i in range(n_layers)):
-        checks.append(("intermediate_size", cfg.intermediate_size))
-    if cfg.is_moe:
-        checks.append(("n_routed_experts", cfg.n_routed_experts))
-        if cfg.n_shared_experts:
-            checks.append(("moe_intermediate_size × n_shared_experts",
-                           cfg.moe_intermediate_size * cfg.n_shared_experts))
-    for what, size in checks:
-        if size % tp:
+    for weight in weights_by_path(cfg).values():
+        if weight.tp_unit and weight.tp_unit[1] % tp:
+            what, size = weight.tp_unit
             return f"parallel.tp={tp} does not divide {what}={size} of model {cfg.name!r}: choose a tp that divides it"
     return None
 

@@ -4,7 +4,8 @@ device's memory.
 Two kinds of items:
 
 - **State** (parameters, gradients, AdamW moments) is predicted exactly, by applying the layout rules of
-  ``seektrain.parallel`` to the parameter shapes of the meta-device model: the pipeline keeps a stage's
+  ``seektrain.parallel`` to the parameter shapes and TP styles of the model's shape description
+  (``seektrain/models/shapes.py``): the pipeline keeps a stage's
   layers (embedding on the first stage, norm/head/MTP on the last); tensor parallelism shards
   column-wise weights on dim 0 and row-wise ones on dim 1, routed experts by expert; expert parallelism
   splits experts over ``ep``; FSDP2 then cuts dim 0 of each local tensor into ``torch.chunk`` pieces
@@ -23,12 +24,11 @@ import json
 from dataclasses import dataclass
 
 from seektrain.models.config import ModelConfig
+from seektrain.models.shapes import EXPERTS, model_weights
 from seektrain.plan.pipeline_split import stage_ids
 
 FP32 = 4
 FRAGMENTATION = 0.05  # share of the tensor peak lost to allocator fragmentation (an allowance)
-_COLWISE = ("q_proj", "k_proj", "v_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj")
-_ROWWISE = ("o_proj", "down_proj")
 
 
 # ----------------------------------------------------------------------------- parameter shapes
@@ -42,37 +42,16 @@ class ParamSpec:
     expert: bool  # a routed-expert weight (sharded by expert under TP or EP)
 
 
-def _tp_dim(name: str) -> int | None:
-    module = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else name
-    if name in ("embed_tokens.weight", "lm_head.weight"):
-        return 0
-    if name.startswith("mtp.") and ".block." not in name:
-        return None  # enorm, hnorm, eh_proj, norm: replicated (SequenceParallel)
-    if module in _COLWISE:
-        return 0
-    if module in _ROWWISE and name.endswith(".weight"):
-        return 1
-    return None
-
-
 @functools.lru_cache(maxsize=16)
 def _specs_cached(cfg_json: str) -> tuple[ParamSpec, ...]:
-    from seektrain.models.transformer import build_model
-
-    model = build_model(ModelConfig.from_dict(json.loads(cfg_json)), device="meta")
-    specs = []
-    for name, p in model.named_parameters():
-        expert = ".experts." in name
-        if name.startswith("layers."):
-            layer, part = int(name.split(".")[1]), "layer"
-        else:
-            layer, part = None, "embed" if name.startswith("embed_tokens") else "head"
-        specs.append(ParamSpec(name, tuple(p.shape), layer, part, 0 if expert else _tp_dim(name), expert))
-    return tuple(specs)
+    weights = model_weights(ModelConfig.from_dict(json.loads(cfg_json)))
+    return tuple(ParamSpec(name, shape, w.layer, w.part, tp_dim, w.kind == EXPERTS)
+                 for w in weights for name, shape, tp_dim in w.params())
 
 
 def param_specs(cfg: ModelConfig) -> tuple[ParamSpec, ...]:
-    """Every parameter of the model (MTP included) with its shape; builds the model on the meta device once."""
+    """Every parameter of the model (MTP included) with its shape and the dimension TP shards, from the
+    model's shape description (``seektrain/models/shapes.py``; nothing is built)."""
     return _specs_cached(json.dumps(cfg.to_dict(), sort_keys=True))
 
 

@@ -1,0 +1,123 @@
+"""Model families by name: everything the trainer, the planner and ``seektrain.parallel`` need to know of a
+kind of model, in one entry.
+
+A family is its config class and the ``arch`` values (== Hugging Face ``model_type``) it builds, the
+``config.json`` architecture names it reads, its module class, its shape description (every weight, its
+TP style and dtype policy: ``models/shapes.py``), the TP plan builder that turns a built model into a
+``parallelize_module`` plan, and its pipeline rules (which parts a pipeline stage keeps). Code outside
+``models/`` asks this registry (``family_for(cfg)``, ``family_of(model)``) instead of naming a class, so a
+new family is one folder plus one entry here; docs/architecture.md, "How to add a model family", lists
+what the entry must provide.
+
+The TP plan builder is named by its import path (``module:function``) rather than imported: models know
+nothing of parallelism, ``seektrain.parallel`` resolves it (``parallel/tensor_parallel.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from seektrain.models import shapes
+from seektrain.models.config import ARCHITECTURES, ModelConfig
+from seektrain.models.hf_config import ARCH_BY_HF
+from seektrain.models.kernels import Kernels
+from seektrain.models.transformer import Transformer, keep_fp32_buffers
+
+
+@dataclass(frozen=True)
+class PipelineRules:
+    """How a pipeline stage is cut from a model (``parallel/pipeline.py``): the decoder blocks live in the
+    ``ModuleDict`` ``layers`` keyed by global index, a stage keeps its own; ``first`` parts only on the
+    first stage, ``last`` parts only on the last (set to ``None`` elsewhere; the forward skips them).
+    ``blocks``: the containers of repeated blocks, each block its own FSDP and compile unit."""
+
+    layers: str
+    first: tuple[str, ...]
+    last: tuple[str, ...]
+    blocks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    config_class: type
+    archs: tuple[str, ...]  # the config's ``arch`` values; also the Hugging Face ``model_type``
+    hf_architectures: tuple[str, ...]  # config.json ``architectures`` names (models/hf_config.py)
+    module_class: type[nn.Module]  # ``module_class(cfg, kernels)``; has ``cfg`` and ``init_weights(seed)``
+    weights: Callable[[ModelConfig], dict]  # cfg -> {path: shapes.Weight}, every weight of the model
+    tp_plan: str  # "module:function": (model, tp_mesh, sequence_parallel) -> parallelize_module plan
+    pipeline: PipelineRules
+    keep_fp32: Callable[[nn.Module], None]  # after a cast to a low dtype: restore what must stay fp32
+
+
+FAMILIES: dict[str, ModelFamily] = {
+    "deepseek": ModelFamily(
+        name="deepseek", config_class=ModelConfig, archs=ARCHITECTURES, hf_architectures=tuple(ARCH_BY_HF),
+        module_class=Transformer, weights=shapes.weights_by_path,
+        tp_plan="seektrain.parallel.tensor_parallel:transformer_tp_plan",
+        pipeline=PipelineRules(layers="layers", first=shapes.FIRST_STAGE, last=shapes.LAST_STAGE,
+                               blocks=("layers", "mtp")),
+        keep_fp32=keep_fp32_buffers),
+}
+
+
+def get_family(name: str) -> ModelFamily:
+    if name not in FAMILIES:
+        raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def family_for(cfg) -> ModelFamily:
+    """The family that builds ``cfg`` (by its config class and ``arch``)."""
+    for family in FAMILIES.values():
+        if isinstance(cfg, family.config_class) and cfg.arch in family.archs:
+            return family
+    known = ", ".join(a for f in FAMILIES.values() for a in f.archs)
+    raise ValueError(f"model config {getattr(cfg, 'name', '?')!r}: no model family builds arch={cfg.arch!r} "
+                     f"(known: {known})")
+
+
+def family_of(model: nn.Module) -> ModelFamily:
+    """The family whose module class ``model`` (a whole model or a pipeline stage of one) is; the most
+    derived one when a family's module class subclasses another's."""
+    for cls in type(model).__mro__:
+        for family in FAMILIES.values():
+            if family.module_class is cls:
+                return family
+    raise TypeError(f"{type(model).__name__} is not the module class of a registered model family")
+
+
+def is_family_model(model: nn.Module) -> bool:
+    return any(isinstance(model, f.module_class) for f in FAMILIES.values())
+
+
+def model_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of ``model`` (a whole model or a pipeline stage), in order: the units FSDP
+    shards and ``train.compile`` compiles one by one."""
+    out: list[nn.Module] = []
+    for name in family_of(model).pipeline.blocks:
+        container = getattr(model, name, None)
+        out += list(container.values() if isinstance(container, nn.ModuleDict) else container or [])
+    return out
+
+
+def build_model(cfg, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                init: bool = True, seed: int = 0, kernels: Kernels | None = None) -> nn.Module:
+    """The model of ``cfg``'s family on ``device`` ("meta" costs no memory for any size; call
+    ``init_weights`` after ``to_empty``). ``kernels``: the platform's
+    (``seektrain.platform.policy_for(device).model_kernels()``) for training; the default, plain ones
+    count FLOPs exactly and serve as the reference."""
+    family = family_for(cfg)
+    cfg.validate()
+    with torch.device(device):
+        model = family.module_class(cfg, kernels)
+    if dtype != torch.float32:
+        model.to(dtype)
+        family.keep_fp32(model)
+    if init and torch.device(device).type != "meta":
+        model.init_weights(seed)
+    return model

@@ -1,0 +1,71 @@
+"""The model-family registry (models/registry.py): every preset is the DeepSeek family's, lookups fail in one
+line, and a second family registered with its own entry is what build_model, the pipeline split and the
+FSDP/compile block list use, with no other file changed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from seektrain.models import registry
+from seektrain.models.config import ModelConfig
+from seektrain.models.presets import PRESETS, get_preset
+from seektrain.models.transformer import Transformer
+from seektrain.models.transformer import build_model as historical_build_model
+from seektrain.parallel.pipeline import build_stage_model
+
+
+def test_every_preset_is_the_deepseek_family():
+    for name in PRESETS:
+        assert registry.family_for(get_preset(name)) is registry.get_family("deepseek")
+    family = registry.get_family("deepseek")
+    assert set(family.archs) == {"llama", "deepseek_v2", "deepseek_v3"}
+    assert "DeepseekV3ForCausalLM" in family.hf_architectures
+    model = historical_build_model(get_preset("tiny-v3"), device="meta")
+    assert type(model) is Transformer and registry.family_of(model) is family
+
+
+def test_lookups_fail_in_one_line():
+    with pytest.raises(ValueError, match="unknown model family 'mamba'; known: deepseek"):
+        registry.get_family("mamba")
+    with pytest.raises(ValueError, match="no model family builds arch='mamba'"):
+        registry.family_for(get_preset("tiny-dense").replace(arch="mamba"))
+    with pytest.raises(TypeError, match="Linear is not the module class"):
+        registry.family_of(torch.nn.Linear(2, 2))
+
+
+@dataclasses.dataclass
+class ToyConfig(ModelConfig):
+    """A second family's config: DeepSeek's fields under arch 'toy'."""
+
+    def validate(self) -> "ToyConfig":
+        ModelConfig.validate(dataclasses.replace(self, arch="llama"))
+        return self
+
+
+class ToyModel(Transformer):
+    """A second family's module class."""
+
+
+def test_a_second_family_is_one_entry(monkeypatch):
+    cast = []
+    deepseek = registry.get_family("deepseek")
+    toy = dataclasses.replace(
+        deepseek, name="toy", config_class=ToyConfig, archs=("toy",), module_class=ToyModel,
+        pipeline=dataclasses.replace(deepseek.pipeline, first=()),  # toy stages all keep the embedding
+        keep_fp32=lambda model: cast.append(type(model).__name__))
+    monkeypatch.setitem(registry.FAMILIES, "toy", toy)
+    cfg = ToyConfig(**{**dataclasses.asdict(get_preset("tiny-dense")), "arch": "toy", "rope_scaling": None})
+
+    model = historical_build_model(cfg, device="meta", dtype=torch.bfloat16)
+    assert type(model) is ToyModel and registry.family_of(model) is toy and cast == ["ToyModel"]
+    stage = build_stage_model(model, [1], first=False, last=False)
+    assert stage.embed_tokens is not None and stage.norm is None and list(stage.layers) == ["1"]
+    deepseek_stage = build_stage_model(registry.build_model(get_preset("tiny-dense"), device="meta"), [1],
+                                       first=False, last=False)
+    assert deepseek_stage.embed_tokens is None
+    monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(toy, pipeline=dataclasses.replace(
+        toy.pipeline, blocks=("layers",))))
+    assert registry.model_blocks(model) == list(model.layers.values())
