@@ -104,10 +104,65 @@ def initial_weights(model_config_json: str, seed: int) -> tuple[dict[str, torch.
 def run_layout(run_dir: Path, model: str, nproc: int, *overrides: str, global_batch: int = 4,
                steps: int = 5) -> Run:
     """A ``steps``-step run of ``model`` with the tiny settings and ``LAYOUT_SETTINGS`` on ``nproc``
-    ranks (``checkpoint.interval=0`` still writes the final checkpoint that ``Run.weights`` reads)."""
+    ranks (``checkpoint.interval=0`` still writes the final checkpoint that ``Run.weights`` reads),
+    which trained the layout it asked for (``assert_layout_ran``)."""
     train(run_dir, *LAYOUT_SETTINGS, f"train.steps={steps}", f"model.preset={model}",
           f"train.global_batch_size={global_batch}", *overrides, nproc=nproc, timeout=600)
-    return Run(Path(run_dir), metrics(run_dir))
+    run = Run(Path(run_dir), metrics(run_dir))
+    assert_layout_ran(run, nproc)
+    return run
+
+
+def expected_layout(parallel: dict, nproc: int) -> dict:
+    """What ``summary.json``'s ``layout_ran`` must hold on rank 0 for the run's ``[parallel]`` config
+    section on ``nproc`` ranks (seektrain/parallel/layout_record.py describes the keys)."""
+    pp, rep, tp, ep = parallel["pp"], parallel["dp_replicate"], parallel["tp"], parallel["ep"]
+    shard = parallel["dp_shard"] if parallel["dp_shard"] != -1 else nproc // (pp * rep * tp)
+    dp = rep * shard
+    if parallel["data_parallel"] == "fsdp" and (dp > 1 or parallel["cpu_offload"]):
+        kind = "hsdp" if rep > 1 else "fsdp"
+    elif parallel["data_parallel"] == "ddp" and dp > 1:
+        kind = "replicate" if tp > 1 else "ddp"
+    else:
+        kind = "none"
+    want = {"mesh": {"pp": pp, "dp_replicate": rep, "dp_shard": shard, "tp": tp}, "data_parallel": kind,
+            "shard_group_size": shard if kind in ("fsdp", "hsdp") else 1,
+            "replicate_group_size": {"hsdp": rep, "replicate": rep, "ddp": dp}.get(kind, 1), "tp": tp, "ep": ep}
+    if pp > 1:
+        from seektrain.parallel.pipeline import SCHEDULES
+
+        want["pp_schedule"] = SCHEDULES[parallel["pp_schedule"]].__name__
+    else:
+        want.update(pp_stages=[0], pp_schedule=None)
+    return want
+
+
+def assert_layout_ran(run: Run, nproc: int) -> None:
+    """The layout the run recorded from its parallelised objects (``summary.json``, ``layout_ran``) is
+    the one its config asked for: mesh, data-parallel wrapper and group sizes, tensor-parallel
+    shards, experts per rank and all-to-alls, pipeline stages and schedule. A layout that silently
+    fell back (EP not applied, HSDP as plain FSDP, TP×EP as TP alone) fails here even where its
+    numbers pass ``assert_same_run``."""
+    from seektrain.plan.pipeline_split import MULTI_STAGE
+
+    ran = json.loads((run.dir / "summary.json").read_text())["layout_ran"]
+    parallel = run.config["parallel"]
+    n_experts = json.loads((run.dir / "model_config.json").read_text())["n_routed_experts"]
+    want = expected_layout(parallel, nproc)
+    got = {k: ran[k] for k in want}
+    assert got == want, f"the run trained another layout than it asked for: got {got}, want {want}"
+    assert (ran["fsdp_units"] > 0) == (want["data_parallel"] in ("fsdp", "hsdp", "replicate")), ran
+    assert (ran["tp_sharded_params"] > 0) == (want["tp"] > 1), ran
+    if want["mesh"]["pp"] > 1:
+        assert ran["pp_stages"][0] == 0 and (len(ran["pp_stages"]) > 1) == (parallel["pp_schedule"] in MULTI_STAGE), ran
+    if n_experts:
+        split = want["ep"] if want["ep"] > 1 else want["tp"]
+        assert ran["experts_per_rank"] == n_experts // split and ran["moe_layers"] > 0, ran
+        assert ran["ep_layers"] == (ran["moe_layers"] if want["ep"] > 1 else 0), ran
+    if want["ep"] > 1:  # each layer exchanges counts, slots and results forward, slots and results backward
+        assert ran["all_to_all_per_step"] >= 5 * ran["ep_layers"], ran
+    else:
+        assert ran["all_to_all_per_step"] == 0, ran
 
 
 def groups(name: str, tensor: torch.Tensor, per_expert: bool = True) -> list[tuple[str, torch.Tensor]]:
