@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import tomllib
 import warnings
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ import torch
 from run_cli import metrics, train
 
 # lr 3e-2: with eps=1 the step is ~lr × gradient, 10x the default lr keeps the loss falling visibly.
+TOLERANCE_LOG = "LAYOUT_TOLERANCE_LOG"  # a file: each comparison appends its measured differences
 LAYOUT_SETTINGS = ("optim.eps=1.0", "optim.weight_decay=0", "train.grad_clip=0", "optim.lr=3e-2")
 
 
@@ -40,7 +42,7 @@ class Tolerance:
     loss_rel: float = 1e-4
     loss_abs: float = 1e-4
     grad_norm_rel: float = 1e-4
-    param_rtol: float = 1e-2  # |Δgot − Δwant| / |Δwant| per group; a 2x error in a group gives ~1
+    param_rtol: float = 2e-3  # |Δgot − Δwant| / |Δwant| per group; a 2x error in a group gives ~1
     param_atol: float = 1e-6  # groups that do not move (gradient below fp32 resolution of the weight)
     buffer_atol: float = 1e-6  # the balancing biases (steps of train.bias_update_speed)
     same_balance: bool = True  # the per-step expert_imbalance statistic is equal
@@ -48,6 +50,7 @@ class Tolerance:
 
 
 FP32 = Tolerance()
+EXACT = Tolerance(loss_rel=0, loss_abs=0, grad_norm_rel=0, param_rtol=0, param_atol=0, buffer_atol=0)
 # Under bf16 autocast a parallel layout rounds at other points than one process and routing flips near
 # ties, so a rarely chosen expert's change can differ by ~90% (tiny-v3, TP=2): only whole tensors are
 # compared (measured <= 15%), and the loss and norm within 2e-2 (measured 3e-4 and 0.2%).
@@ -149,8 +152,8 @@ def assert_layout_ran(run: Run, nproc: int) -> None:
     parallel = run.config["parallel"]
     n_experts = json.loads((run.dir / "model_config.json").read_text())["n_routed_experts"]
     want = expected_layout(parallel, nproc)
-    got = {k: ran[k] for k in want}
-    assert got == want, f"the run trained another layout than it asked for: got {got}, want {want}"
+    wrong = [f"{k} ran {ran[k]!r}, asked {v!r}" for k, v in want.items() if ran[k] != v]
+    assert not wrong, f"the run trained another layout than it asked for: {'; '.join(wrong)} (recorded: {ran})"
     assert (ran["fsdp_units"] > 0) == (want["data_parallel"] in ("fsdp", "hsdp", "replicate")), ran
     assert (ran["tp_sharded_params"] > 0) == (want["tp"] > 1), ran
     if want["mesh"]["pp"] > 1:
@@ -199,6 +202,23 @@ def weight_mismatches(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor
     return problems
 
 
+def measured_differences(got: Run, want: Run, tol: Tolerance) -> dict:
+    """The largest differences between two runs, as ``tol``'s fields measure them: loss and gradient
+    norm (relative), and |Δgot − Δwant| / |Δwant| over the parameter groups that moved by more than
+    ``tol.param_atol``."""
+    initial, param_names = want.initial
+    worst, where = 0.0, None
+    for name in sorted(param_names):
+        for (label, g), (_, w), (_, w0) in zip(*(groups(name, t[name], tol.per_expert)
+                                                 for t in (got.weights, want.weights, initial))):
+            change = (w - w0).norm().item()
+            if change > tol.param_atol and (g - w).norm().item() / change > worst:
+                worst, where = (g - w).norm().item() / change, label
+    rel = [abs(a - b) / abs(b) for a, b in zip(got.losses, want.losses)]
+    norms = [abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(got.metrics, want.metrics)]
+    return {"loss_rel": max(rel), "grad_norm_rel": max(norms), "param_rel": worst, "param_group": where}
+
+
 def assert_same_run(got: Run, want: Run, tol: Tolerance = FP32) -> None:
     """``got`` is the computation of ``want``: same losses, gradient norms, balancing statistics,
     parameters and buffers after the steps (see the module docstring for why all of them)."""
@@ -214,5 +234,8 @@ def assert_same_run(got: Run, want: Run, tol: Tolerance = FP32) -> None:
         else:  # rank 0 logs the worst MoE layer of its own stages, a subset of the model's layers
             assert all(g <= w for g, w in zip(got_imbalance, want_imbalance)), (got_imbalance, want_imbalance)
     initial, param_names = want.initial
+    if os.environ.get(TOLERANCE_LOG):  # how the tolerances were measured (docs/parallelism.md)
+        with open(os.environ[TOLERANCE_LOG], "a") as log:
+            log.write(json.dumps({"run": str(got.dir), **measured_differences(got, want, tol)}) + "\n")
     problems = weight_mismatches(got.weights, want.weights, initial, param_names, tol)
     assert not problems, f"{len(problems)} parameter groups differ from one process:\n" + "\n".join(problems[:20])

@@ -24,7 +24,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from seektrain.models.moe import GroupedExperts
 
-DATA_PARALLEL_DIMS = ("dp_shard", "dp_shard_mod_ep", "dp_replicate")
+# "dp": every data-parallel rank, flattened (FSDP over it shards over all of them)
+DATA_PARALLEL_DIMS = ("dp", "dp_shard", "dp_shard_mod_ep", "dp_replicate")
 
 
 def _data_parallel_sizes(model: nn.Module) -> tuple[int, int]:
