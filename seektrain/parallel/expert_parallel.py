@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor, Shard
 from seektrain.models.moe import GroupedExperts, MoE, count_slots, grouped_swiglu
 from seektrain.parallel.tp_styles import SumGrad
 
-_all_to_all_calls = 0  # all-to-alls this process has issued (forward, backward, counts), for the run record
+_all_to_all_calls = 0  # all-to-alls this process has issued (forward, backward, counts): the run record
 
 
 def all_to_all_calls() -> int:

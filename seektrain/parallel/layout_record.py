@@ -12,7 +12,8 @@ or ``replicate``: FSDP2's replicate mode under tensor parallelism), ``fsdp_units
 ``shard_group_size`` / ``replicate_group_size`` (the data-parallel ranks a non-expert parameter is
 sharded / replicated over), ``tp`` (size of the ``tp`` mesh dimension parameters are sharded on, 1 if
 none) and ``tp_sharded_params``, ``ep``, ``experts_per_rank`` (experts each rank computes; absent for a dense
-model), ``moe_layers`` and ``ep_layers`` (MoE layers on this rank, and how many are expert-parallel), ``pp_stages`` (this rank's pipeline stages) and ``pp_schedule`` (the schedule's class).
+model), ``moe_layers`` and ``ep_layers`` (MoE layers on this rank, and how many are expert-parallel),
+``pp_stages`` (this rank's pipeline stages) and ``pp_schedule`` (the schedule's class).
 """
 
 from __future__ import annotations
