@@ -487,8 +487,9 @@ def test_rowwise_under_tensor_parallel_and_fsdp_matches_one_process(tmp_path, cp
     for name in LAYOUTS:
         run = got[name]
         assert run["fp8_linears"] == len(float8_targets(_meta_of(MLA_DENSE), "rowwise", False).linears) > 0, name
-        assert run["losses"] == pytest.approx(want["losses"], rel=FP8_TOL.loss_rel), (name, run["losses"], want["losses"])
         problems = gradient_mismatches(run["grads"], want["grads"], FP8_GRAD_RTOL)
+        if run["losses"] != pytest.approx(want["losses"], rel=FP8_TOL.loss_rel):
+            problems.append(f"losses {run['losses']}, one process {want['losses']}")
         problems += weight_mismatches(run["params"], want["params"], initial, frozenset(initial), FP8_TOL)
         assert not problems, f"{name}: {len(problems)} differ from one process:\n" + "\n".join(problems[:20])
     for rank in range(2):

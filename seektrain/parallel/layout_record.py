@@ -29,6 +29,12 @@ from seektrain.models.moe import GroupedExperts
 DATA_PARALLEL_DIMS = ("dp", "dp_shard", "dp_shard_mod_ep", "dp_replicate")
 
 
+def _shards(placement) -> bool:
+    """``Shard``, or the ``_StridedShard`` FSDP places on a dimension tensor parallelism already shards
+    (which torch 2.13's ``is_shard()`` does not count)."""
+    return not (placement.is_replicate() or placement.is_partial())
+
+
 def _data_parallel_sizes(model: nn.Module) -> tuple[int, int]:
     """(shard, replicate) sizes over the data-parallel mesh dimensions of the first non-expert DTensor
     parameter: FSDP shards it on ``dp_shard``, HSDP and replicate mode replicate it on ``dp_replicate``."""
@@ -40,10 +46,10 @@ def _data_parallel_sizes(model: nn.Module) -> tuple[int, int]:
         for dim, placement in zip(mesh.mesh_dim_names or (), param.placements):
             if dim in DATA_PARALLEL_DIMS:
                 size = mesh.size(mesh.mesh_dim_names.index(dim))
-                if placement.is_shard():
-                    shard *= size
-                elif placement.is_replicate():
+                if placement.is_replicate():
                     replicate *= size
+                elif _shards(placement):
+                    shard *= size
         return shard, replicate
     return 1, 1
 
@@ -56,7 +62,7 @@ def _tensor_parallel(model: nn.Module) -> tuple[int, int]:
             continue
         mesh = param.device_mesh
         i = mesh.mesh_dim_names.index("tp")
-        if param.placements[i].is_shard():
+        if _shards(param.placements[i]):
             degree, count = max(degree, mesh.size(i)), count + 1
     return degree, count
 
