@@ -33,8 +33,8 @@ _all_to_all_calls = 0  # all-to-alls this process has issued (forward, backward,
 
 def all_to_all_calls() -> int:
     """How many expert-parallel all-to-alls this process has issued so far. A plain Python counter,
-    bumped where each one is issued (no device sync): the trainer's per-step difference goes into
-    ``summary.json`` (seektrain/parallel/layout_record.py), so a run whose experts never left the rank shows 0."""
+    bumped where each one is issued (no device sync): the run monitor's per-step difference goes into
+    ``summary.json`` (``layout_ran``), so a run whose experts never left the rank shows 0."""
     return _all_to_all_calls
 
 
