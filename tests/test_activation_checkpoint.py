@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compare_runs import assert_same_run, run_layout
+from compare_runs import EXACT, assert_same_run, run_layout
 from test_float8 import cpu_fp8  # noqa: F401 (fixture)
 
 from seektrain.config.loader import ConfigError, load_config
@@ -17,8 +17,10 @@ SELECTIVE = "train.activation_checkpoint=selective"
 
 
 def test_selective_one_process_matches_no_checkpointing(tmp_path, one_process_run):
+    """Bit-identical through the trainer: recomputation replays the same kernels on the same inputs, and
+    the kept matmul outputs are the forward's own."""
     got = run_layout(tmp_path, "tiny-v3", 1, SELECTIVE)
-    assert_same_run(got, one_process_run("tiny-v3"))
+    assert_same_run(got, one_process_run("tiny-v3"), EXACT)
 
 
 def test_selective_tensor_parallel_matches_one_process(tmp_path, one_process_run):

@@ -18,12 +18,23 @@ import torch.distributed as dist
 from compare_runs import assert_same_run, run_layout
 from spawn_ranks import spawn_ranks
 
+CLIP_NORM = 1.0  # tiny-v2's and tiny-v3's gradient norms are 3-7 over the 5 steps
+CLIP = f"train.grad_clip={CLIP_NORM}"
+
+
+def clipped_reference(one_process_run, model: str):
+    """The one-process run with ``CLIP``, which clips every step (its gradient norm stays above it)."""
+    want = one_process_run(model, 4, CLIP)
+    assert min(m["grad_norm"] for m in want.metrics) > 2 * CLIP_NORM, "the clipping would not be active"
+    return want
+
 
 @pytest.mark.parametrize("model", ["tiny-v2", "tiny-v3"])
 def test_tp2_x_ep2(tmp_path, one_process_run, model):
-    """2 ranks: one tp group, which is also the ep group (no FSDP: a single data-parallel rank)."""
-    got = run_layout(tmp_path, model, 2, "parallel.tp=2", "parallel.ep=2", "parallel.dp_shard=1")
-    assert_same_run(got, one_process_run(model))
+    """2 ranks: one tp group, which is also the ep group (no FSDP: a single data-parallel rank); with
+    active clipping (the global norm over tp- and ep-sharded gradients)."""
+    got = run_layout(tmp_path, model, 2, "parallel.tp=2", "parallel.ep=2", "parallel.dp_shard=1", CLIP)
+    assert_same_run(got, clipped_reference(one_process_run, model))
 
 
 def test_dp2_x_tp2_x_ep4(tmp_path, one_process_run):
@@ -39,7 +50,6 @@ def test_dp4_x_ep2_fsdp_sharded_experts(tmp_path, one_process_run):
     assert_same_run(got, one_process_run("tiny-v3"))
 
 
-@pytest.mark.slow
 def test_dp2_x_tp2_x_ep2(tmp_path, one_process_run):
     """4 ranks: each tp group is an ep group; expert shards FSDP-sharded over the 2 dp_shard ranks."""
     got = run_layout(tmp_path, "tiny-v3", 4, "parallel.tp=2", "parallel.ep=2", "parallel.dp_shard=2")
@@ -47,10 +57,11 @@ def test_dp2_x_tp2_x_ep2(tmp_path, one_process_run):
 
 
 def test_pp2_x_dp2_x_ep2(tmp_path, one_process_run):
-    """4 ranks: 2 pipeline stages (1F1B, 2 micro-batches of 1 sequence), each an FSDP=2 × EP=2 group."""
+    """4 ranks: 2 pipeline stages (1F1B, 2 micro-batches of 1 sequence), each an FSDP=2 × EP=2 group; with
+    active clipping (the global norm summed over the pipeline stages)."""
     got = run_layout(tmp_path, "tiny-v3", 4, "parallel.pp=2", "parallel.ep=2", "parallel.dp_shard=2",
-                     "parallel.pp_microbatches=2")
-    assert_same_run(got, one_process_run("tiny-v3"))
+                     "parallel.pp_microbatches=2", CLIP)
+    assert_same_run(got, clipped_reference(one_process_run, "tiny-v3"))
 
 
 # ------------------------------------------------------------------------------ shards per rank

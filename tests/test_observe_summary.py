@@ -117,6 +117,7 @@ def test_monitor_samples_the_gpu_every_interval_steps(monkeypatch):
     calls = Counter()
     monitor = object.__new__(RunMonitor)
     monitor.profiler, monitor.device, monitor._ended = None, torch.device("cpu"), {}
+    monitor._all_to_all_at_start, monitor.all_to_all_per_step = 0, []
     monitor.progress = SimpleNamespace(advance=lambda step: None)
     monitor.gpu, monitor.gpu_interval = SimpleNamespace(sample=lambda: calls.update(["sample"]) or {"gpu_util_pct": 1.0}), 10
     sampled = []
@@ -127,3 +128,13 @@ def test_monitor_samples_the_gpu_every_interval_steps(monkeypatch):
             sampled.append(step)
         assert "mem_rss_gib" in values  # memory is read every step (host counters, no device wait)
     assert sampled == [10, 20] and calls["sample"] == 2
+
+
+def test_the_layout_that_ran_gets_a_line(tmp_path):
+    ran = {"mesh": {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 1}, "data_parallel": "fsdp",
+           "shard_group_size": 2, "replicate_group_size": 1, "tp": 1, "ep": 2, "experts_per_rank": 4,
+           "all_to_all_per_step": 20, "pp_stages": [0], "pp_schedule": None}
+    summary = write_summary(tmp_path, [{"step": 1, "loss": 2.0}], {"layout_ran": ran})
+    assert json.loads((tmp_path / "summary.json").read_text())["layout_ran"] == ran
+    assert ("layout ran   fsdp (shard 2, replicate 1), tp 1, ep 2 (4 experts per rank, 20 all-to-alls per step), "
+            "pp stages [0]") in format_summary(summary)

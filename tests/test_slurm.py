@@ -180,7 +180,8 @@ def _tail(log: Path) -> str:
 
 
 def test_sbatch_trains_tiny_v3_to_the_end(slurm, tmp_path):
-    """Two worker processes (torchrun inside the srun task) train 6 steps and save the final checkpoint."""
+    """Two worker processes (torchrun inside the srun task) train 6 steps as one world of 2 (FSDP over
+    both) and save the final checkpoint."""
     run = tmp_path / "run"
     job = submit(generate(tmp_path, run, 2, "train.steps=6"), slurm)
     log = run / f"slurm-{job}.out"
@@ -189,6 +190,8 @@ def test_sbatch_trains_tiny_v3_to_the_end(slurm, tmp_path):
     assert [m["step"] for m in metrics(run)] == [1, 2, 3, 4, 5, 6]
     assert (run / "checkpoints" / "step-00000006" / "COMPLETE").is_file()
     assert f"seektrain: job {job} (restart 0) on 1 node(s)" in log.read_text()
+    summary = json.loads((run / "summary.json").read_text())  # both workers joined one process group
+    assert summary["world_size"] == 2 and summary["layout_ran"]["mesh"]["dp_shard"] == 2, summary
 
 
 def test_sigterm_saves_requeues_and_the_requeued_job_resumes(slurm, tmp_path):

@@ -124,6 +124,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     if "checkpoint_stall_s_max" in summary:
         lines.append(f"  checkpoints  training blocked {summary['checkpoint_stall_s_total']:.2f} s in "
                      f"{summary['checkpoint_stalls']} steps, at most {summary['checkpoint_stall_s_max']:.2f} s")
+    ran = summary.get("layout_ran")
+    if ran:
+        lines.append("  layout ran   " + _describe_layout_ran(ran))
     fractions = summary.get("time_fractions")
     if fractions:
         lines.append("  step time    " + ", ".join(f"{k.removesuffix('_s')} {v:.0%}"
@@ -131,3 +134,15 @@ def format_summary(summary: dict[str, Any]) -> str:
     for advice in summary.get("advice", []):
         lines.append(f"  advice: {advice}")
     return "\n".join(lines)
+
+
+def _describe_layout_ran(ran: dict) -> str:
+    """One line of ``layout_ran`` (seektrain/parallel/layout_record.py), e.g. ``fsdp (shard 2, replicate 1),
+    tp 1, ep 2 (4 experts per rank, 20 all-to-alls per step), pp stages [0]``."""
+    text = (f"{ran['data_parallel']} (shard {ran['shard_group_size']}, replicate {ran['replicate_group_size']}), "
+            f"tp {ran['tp']}, ep {ran['ep']}")
+    if "experts_per_rank" in ran:
+        text += (f" ({ran['experts_per_rank']} experts per rank, "
+                 f"{ran.get('all_to_all_per_step', 0)} all-to-alls per step)")
+    text += f", pp stages {ran['pp_stages']}"
+    return text + (f" ({ran['pp_schedule']})" if ran.get("pp_schedule") else "")

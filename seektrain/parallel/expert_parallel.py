@@ -28,6 +28,15 @@ from torch.distributed.tensor import DTensor, Shard
 from seektrain.models.moe import GroupedExperts, MoE, count_slots, grouped_swiglu
 from seektrain.parallel.tp_styles import SumGrad
 
+_all_to_all_calls = 0  # all-to-alls this process has issued (forward, backward, counts): the run record
+
+
+def all_to_all_calls() -> int:
+    """How many expert-parallel all-to-alls this process has issued so far. A plain Python counter,
+    bumped where each one is issued (no device sync): the run monitor's per-step difference goes into
+    ``summary.json`` (``layout_ran``), so a run whose experts never left the rank shows 0."""
+    return _all_to_all_calls
+
 
 def shard_expert_weights(module: nn.Module, experts: GroupedExperts, mesh: DeviceMesh) -> None:
     """Register on ``module`` this rank's ``E / R`` experts of ``experts`` as DTensor ``Shard(0)`` over the
@@ -45,6 +54,8 @@ def _all_to_all(x_ND: torch.Tensor, out_splits: list[int], in_splits: list[int],
     """Rows of ``x_ND`` exchanged over ``group`` with uneven splits, as a functional collective: it returns a
     new tensor instead of filling a buffer in place, so a selective activation checkpoint keeps the result
     rather than communicating again when it recomputes the layer (seektrain/parallel/activation_checkpoint.py)."""
+    global _all_to_all_calls
+    _all_to_all_calls += 1
     out = torch.ops._c10d_functional.all_to_all_single(x_ND.contiguous(), out_splits, in_splits, group.group_name)
     return torch.ops._c10d_functional.wait_tensor(out)
 

@@ -17,6 +17,7 @@ from seektrain.observe.flops import mfu, model_flops_per_token, peak_flops
 from seektrain.observe.memory import GpuStats, memory_stats
 from seektrain.observe.sink import MetricsSink
 from seektrain.observe.summary import format_summary, write_summary
+from seektrain.parallel.expert_parallel import all_to_all_calls
 from seektrain.train.progress import Progress
 
 log = logging.getLogger("seektrain.train")
@@ -48,8 +49,11 @@ class RunMonitor:
         self.start_step = start_step
         self.records: list[dict] = []
         self._ended: dict[int, float] = {}  # step -> wall-clock time it ended, until it is logged
+        self._all_to_all_at_start = 0
+        self.all_to_all_per_step: list[int] = []  # expert-parallel all-to-alls issued in each step
 
     def before_step(self, step: int) -> None:
+        self._all_to_all_at_start = all_to_all_calls()
         if self.profiler:
             self.profiler.before_step(step)
 
@@ -60,6 +64,7 @@ class RunMonitor:
         if self.profiler:
             self.profiler.after_step(step)
         self._ended[step] = time.time()
+        self.all_to_all_per_step.append(all_to_all_calls() - self._all_to_all_at_start)
         values.update(memory_stats(self.device))
         if self.gpu is not None and step % self.gpu_interval == 0:
             values.update(self.gpu.sample())
@@ -81,16 +86,20 @@ class RunMonitor:
         if self.gpu is not None:
             self.gpu.close()
 
-    def summarise(self, wall_s: float, param_elements_rank0: int) -> dict:
-        """Write ``summary.json`` (rank 0) and log its lines; {} elsewhere or when no step ran."""
+    def summarise(self, wall_s: float, param_elements_rank0: int, layout_ran: dict) -> dict:
+        """Write ``summary.json`` (rank 0) and log its lines; {} elsewhere or when no step ran.
+        ``layout_ran``: what this rank trained (seektrain/parallel/layout_record.py); the all-to-alls per
+        step are added to it, the fewest of any step (the first pipeline step also runs shape inference,
+        an evaluation step its forward)."""
         if self.rank != 0 or not self.records:
             return {}
+        layout_ran = {**layout_ran, "all_to_all_per_step": min(self.all_to_all_per_step, default=0)}
         summary = write_summary(self.run_dir, self.records, {
             "wall_time_s": wall_s, "device_flops_peak": self.peak, "device_flops_source": self.peak_source,
             "flops_per_token": self.flops_per_token, "world_size": self.plan.world_size,
             "layout": self.plan.describe(), "model": self.plan.model.name,
             "tokens_per_step": self.plan.tokens_per_step, "param_elements_rank0": param_elements_rank0,
-            "device": str(self.device)})
+            "device": str(self.device), "layout_ran": layout_ran})
         log.info("%s", format_summary(summary))
         return summary
 

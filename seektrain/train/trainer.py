@@ -26,6 +26,7 @@ from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.float8 import check_float8_environment
 from seektrain.parallel.distributed import DistEnv, init_distributed
+from seektrain.parallel.layout_record import layout_ran
 from seektrain.parallel.parallelize import parallelize_model, unwrap
 from seektrain.plan.auto import auto_layout
 from seektrain.plan.run_plan import RunPlan
@@ -125,7 +126,8 @@ def train(cfg: JobConfig) -> dict:
         ckpt.close()
         guard.close()
         monitor.close()
-    summary = monitor.summarise(time.perf_counter() - t_run, _local_numel(ctx.model))
+    summary = monitor.summarise(time.perf_counter() - t_run, _local_numel(ctx.model),
+                                layout_ran(ctx.parallel, plan.meshes.world))
     if dist.is_initialized():
         dist.barrier()
     return {"final_step": step, "records": monitor.records, "summary": summary,
