@@ -62,6 +62,7 @@ def train(cfg: JobConfig) -> dict:
     setup_logging(run_dir, env.rank)
     if auto_why:
         log.info(auto_why)
+    log.info(plan.precision.why)  # [precision] precision.dtype, auto decided for this device
     torch.manual_seed(cfg.train.seed)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -146,7 +147,7 @@ def build_step_context(plan: RunPlan, device: torch.device, data: TrainingData, 
     """The model (built on the meta device, parallelised, then materialised), its optimizer and
     schedule, the loss scaler and the batches: everything a step changes."""
     job = plan.job
-    scaler = DynamicLossScaler(job.precision.dtype == "fp16", job.precision.loss_scale_init,
+    scaler = DynamicLossScaler(plan.precision.name == "fp16", job.precision.loss_scale_init,
                                job.precision.loss_scale_growth_interval, device=device)
     pipeline_loss = PipelineLoss(scaler, job.train.mtp_loss_weight) if plan.pp > 1 else None
     model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels())
