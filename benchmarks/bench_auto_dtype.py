@@ -1,7 +1,7 @@
 """Is ``precision.dtype=auto`` the faster dtype on this CPU? fp32 and bf16 training steps side by side.
 
-One process, one model (``build_model`` with the CPU policy's kernels, as training builds it) in two
-copies: fp32, and bf16 as FSDP's mixed-precision policy computes it (weights cast to bf16, the fused
+One process, one model (``build_model`` with the CPU policy's kernels for each dtype, as training builds
+it; the same weights) twice: fp32, and bf16 as FSDP's mixed-precision policy computes it (weights cast to bf16, the fused
 head + cross-entropy, backward; the V3 balancing bias stays fp32). Steps of the two alternate (the
 order flips every iteration), so load from other processes hits both alike; every iteration draws a new
 batch, the same one for both. The median tokens/s of each is reported with the dtype ``auto`` picks
@@ -19,7 +19,6 @@ To emulate an AVX2-only CPU on a bigger one, set the variables before Python sta
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import sys
@@ -71,8 +70,9 @@ def main(argv=None) -> int:
           "alternating, a new batch every step")
 
     cfg = get_preset(args.preset).replace(num_nextn_predict_layers=0)
-    base = build_model(cfg, dtype=torch.float32, seed=0, kernels=policy_for(torch.device("cpu")).model_kernels())
-    steps = {name: make_step(cast_model(copy.deepcopy(base), dtype).train(), "fused") for name, dtype in DTYPES.items()}
+    policy = policy_for(torch.device("cpu"))
+    steps = {name: make_step(cast_model(build_model(cfg, seed=0, kernels=policy.model_kernels(dtype)), dtype).train(),
+                             "fused") for name, dtype in DTYPES.items()}
     gen = torch.Generator().manual_seed(1)
     batches = []
     for _ in range(args.warmup + args.iters):

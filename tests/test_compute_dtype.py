@@ -9,12 +9,14 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from seektrain.config.loader import load_config
 from seektrain.models.presets import get_preset
 from seektrain.plan.hardware import GPUS, cpu_hardware
 from seektrain.plan.run_plan import RunPlan
 from seektrain.plan.search import planned_precision
+from seektrain.platform import policy_for
 from seektrain.platform.compute_dtype import CpuFacts, choose_dtype, cpu_choice, cuda_choice
 
 AVX512 = frozenset({"avx2", "avx512f", "avx512bw"})
@@ -82,3 +84,13 @@ def test_the_planner_plans_auto_as_bf16_on_its_gpus():
     assert planned_precision(job, cpu_hardware(1, measure=False)) == choose_dtype("auto", "cpu")
     fp16 = load_config(None, ["precision.dtype=fp16"])
     assert planned_precision(fp16, GPUS["h100-80g"]).name == "fp16"
+
+
+def test_the_cpu_kernels_pad_expert_rows_only_where_onednn_multiplies():
+    """bf16/fp16 matmuls are oneDNN's, which compiles a kernel per shape (the padding bounds the shapes);
+    fp32 ones are MKL's, where the padding is only extra rows. Both keep the value-padded attention."""
+    policy, plain = policy_for("cpu"), policy_for("cpu").model_kernels(torch.float32)
+    assert plain.expert_row_multiple == 1 and policy.model_kernels(torch.bfloat16).expert_row_multiple == 16
+    assert policy.model_kernels(torch.float16).expert_row_multiple == 16
+    assert plain.attention is policy.model_kernels(torch.bfloat16).attention
+    assert policy_for("cuda").model_kernels(torch.float32) == policy_for("cuda").model_kernels()

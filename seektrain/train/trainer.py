@@ -150,7 +150,7 @@ def build_step_context(plan: RunPlan, device: torch.device, data: TrainingData, 
     scaler = DynamicLossScaler(plan.precision.name == "fp16", job.precision.loss_scale_init,
                                job.precision.loss_scale_growth_interval, device=device)
     pipeline_loss = PipelineLoss(scaler, job.train.mtp_loss_weight) if plan.pp > 1 else None
-    model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels())
+    model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels(plan.compute_dtype))
     parallel = parallelize_model(model, plan, device, state_dict=weights, loss_fn=pipeline_loss)
     configure_aux_loss(parallel.model, job.train.aux_loss_alpha, plan.aux_loss_grad_scale)
     optimizer = build_optimizer(parallel.model, job.optim)
