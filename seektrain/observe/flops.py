@@ -185,17 +185,17 @@ def peak_flops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, 
     the peak. A probe can still fall below what a run achieves (other processes slowed it, or the
     model's kernels beat a plain matmul), which is why ``MfuMeter`` bounds MFU by the achieved rate."""
     dev = torch.device(device)
-    kinds = (SQUARE, *sorted(set(shapes) - {SQUARE}))
-    what = f"{str(dtype).removeprefix('torch.')}, best of {len(kinds)} matmul shape{'s' * (len(kinds) > 1)}"
+    probed = (SQUARE, *sorted(set(shapes) - {SQUARE}))
+    what = f"{str(dtype).removeprefix('torch.')}, best of {len(probed)} matmul shape{'s' * (len(probed) > 1)}"
     if dev.type == "cuda":
         name = torch.cuda.get_device_name(dev)
         found = gpu_peak_from_name(name, dtype, torch.backends.cuda.matmul.allow_tf32)
         if found is not None:
             return found
-        flops = _probe(str(dev), dtype, 0, probe_seconds, kinds)
+        flops = _probe(str(dev), dtype, 0, probe_seconds, probed)
         return flops, f"measured matmul probe on {name} ({what})"
     threads = torch.get_num_threads()
-    flops = _probe(dev.type, dtype, threads, probe_seconds, kinds)
+    flops = _probe(dev.type, dtype, threads, probe_seconds, probed)
     return flops, f"measured matmul probe on {dev.type}, {threads} threads ({what})"
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from seektrain.config.dtypes import DTYPES
+
 # ONEDNN_MAX_CPU_ISA values (lower case) that keep oneDNN's bf16 kernels: every ISA from AVX512_CORE_BF16
 # up (AVX512_CORE_FP16, the AMX ones, AVX10.x) and the "no cap" spellings
 _BF16_ISAS = ("avx512_core_bf16", "avx512_core_fp16", "avx512_core_amx", "avx10", "all", "default")
@@ -38,8 +40,6 @@ class DtypeChoice:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        from seektrain.config.dtypes import DTYPES
-
         return DTYPES[self.name]
 
 
