@@ -53,6 +53,15 @@ def test_cuda_rule(capability, dtype):
     assert ("fp16" in got.why) == (dtype == "fp32")
 
 
+def test_a_plan_for_a_gpu_this_process_cannot_see_takes_bf16():
+    """``RunPlan.resolve(..., "cuda")`` runs without a GPU (the planner, the layout tests)."""
+    if torch.cuda.is_available():
+        assert choose_dtype("auto", "cuda") == cuda_choice(torch.cuda.get_device_capability(),
+                                                            torch.cuda.get_device_name())
+    else:
+        assert choose_dtype("auto", "cuda").name == "bf16"
+
+
 @pytest.mark.parametrize("name", ["fp32", "bf16", "fp16"])
 def test_an_explicit_dtype_is_kept_on_any_device(name):
     assert choose_dtype(name, "cpu").name == name and "set explicitly" in choose_dtype(name, "cuda").why

@@ -107,6 +107,8 @@ def choose_dtype(requested: str, device_type: str) -> DtypeChoice:
     if requested != "auto":
         return DtypeChoice(requested, f"precision.dtype={requested} (set explicitly)")
     if device_type == "cuda":
+        if not torch.cuda.is_available():  # a plan for a GPU this process cannot see (planner, tests)
+            return DtypeChoice("bf16", "precision.dtype=auto -> bf16: no GPU visible here, planned as sm80+")
         return cuda_choice(torch.cuda.get_device_capability(), torch.cuda.get_device_name())
     if device_type == "cpu":
         return cpu_choice(this_cpu())
