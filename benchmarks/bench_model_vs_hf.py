@@ -53,12 +53,13 @@ def load_avg() -> str:
         return "n/a"
 
 
-def build_pair(preset: str, impls: list[str], seed: int):
-    """(our fp32 model, {impl: transformers fp32 model}) with identical weights."""
+def build_pair(preset: str, impls: list[str], seed: int, compute_dtype: torch.dtype = torch.bfloat16):
+    """(our fp32 model with the CPU kernels for ``compute_dtype``, {impl: transformers fp32 model}) with
+    identical weights."""
     import transformers
 
     cfg = get_preset(preset).replace(num_nextn_predict_layers=0)
-    cpu_kernels = policy_for(torch.device("cpu")).model_kernels()  # what training on CPU runs
+    cpu_kernels = policy_for(torch.device("cpu")).model_kernels(compute_dtype)  # what training on CPU runs
     ours = build_model(cfg, dtype=torch.float32, seed=seed, kernels=cpu_kernels)
     theirs = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -178,7 +179,7 @@ def main(argv=None) -> int:
           f"batch {args.batch} x seq {args.seq} = {args.batch * args.seq} tokens/step, "
           + ("the same batch every step" if args.fixed_batch else "a new batch every step (the same for every variant)"))
 
-    cfg, ours, theirs = build_pair(args.preset, impls, seed=0)
+    cfg, ours, theirs = build_pair(args.preset, impls, seed=0, compute_dtype=dtype)
     n_params = sum(p.numel() for p in ours.parameters())
     print(f"  parameters: {n_params / 1e6:.1f}M")
     check_logits(ours, theirs, cfg.vocab_size)

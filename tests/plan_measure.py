@@ -56,7 +56,7 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
 
     plan = RunPlan.resolve(job, model_cfg, world, device.type)
     loss_fn = PipelineLoss(DynamicLossScaler(False, 1.0, 1), job.train.mtp_loss_weight) if plan.pp > 1 else None
-    pm = parallelize_model(build_model(plan.model, device="meta", kernels=plan.platform.model_kernels()), plan,
+    pm = parallelize_model(build_model(plan.model, device="meta", kernels=plan.platform.model_kernels(plan.compute_dtype)), plan,
                            device, loss_fn=loss_fn)
     model = pm.model
     optimizer = build_optimizer(model, job.optim)

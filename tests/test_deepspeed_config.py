@@ -161,7 +161,7 @@ def test_bf16_fp32_and_absent_precision():
     assert mapped({"bfloat16": {"enabled": True}})[0]["precision.dtype"] == "bf16"
     assert mapped({"bf16": {"enabled": False}, "fp16": {"enabled": False}})[0]["precision.dtype"] == "fp32"
     got, notes = mapped({})
-    assert "precision.dtype" not in got and "DeepSpeed would train in fp32; keeping precision.dtype=bf16" in notes
+    assert "precision.dtype" not in got and "DeepSpeed would train in fp32; keeping precision.dtype=auto" in notes
     assert "precision.dtype" not in mapped({"bf16": {"enabled": "auto"}})[0]
     assert "enable one of them" in one_line_error({"fp16": {"enabled": True}, "bf16": {"enabled": True}})
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from run_cli import losses, metrics, seektrain, train
 
+from seektrain.platform.compute_dtype import choose_dtype
 from seektrain.train.precision import DynamicLossScaler
 
 
@@ -24,8 +25,11 @@ def test_default_run_short_learns_and_samples(tmp_path):
     assert min(values[-5:]) < values[0] - 2.0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 40 and summary["tokens_per_s_mean"] > 0
-    assert (run / "train.log").read_text().count("step 40/40") == 1
+    log = (run / "train.log").read_text()
+    assert log.count("step 40/40") == 1
+    assert choose_dtype("auto", "cpu").why in log  # precision.dtype=auto: which dtype and why, at start-up
     assert any((run / "tensorboard").iterdir())
+    assert all(0 < r["mfu"] <= 1.0 for r in metrics(run)) and summary["mfu_mean"] <= 1.0
     record = metrics(run)[-1]
     for key in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mtp_loss", "expert_imbalance"):
         assert key in record, key

@@ -151,7 +151,7 @@ def validate(cfg: JobConfig) -> JobConfig:
            or (ac.startswith("every:") and ac[6:].isdigit() and int(ac[6:]) > 0),
            f"train.activation_checkpoint={ac!r}: use none, full, selective or every:K (K >= 1)")
     p = cfg.precision
-    _check(p.fp8 == "none" or p.dtype == "bf16",
+    _check(p.fp8 == "none" or p.dtype in ("bf16", "auto"),  # auto is bf16 on every GPU with FP8
            f"precision.fp8={p.fp8!r} runs the rest of the model in bf16, not precision.dtype={p.dtype!r}; "
            "set precision.dtype=bf16 or precision.fp8=none")
     _check_resume(cfg.checkpoint.resume)

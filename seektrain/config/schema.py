@@ -70,7 +70,8 @@ class OptimSection:
 
 @dataclass
 class PrecisionSection:
-    dtype: str = _key("bf16", "compute dtype: fp32 | bf16 | fp16 (master weights and optimizer stay fp32)", choices=("fp32", "bf16", "fp16"))
+    dtype: str = _key("auto", "compute dtype: auto (bf16 where the device has native bf16, else fp32) | fp32 | bf16 | fp16 (master weights stay fp32)",
+                      choices=("auto", "fp32", "bf16", "fp16"))
     reduce_dtype: str = _key("fp32", "dtype of FSDP's gradient reduce-scatter: fp32 | bf16 (halves its bytes)", choices=("fp32", "bf16"))
     loss_scale_init: float = _key(2.0**16, "fp16: initial dynamic loss scale", above=0)
     loss_scale_growth_interval: int = _key(200, "fp16: double the loss scale after this many good steps", min=1)

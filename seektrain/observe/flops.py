@@ -106,50 +106,117 @@ def gpu_peak_from_name(name: str, dtype: torch.dtype, tf32: bool) -> tuple[float
     return None
 
 
+SQUARE = (2048, 2048, 2048)  # (m, k, n) of the probe every device gets; a model adds its own shapes
+
+
+def _time_one(a: torch.Tensor, b: torch.Tensor, sync) -> float:
+    t0 = time.perf_counter()
+    a @ b
+    sync()
+    return time.perf_counter() - t0
+
+
+def _shape_rate(dev: torch.device, dtype: torch.dtype, shape: tuple[int, int, int], seconds: float, sync) -> float:
+    """Best FLOP/s of ``[m, k] @ [k, n]`` over three windows of ``seconds / 3``. A shape starts at 1/8 of
+    each side and grows (x8 the work per step) while one matmul of the next size fits a quarter of the
+    budget: a dtype without native kernels (bf16 on AVX2: 0.1-0.4 GFLOP/s, so ~100 s for one 2048^3)
+    is measured on a smaller matmul instead of stalling the start-up."""
+    m, k, n = shape
+    dims = None
+    for div in (8, 4, 2, 1):
+        size = (max(1, m // div), max(1, k // div), max(1, n // div))
+        if dims is not None and took * 8 > seconds / 4:
+            break
+        a = torch.randn(size[0], size[1], device=dev).to(dtype)
+        b = torch.randn(size[1], size[2], device=dev).to(dtype)
+        _time_one(a, b, sync)  # warm-up: kernel choice, first touch of the pages
+        took, dims = _time_one(a, b, sync), size
+    best = 0.0
+    for _ in range(3):
+        iters, start = 0, time.perf_counter()
+        while True:
+            a @ b
+            iters += 1
+            sync()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds / 3 or iters >= 10_000:
+                break
+        best = max(best, 2.0 * dims[0] * dims[1] * dims[2] * iters / elapsed)
+    return best
+
+
 @functools.lru_cache(maxsize=None)
-def _probe(device: str, dtype: torch.dtype, threads: int, seconds: float) -> float:
-    """Measured matmul FLOP/s: square matmuls (up to 2048^2) repeated for ``seconds``. Cached per process
-    because the number is a property of the machine, and 0.3 s per call would add up."""
+def _probe(device: str, dtype: torch.dtype, threads: int, seconds: float,
+           shapes: tuple[tuple[int, int, int], ...] = (SQUARE,)) -> float:
+    """Measured matmul FLOP/s: the best over ``shapes`` (each ``(m, k, n)``), ``seconds`` for them all.
+    Cached per process because the number is a property of the machine, and a probe per call would add
+    up (every test run starts a trainer)."""
     dev = torch.device(device)
-    n = 2048
-    a = torch.randn(n, n, device=dev).to(dtype)
-    b = torch.randn(n, n, device=dev).to(dtype)
 
     def sync() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
-    t0 = time.perf_counter()
-    a @ b  # warm-up; also tells how slow one is
-    sync()
-    if time.perf_counter() - t0 > seconds:  # slow dtype on this CPU: shrink instead of waiting
-        n = 512
-        a, b = a[:n, :n].contiguous(), b[:n, :n].contiguous()
-    iters, start = 0, time.perf_counter()
-    while True:
-        a @ b
-        iters += 1
-        sync()
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds or iters >= 10_000:
-            return 2.0 * n ** 3 * iters / elapsed
+    return max(_shape_rate(dev, dtype, shape, seconds / len(shapes), sync) for shape in shapes)
 
 
-def peak_flops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
-               probe_seconds: float = 0.3) -> tuple[float, str]:
+def peak_flops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, probe_seconds: float = 0.5,
+               shapes: tuple[tuple[int, int, int], ...] = ()) -> tuple[float, str]:
     """(peak FLOP/s, where the number came from). Known NVIDIA GPUs use datasheet numbers; a CPU or an
-    unknown GPU is measured with a short matmul probe at the current torch thread count."""
+    unknown GPU is measured in ``dtype`` at the current torch thread count, with a 2048^3 matmul and the
+    matmul ``shapes`` ``(m, k, n)`` a model really runs (``model_matmul_shapes``): the best of them is
+    the peak. A probe can still fall below what a run achieves (other processes slowed it, or the
+    model's kernels beat a plain matmul), which is why ``MfuMeter`` bounds MFU by the achieved rate."""
     dev = torch.device(device)
+    probed = (SQUARE, *sorted(set(shapes) - {SQUARE}))
+    what = f"{str(dtype).removeprefix('torch.')}, best of {len(probed)} matmul shape{'s' * (len(probed) > 1)}"
     if dev.type == "cuda":
         name = torch.cuda.get_device_name(dev)
         found = gpu_peak_from_name(name, dtype, torch.backends.cuda.matmul.allow_tf32)
         if found is not None:
             return found
-        flops = _probe(str(dev), dtype, 0, probe_seconds)
-        return flops, f"measured matmul probe on {name} ({str(dtype).removeprefix('torch.')})"
+        flops = _probe(str(dev), dtype, 0, probe_seconds, probed)
+        return flops, f"measured matmul probe on {name} ({what})"
     threads = torch.get_num_threads()
-    flops = _probe(dev.type, dtype, threads, probe_seconds)
-    return flops, f"measured matmul probe on {dev.type}, {threads} threads ({str(dtype).removeprefix('torch.')})"
+    flops = _probe(dev.type, dtype, threads, probe_seconds, probed)
+    return flops, f"measured matmul probe on {dev.type}, {threads} threads ({what})"
+
+
+def model_matmul_shapes(cfg: ModelConfig, tokens: int) -> tuple[tuple[int, int, int], ...]:
+    """The ``(m, k, n)`` of the forward matmuls with the most FLOPs per call for ``tokens`` rows (one
+    micro-batch): a projection from the hidden size, the MLP (or one expert with its share of the tokens),
+    and the LM head. The probe needs representative shapes, not every one."""
+    d = cfg.hidden_size
+    shapes = {(tokens, d, d), (tokens, d, cfg.vocab_size)}
+    if cfg.n_routed_experts:
+        per_expert = max(1, tokens * cfg.num_experts_per_tok // cfg.n_routed_experts)
+        shapes.add((per_expert, d, cfg.moe_intermediate_size))
+    if cfg.intermediate_size:
+        shapes.add((tokens, d, cfg.intermediate_size))
+    return tuple(sorted(shapes))
+
+
+class MfuMeter:
+    """MFU of each step against a peak that can never be below what a step achieved, so MFU <= 100%.
+
+    The rule: ``peak`` starts as ``peak_flops`` in the run's compute dtype. When a step's model FLOP/s
+    (``tokens/s x flops_per_token``, per device) exceed it, the probe was wrong (measured while other
+    processes held the cores, or at shapes the model's kernels beat), and the achieved rate is the best
+    lower bound of the true peak there is: ``peak`` is raised to it, that step reports 100%, and later
+    steps are measured against the raised peak; ``source`` says so. A datasheet peak is a real ceiling
+    and is never exceeded, so in practice only measured peaks move.
+    """
+
+    def __init__(self, peak: float, source: str, flops_per_token: float):
+        self.peak, self.source, self.flops_per_token = peak, source, flops_per_token
+
+    def __call__(self, step: int, tokens_per_s_per_device: float) -> float:
+        achieved = tokens_per_s_per_device * self.flops_per_token
+        if achieved > self.peak:
+            self.peak = achieved
+            self.source = (self.source.split("; raised", 1)[0] + f"; raised to the {achieved / 1e9:.3g} GFLOP/s "
+                           f"step {step} achieved (the probe was lower)")
+        return mfu(tokens_per_s_per_device, self.flops_per_token, self.peak)
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak: float) -> float:

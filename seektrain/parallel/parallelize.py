@@ -68,7 +68,7 @@ def _parallelize_part(part: nn.Module, plan, device: torch.device) -> None:
 
         log.info("train.compile: %d blocks compile at their first call", apply_compile(part))
     if plan.uses_fsdp:
-        mp = fsdp_mixed_precision(plan.job.precision.dtype, plan.job.precision.reduce_dtype)
+        mp = fsdp_mixed_precision(plan.precision.name, plan.job.precision.reduce_dtype)
         offload = plan.platform.cpu_offload_policy() if plan.cpu_offload else None
         if plan.ep > 1:  # experts first, on their own mesh; the per-layer FSDP then skips them
             from seektrain.parallel.expert_parallel import shard_experts

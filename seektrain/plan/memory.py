@@ -296,7 +296,7 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
     """Peak activation bytes of pipeline rank ``pp_rank`` of ``plan`` (the first, the busiest under 1F1B,
     by default) for one step."""
     cfg, job = plan.model, plan.job
-    a = 4 if job.precision.dtype == "fp32" else 2
+    a = plan.compute_dtype.itemsize
     if pad_values is None:
         pad_values = plan.device_type == "cpu"
     tp, ep = plan.tp, plan.ep
@@ -364,7 +364,7 @@ def comm_buffer_bytes(plan) -> CommBuffers:
     gathered in the compute dtype for its forward and backward, and its gradients exist unsharded (in the
     compute dtype, and the root's also as the fp32 copy reduce-scatter sends) until reduced. Without
     FSDP, autocast caches a compute-dtype copy of every weight for the step."""
-    a = 4 if plan.job.precision.dtype == "fp32" else 2
+    a = plan.compute_dtype.itemsize
     if not plan.uses_fsdp:
         return CommBuffers(0.0, 0.0, 0.0 if a == 4 else state_bytes(plan, 0).params / FP32 * a)
     if plan.dp_shard == 1 and not plan.job.parallel.cpu_offload:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
 from seektrain.plan.hardware import GPUS, Hardware, hardware
-from seektrain.plan.search import GIB, SearchResult, search
+from seektrain.plan.search import GIB, SearchResult, planned_precision, search
 
 MAX_GPUS = 65536
 
@@ -92,9 +92,10 @@ def plan_job(job: JobConfig, model: ModelConfig, gpus: int, gpu: str, nodes: int
 
     hw = hardware_for(gpu, gpus, nodes)
     result = best_feasible(job, model, gpus, hw)
+    dtype = planned_precision(job, hw).name
     counts = count_params(model)
     header = {"model": model.name, "params_total": counts.total, "params_active": counts.active,
               "gpus": gpus, "nodes": gpus // hw.gpus_per_node, "seq_len": job.train.seq_len,
               "global_batch": job.train.global_batch_size,
-              "precision": f"{job.precision.dtype} compute, fp32 master weights and AdamW"}
+              "precision": f"{dtype} compute, fp32 master weights and AdamW"}
     return to_dict(result, header, top)

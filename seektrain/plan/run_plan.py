@@ -24,6 +24,7 @@ from seektrain.config.loader import ConfigError
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
 from seektrain.plan import layout_checks
+from seektrain.platform.compute_dtype import DtypeChoice, choose_dtype
 
 
 @dataclass(frozen=True)
@@ -39,14 +40,17 @@ class RunPlan:
     ep: int
     data_parallel: str  # "fsdp" | "ddp"
     accum_steps: int  # micro-batches per optimizer step on one data-parallel rank
+    precision: DtypeChoice  # the compute dtype (``precision.dtype``, ``auto`` decided for the device) and why
     pp_microbatches: int = 1  # micro-batches the pipeline schedule splits a step into
     pp_stage_layers: tuple[tuple[int, ...], ...] = field(default=())  # decoder layers of each stage
 
     # ------------------------------------------------------------------ resolving
     @classmethod
-    def resolve(cls, job: JobConfig, model: ModelConfig, world_size: int,
-                device_type: str = "cpu") -> "RunPlan":
-        """The plan for ``world_size`` processes, or a ``ConfigError`` naming the setting to change."""
+    def resolve(cls, job: JobConfig, model: ModelConfig, world_size: int, device_type: str = "cpu",
+                precision: DtypeChoice | None = None) -> "RunPlan":
+        """The plan for ``world_size`` processes, or a ``ConfigError`` naming the setting to change.
+        ``precision``: the compute dtype when the device is not this process's own (the planner's);
+        by default ``precision.dtype`` is decided for this process's ``device_type``."""
         p, t = job.parallel, job.train
         others = p.dp_replicate * p.tp * p.pp
         dp_shard = p.dp_shard
@@ -72,8 +76,10 @@ class RunPlan:
             n_micro = layout_checks.pipeline_microbatches(p.pp_microbatches or accum, accum * t.micro_batch_size)
             stages = layout_checks.check_pipeline(model, p, n_micro, dp)
             layout_checks.check_pipeline_checkpointing(t.activation_checkpoint, p)
+        if precision is None:
+            precision = choose_dtype(job.precision.dtype, device_type)
         return cls(job, model, world_size, device_type, p.dp_replicate, dp_shard, p.tp, p.pp, p.ep,
-                   p.data_parallel, accum, n_micro, stages)
+                   p.data_parallel, accum, precision, n_micro, stages)
 
     # ------------------------------------------------------------------ derived sizes and flags
     @property
@@ -139,13 +145,13 @@ class RunPlan:
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        from seektrain.train.precision import DTYPES
-
-        return DTYPES[self.job.precision.dtype]
+        """What the matmuls run in; read this (or ``precision.name``), never ``job.precision.dtype``, which
+        may be ``auto``."""
+        return self.precision.torch_dtype
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
         """Autocast where parameters are fp32 in compute; FSDP's mixed-precision policy casts them itself."""
-        if self.job.precision.dtype == "fp32" or self.uses_fsdp:
+        if self.precision.name == "fp32" or self.uses_fsdp:
             return contextlib.nullcontext()
         return torch.autocast(device_type=device.type, dtype=self.compute_dtype)
 

@@ -15,6 +15,7 @@ from seektrain.plan import memory
 from seektrain.plan.hardware import Hardware
 from seektrain.plan.run_plan import RunPlan
 from seektrain.plan.speed import StepTime, step_time
+from seektrain.platform.compute_dtype import DtypeChoice, choose_dtype
 
 GIB = 2**30
 CHECKPOINT_MODES = ("none", "selective", "every:2", "full")
@@ -101,7 +102,7 @@ def _per_layout(fn, plan: RunPlan):
     p = plan.job.parallel
     key = (fn.__name__, json.dumps(plan.model.to_dict(), sort_keys=True), plan.tp, plan.pp, plan.ep,
            plan.dp_shard, plan.dp_replicate, plan.uses_fsdp, p.pp_schedule, p.pp_stages_per_rank,
-           plan.pp_stage_layers, plan.job.precision.dtype)
+           plan.pp_stage_layers, plan.precision.name)
     if key not in _LAYOUT_CACHE:
         _LAYOUT_CACHE[key] = fn(plan)
     return _LAYOUT_CACHE[key]
@@ -169,11 +170,19 @@ def apply_settings(job: JobConfig, settings: dict[str, object]) -> JobConfig:
     return job
 
 
+def planned_precision(job: JobConfig, hw: Hardware) -> DtypeChoice:
+    """The compute dtype on the hardware planned for: a CPU is this machine's, which decides itself;
+    every GPU in ``plan.hardware.GPUS`` (A100 and newer) has bf16 tensor cores, so ``auto`` is bf16."""
+    if hw.name == "cpu" or job.precision.dtype != "auto":
+        return choose_dtype(job.precision.dtype, "cpu")
+    return DtypeChoice("bf16", f"precision.dtype=auto -> bf16: {hw.name} has bf16 tensor cores")
+
+
 def evaluate(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, settings: dict) -> Candidate:
     cand = Candidate(settings)
     try:
         cand.plan = RunPlan.resolve(apply_settings(job, settings), model, world,
-                                    "cpu" if hw.name == "cpu" else "cuda")
+                                    "cpu" if hw.name == "cpu" else "cuda", planned_precision(job, hw))
     except ConfigError as err:
         cand.reason = str(err)
         return cand

@@ -64,7 +64,7 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     """``state``: the plan's ``memory.max_state_bytes`` when the caller has it already."""
     cfg, job = plan.model, plan.job
     seq, tokens = job.train.seq_len, plan.tokens_per_step
-    a = 4 if job.precision.dtype == "fp32" else 2
+    a = plan.compute_dtype.itemsize
     flops = model_flops_per_token(cfg, seq, include_mtp=plan.use_mtp) * tokens
     from seektrain.parallel.activation_checkpoint import SELECTIVE, checkpoint_every
 
@@ -138,7 +138,7 @@ def selective_recompute_s(plan, hw: Hardware) -> float:
     from seektrain.plan.memory import selective_rebuilt_bytes
 
     cfg = plan.model
-    a = 4 if plan.job.precision.dtype == "fp32" else 2
+    a = plan.compute_dtype.itemsize
     per_token = sum(selective_rebuilt_bytes(cfg, i, a, plan.tp, plan.ep, hw.name == "cpu")
                     for i in range(cfg.num_hidden_layers)) / plan.pp
     return RECOMPUTE_TRAFFIC * per_token * plan.tokens_per_step / plan.dp / (hw.memory_gbs * 1e9)

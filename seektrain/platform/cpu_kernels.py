@@ -15,7 +15,10 @@ pass with a big enough cache took 5.2 s). An expert's row count changes every st
 kernels: one small-v3-sparse forward+backward spent 3.7 s of 5.0 s in the grouped GEMM, 0.5 s once the
 shapes repeated. Rounding every group up to a multiple of ``CPU_GROUP_ROWS`` with zero rows bounds the
 distinct shapes (a few dozen per projection) at the price of at most ``CPU_GROUP_ROWS - 1`` extra rows
-per expert. GPU grouped GEMMs do not compile per shape, so the generic kernels pad nothing.
+per expert. GPU grouped GEMMs do not compile per shape, so the generic kernels pad nothing, and neither
+does an fp32 run on CPU: its matmuls are MKL's sgemm, which compiles nothing per shape, so the padding
+is pure extra work there (one fp32 expert layer's forward+backward, 16 experts, 4,096 slots, 1 thread,
+interleaved, shared machine: 1.99 s padded vs 1.73 s plain; under the AVX2 emulation 2.27 vs 2.04 s).
 """
 
 from __future__ import annotations
@@ -38,5 +41,10 @@ def value_padded_attention(q_BHTK: torch.Tensor, k_BHTK: torch.Tensor, v_BHTV: t
     return causal_attention(q_BHTK, k_BHTK, F.pad(v_BHTV, (0, qk_dim - v_dim)), scale)[..., :v_dim]
 
 
-def cpu_kernels() -> Kernels:
-    return Kernels(attention=value_padded_attention, expert_row_multiple=CPU_GROUP_ROWS)
+def cpu_kernels(compute_dtype: torch.dtype = torch.bfloat16) -> Kernels:
+    """The CPU kernels for a model computing in ``compute_dtype``: expert rows padded only where oneDNN
+    runs the matmuls (bf16, fp16), the value padding always (flash beats the math fallback in fp32 as
+    well: 1.17 vs 1.58 s for small-v3's attention forward+backward, 1.26 vs 1.41 s under the AVX2
+    emulation; docs/benchmarks.md)."""
+    rows = 1 if compute_dtype == torch.float32 else CPU_GROUP_ROWS
+    return Kernels(attention=value_padded_attention, expert_row_multiple=rows)

@@ -62,8 +62,8 @@ class CpuPolicy(PlatformPolicy):
                          and mp_policy.reduce_dtype == torch.float32)
         use_p2p_collectives(module, wire_dtype=mp_policy.param_dtype if low_precision else None)
 
-    def model_kernels(self) -> Kernels:
-        return cpu_kernels()
+    def model_kernels(self, compute_dtype: torch.dtype = torch.bfloat16) -> Kernels:
+        return cpu_kernels(compute_dtype)
 
     def cpu_offload_policy(self) -> CPUOffloadPolicy:
         """Pinned memory needs an accelerator; on a CPU device the "offload" keeps the shards where they

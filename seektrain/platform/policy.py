@@ -32,8 +32,9 @@ class PlatformPolicy:
     def configure_fsdp(self, module: nn.Module, mp_policy: MixedPrecisionPolicy) -> None:
         """Call once per model part, after every ``fully_shard`` on it (``mp_policy``: the one it used)."""
 
-    def model_kernels(self) -> Kernels:
-        """The kernels to build the training model with (``build_model(..., kernels=...)``)."""
+    def model_kernels(self, compute_dtype: torch.dtype = torch.bfloat16) -> Kernels:
+        """The kernels to build the training model with (``build_model(..., kernels=...)``) when it
+        computes in ``compute_dtype`` (``RunPlan.compute_dtype``)."""
         return Kernels()
 
     def pin_host_memory(self) -> bool:

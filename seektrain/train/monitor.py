@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from seektrain.config.loader import config_to_dict
-from seektrain.observe.flops import mfu, model_flops_per_token, peak_flops
+from seektrain.observe.flops import MfuMeter, model_flops_per_token, model_matmul_shapes, peak_flops
 from seektrain.observe.memory import GpuStats, memory_stats
 from seektrain.observe.sink import MetricsSink
 from seektrain.observe.summary import format_summary, write_summary
@@ -29,7 +29,8 @@ class RunMonitor:
         job = plan.job
         self.plan, self.run_dir, self.rank, self.device = plan, run_dir, rank, device
         self.flops_per_token = model_flops_per_token(plan.model, job.train.seq_len)
-        self.peak, self.peak_source = peak_flops(device, plan.compute_dtype)
+        shapes = model_matmul_shapes(plan.model, job.train.micro_batch_size * job.train.seq_len)
+        self.mfu = MfuMeter(*peak_flops(device, plan.compute_dtype, shapes=shapes), self.flops_per_token)
         m = job.metrics
         self.sink = MetricsSink(run_dir, rank=rank, prometheus_port=m.prometheus_port,
                                 prometheus_host=m.prometheus_host, all_ranks_serve=m.all_ranks,
@@ -73,7 +74,7 @@ class RunMonitor:
     def log(self, step: int, metrics: dict) -> None:
         """A step's metrics, read on the host (at a flush): to every sink, the records and the console."""
         metrics["tokens_per_s"] = self.plan.tokens_per_step / metrics["step_time_s"]
-        metrics["mfu"] = mfu(metrics["tokens_per_s"] / self.plan.world_size, self.flops_per_token, self.peak)
+        metrics["mfu"] = self.mfu(step, metrics["tokens_per_s"] / self.plan.world_size)
         self.sink.log(step, metrics, wall_time=self._ended.pop(step, None))
         self.records.append({"step": step, **metrics})
         self.progress.show(metrics)
@@ -95,7 +96,7 @@ class RunMonitor:
             return {}
         layout_ran = {**layout_ran, "all_to_all_per_step": min(self.all_to_all_per_step, default=0)}
         summary = write_summary(self.run_dir, self.records, {
-            "wall_time_s": wall_s, "device_flops_peak": self.peak, "device_flops_source": self.peak_source,
+            "wall_time_s": wall_s, "device_flops_peak": self.mfu.peak, "device_flops_source": self.mfu.source,
             "flops_per_token": self.flops_per_token, "world_size": self.plan.world_size,
             "layout": self.plan.describe(), "model": self.plan.model.name,
             "tokens_per_step": self.plan.tokens_per_step, "param_elements_rank0": param_elements_rank0,

@@ -63,6 +63,7 @@ def train(cfg: JobConfig) -> dict:
     setup_logging(run_dir, env.rank)
     if auto_why:
         log.info(auto_why)
+    log.info(plan.precision.why)  # [precision] precision.dtype, auto decided for this device
     torch.manual_seed(cfg.train.seed)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -148,10 +149,10 @@ def build_step_context(plan: RunPlan, device: torch.device, data: TrainingData, 
     """The model (built on the meta device, parallelised, then materialised), its optimizer and
     schedule, the loss scaler and the batches: everything a step changes."""
     job = plan.job
-    scaler = DynamicLossScaler(job.precision.dtype == "fp16", job.precision.loss_scale_init,
+    scaler = DynamicLossScaler(plan.precision.name == "fp16", job.precision.loss_scale_init,
                                job.precision.loss_scale_growth_interval, device=device)
     pipeline_loss = PipelineLoss(scaler, job.train.mtp_loss_weight) if plan.pp > 1 else None
-    model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels())
+    model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels(plan.compute_dtype))
     parallel = parallelize_model(model, plan, device, state_dict=weights, loss_fn=pipeline_loss)
     configure_aux_loss(parallel.model, job.train.aux_loss_alpha, plan.aux_loss_grad_scale)
     optimizer = build_optimizer(parallel.model, job.optim)
