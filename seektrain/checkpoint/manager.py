@@ -62,6 +62,7 @@ from seektrain.checkpoint.finder import (
 )
 from seektrain.checkpoint.resume import ResumeChoice, prepare_run_dir, resolve_resume
 from seektrain.checkpoint.storage import Writer, describe_error, fsync_dir, sha256_file
+from seektrain.errors import RunFailure, UserError
 from seektrain.models.config import ModelConfig
 
 __all__ = ["CheckpointManager", "CheckpointError", "describe_error", "step_dir_name", "COMPLETE"]
@@ -69,7 +70,7 @@ __all__ = ["CheckpointManager", "CheckpointError", "describe_error", "step_dir_n
 log = logging.getLogger("seektrain.checkpoint")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RunFailure):
     """A checkpoint could not be written or read; the message names the path and the fix."""
 
 
@@ -171,7 +172,7 @@ class CheckpointManager:
             dist.broadcast_object_list(box, src=0, group=self.group)
             outcome = box[0]
         if isinstance(outcome, str):
-            raise ValueError(outcome)
+            raise UserError(outcome)
         return outcome
 
     # ------------------------------------------------------------------ save

@@ -26,6 +26,7 @@ import torch
 
 from seektrain.cli.arg_types import SEED
 from seektrain.config.dtypes import dtype_from_name
+from seektrain.errors import UserError
 
 EXIT_USER_ERROR = 2
 
@@ -154,7 +155,7 @@ def _pick(args: argparse.Namespace, table: dict, what: str) -> str:
     chosen = [dest for dest in table if getattr(args, dest, None) is not None]
     flags = " or ".join("--" + dest.replace("_", "-") for dest in table)
     if len(chosen) != 1:
-        raise ValueError(f"give exactly one {what}: {flags}")
+        raise UserError(f"give exactly one {what}: {flags}")
     return chosen[0]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from seektrain.errors import UserError
 from seektrain.launch.image import DEFAULT_IMAGE
 from seektrain.launch.k8s import KINDS, K8sOptions, build_manifests, cluster_config
 from seektrain.launch.yaml_text import to_yaml_documents
@@ -49,7 +50,7 @@ def _env(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--env {item!r} must look like NAME=VALUE")
+            raise UserError(f"--env {item!r} must look like NAME=VALUE")
         env[key] = value
     return env
 

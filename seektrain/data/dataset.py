@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from seektrain.data.manifest import SPLITS, Manifest, Shard, read_manifest
+from seektrain.errors import UserError
 
 
 class TokenDataset:
@@ -22,7 +23,7 @@ class TokenDataset:
         self.split = split
         info = self.manifest.split(split)
         if info.tokens == 0:
-            raise ValueError(
+            raise UserError(
                 f"data.path={self.directory}: split {split!r} is empty; re-prepare with more documents or a larger --val-fraction"
             )
         self.dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
@@ -32,9 +33,9 @@ class TokenDataset:
             path = self.directory / shard.file
             expected = shard.tokens * self.dtype.itemsize
             if not path.is_file():
-                raise ValueError(f"{path}: shard listed in manifest.json is missing; re-run `seektrain data prepare ... --force`")
+                raise UserError(f"{path}: shard listed in manifest.json is missing; re-run `seektrain data prepare ... --force`")
             if path.stat().st_size != expected:
-                raise ValueError(
+                raise UserError(
                     f"{path}: {path.stat().st_size} bytes but manifest says {expected}; the shard is truncated or "
                     "modified, re-run `seektrain data prepare ... --force`"
                 )
@@ -42,7 +43,7 @@ class TokenDataset:
         counts = np.array([s.tokens for s in self.shards], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         if int(self._starts[-1]) != info.tokens:
-            raise ValueError(f"{self.directory}/manifest.json: shard token counts do not add up to {info.tokens}; re-prepare the data")
+            raise UserError(f"{self.directory}/manifest.json: shard token counts do not add up to {info.tokens}; re-prepare the data")
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -76,7 +77,7 @@ def _check_sha256(directory: Path, shard: Shard) -> None:
         while chunk := f.read(8 << 20):
             h.update(chunk)
     if h.hexdigest() != shard.sha256:
-        raise ValueError(f"{directory / shard.file}: sha256 mismatch, the shard is corrupt or modified; re-run `seektrain data prepare ... --force`")
+        raise UserError(f"{directory / shard.file}: sha256 mismatch, the shard is corrupt or modified; re-run `seektrain data prepare ... --force`")
 
 
 def verify_dataset(directory: str | Path) -> Manifest:

@@ -25,6 +25,7 @@ import torch
 
 from seektrain.data.batch import Batch
 from seektrain.data.dataset import TokenDataset, verify_dataset
+from seektrain.errors import UserError
 
 __all__ = ["DistributedBatchLoader", "TokenDataset", "verify_dataset"]
 
@@ -59,7 +60,7 @@ class DistributedBatchLoader:
         self.num_windows = (len(dataset) - 1) // seq_len
         self.global_batch = micro_batch_size * dp_size
         if self.num_windows < self.global_batch:
-            raise ValueError(
+            raise UserError(
                 f"data.path={dataset.directory} ({dataset.split}): {len(dataset)} tokens give {self.num_windows} windows of "
                 f"seq_len+1={seq_len + 1}, fewer than one global batch of {self.global_batch} (micro_batch × dp); "
                 "use a shorter seq_len, a smaller batch or more data"
@@ -119,10 +120,10 @@ class DistributedBatchLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position; dp_size and micro_batch_size may differ from the saving run."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"data loader state version {state.get('version')!r} is not {STATE_VERSION}; resume with the seektrain that saved it")
+            raise UserError(f"data loader state version {state.get('version')!r} is not {STATE_VERSION}; resume with the seektrain that saved it")
         for key in ("seed", "seq_len", "num_windows"):
             if state[key] != getattr(self, key):
-                raise ValueError(
+                raise UserError(
                     f"data loader state has {key}={state[key]} but this run has {getattr(self, key)}; "
                     "resume with the same data, seed and seq_len (or start a fresh run)"
                 )

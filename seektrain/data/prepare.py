@@ -22,6 +22,7 @@ import numpy as np
 from seektrain.data.manifest import MANIFEST_NAME, Manifest, Shard, Split, TokenizerInfo, write_manifest
 from seektrain.data.sources import discover, read_documents
 from seektrain.data.tokenizer import Tokenizer, load_tokenizer
+from seektrain.errors import UserError
 
 _OUR_FILES = re.compile(r"(shard|val)-\d{5}\.bin|\.manifest-.*\.tmp")
 DEFAULT_SHARD_TOKENS = 1 << 28  # 512 MiB per uint16 shard: few files, each well under any filesystem limit
@@ -100,9 +101,9 @@ def prepare_dataset(
     prepared directory; without it an existing non-empty ``output`` is an error.
     """
     if shard_tokens < 1:
-        raise ValueError(f"--shard-tokens {shard_tokens}: must be a positive number of tokens")
+        raise UserError(f"--shard-tokens {shard_tokens}: must be a positive number of tokens")
     if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"--val-fraction {val_fraction}: must be in [0, 1), e.g. 0.01")
+        raise UserError(f"--val-fraction {val_fraction}: must be in [0, 1), e.g. 0.01")
     output = Path(output).expanduser()
     _check_output(output, force, inputs)
     files = discover(inputs, fmt)
@@ -125,24 +126,24 @@ def _check_output(output: Path, force: bool, inputs: list[str | Path]) -> None:
     """``--force`` replaces only a folder this command made: our manifest and shards, nothing else, and
     never one holding (or inside) an input. Anything else in the way is refused, whatever the flags."""
     if output.exists() and not output.is_dir():
-        raise ValueError(f"--output {output}: exists and is a file; choose a directory path")
+        raise UserError(f"--output {output}: exists and is a file; choose a directory path")
     resolved = output.resolve()
     for raw in inputs:
         src = Path(raw).expanduser().resolve()
         if src == resolved or resolved in src.parents:
-            raise ValueError(f"--output {output}: holds --input {raw}; write the dataset to a new folder, the "
+            raise UserError(f"--output {output}: holds --input {raw}; write the dataset to a new folder, the "
                              "inputs are never replaced")
     if not output.is_dir() or not any(output.iterdir()):
         return
     ours = (output / MANIFEST_NAME).is_file()
     if ours and not force:
-        raise ValueError(f"--output {output}: already a prepared dataset; pass --force to overwrite or choose another --output")
+        raise UserError(f"--output {output}: already a prepared dataset; pass --force to overwrite or choose another --output")
     if not ours:
-        raise ValueError(f"--output {output}: exists and is not empty, and is not a folder made by `seektrain data "
+        raise UserError(f"--output {output}: exists and is not empty, and is not a folder made by `seektrain data "
                          "prepare` (no manifest.json), so --force will not replace it; choose a new directory")
     foreign = sorted(p.name for p in output.iterdir() if not _made_by_prepare(p))
     if foreign:
-        raise ValueError(f"--output {output}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
+        raise UserError(f"--output {output}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
                          "which `seektrain data prepare` did not write, so --force will not replace the folder; move "
                          "it out or choose a new directory")
 
@@ -223,7 +224,7 @@ def _tokenize_into(
             break
 
     if counts["train"][1] == 0:
-        raise ValueError(f"inputs ({len(files)} files) contain no text; pass files with non-empty documents (check --text-field)")
+        raise UserError(f"inputs ({len(files)} files) contain no text; pass files with non-empty documents (check --text-field)")
     info = TokenizerInfo(tokenizer.spec, tokenizer.vocab_size, tokenizer.eos_id, tokenizer.bos_id, tokenizer.fingerprint)
     return Manifest(
         tokenizer=info,

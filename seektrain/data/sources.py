@@ -11,6 +11,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from seektrain.errors import UserError
+
 FORMATS = ("auto", "text", "jsonl", "parquet")
 
 TEXT_SUFFIXES = frozenset(
@@ -40,19 +42,19 @@ def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, st
     format every non-hidden file found is read as that format.
     """
     if fmt not in FORMATS:
-        raise ValueError(f"--format {fmt}: unknown format; use one of {', '.join(FORMATS)}")
+        raise UserError(f"--format {fmt}: unknown format; use one of {', '.join(FORMATS)}")
     if not inputs:
-        raise ValueError("no --input given; pass one or more files or directories")
+        raise UserError("no --input given; pass one or more files or directories")
     found: list[tuple[Path, str]] = []
     seen: set[Path] = set()
     for raw in inputs:
         path = Path(raw).expanduser()
         if not path.exists():
-            raise ValueError(f"--input {raw}: no such file or directory; check the path")
+            raise UserError(f"--input {raw}: no such file or directory; check the path")
         if path.is_file():
             kind = fmt if fmt != "auto" else _format_of(path)
             if kind is None:
-                raise ValueError(f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); pass --format text|jsonl|parquet")
+                raise UserError(f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); pass --format text|jsonl|parquet")
             candidates = [(path, kind)]
         else:
             candidates = []
@@ -61,7 +63,7 @@ def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, st
                 if kind is not None:
                     candidates.append((f, kind))
             if not candidates:
-                raise ValueError(f"--input {raw}: no readable files found (format {fmt}); pass files with known extensions or --format text")
+                raise UserError(f"--input {raw}: no readable files found (format {fmt}); pass files with known extensions or --format text")
         for f, kind in candidates:
             resolved = f.resolve()
             if resolved not in seen:
@@ -87,7 +89,7 @@ def read_documents(path: Path, kind: str, text_field: str = "text") -> Iterator[
     elif kind == "parquet":
         yield from _read_parquet(path, text_field)
     else:
-        raise ValueError(f"{path}: unknown format {kind!r}; use one of text, jsonl, parquet")
+        raise UserError(f"{path}: unknown format {kind!r}; use one of text, jsonl, parquet")
 
 
 def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
@@ -98,12 +100,12 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it") from None
+                raise UserError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it") from None
             if not isinstance(record, dict) or text_field not in record:
-                raise ValueError(f"{path}:{lineno}: no field {text_field!r}; pass --text-field with the name of the text field")
+                raise UserError(f"{path}:{lineno}: no field {text_field!r}; pass --text-field with the name of the text field")
             text = record[text_field]
             if not isinstance(text, str):
-                raise ValueError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string; pass the right --text-field")
+                raise UserError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string; pass the right --text-field")
             yield text
 
 
@@ -112,16 +114,16 @@ def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ValueError(f"{path}: reading Parquet needs pyarrow; pip install 'seektrain[parquet]'") from None
+        raise UserError(f"{path}: reading Parquet needs pyarrow; pip install 'seektrain[parquet]'") from None
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:
-        raise ValueError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]}); check the file") from None
+        raise UserError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]}); check the file") from None
     if text_field not in pf.schema_arrow.names:
-        raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); pass --text-field")
+        raise UserError(f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); pass --text-field")
     kind = pf.schema_arrow.field(text_field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise ValueError(f"{path}: column {text_field!r} holds {kind}, not text; pass --text-field with a string column")
+        raise UserError(f"{path}: column {text_field!r} holds {kind}, not text; pass --text-field with a string column")
     for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
         for text in batch.column(0).to_pylist():
             if text is not None:

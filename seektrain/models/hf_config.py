@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig, RopeScaling
 from seektrain.models.hub import resolve_local_path
 
@@ -44,7 +45,7 @@ _ARCH_DEFAULTS = {
 }
 
 
-class HFConfigError(ValueError):
+class HFConfigError(UserError):
     """A config.json that cannot describe a model we build; the message is one line naming the field."""
 
 

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from seektrain.checkpoint import hooks
+from seektrain.errors import RunFailure
 from seektrain.train.transfer import HostCopy
 
 log = logging.getLogger("seektrain.train")
@@ -47,11 +48,11 @@ SPIKE_WINDOW = 50  # good losses in the running mean
 SPIKE_MIN_HISTORY = 5  # no spike verdict before this many good losses
 
 
-class BadLossError(ValueError):
+class BadLossError(RunFailure):
     """The loss of a step was NaN/Inf or spiked and ``train.on_bad_loss = stop``."""
 
 
-class CollectiveError(ConnectionError):
+class CollectiveError(RunFailure):
     """A collective timed out or lost a peer; the message names the rank and the operation."""
 
 
