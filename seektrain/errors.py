@@ -11,11 +11,13 @@ error", torch's own bugs and ours included, and their tracebacks were lost. Now 
   memory, a dead or hung rank, a bad loss under ``train.on_bad_loss=stop``, a checkpoint the disk
   would not take); the message names what happened and what to try.
 
-This module imports nothing, so every layer (``config``, ``models``, ``data``, ``checkpoint`` ...) can
+This module imports only the standard library, so every layer (``config``, ``models``, ``data``, ``checkpoint`` ...) can
 raise them.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 
 class UserError(ValueError):
@@ -24,3 +26,14 @@ class UserError(ValueError):
 
 class RunFailure(Exception):
     """A known failure of a run on good input; the message names what happened and what to try."""
+
+
+@contextlib.contextmanager
+def user_path(what: str, fix: str = "choose a folder you can write"):
+    """An ``OSError`` while creating, reading or writing a path the user named (``what``: the flag or key
+    and its value) is bad input, not a bug: one ``UserError`` line naming the path, the reason and ``fix``."""
+    try:
+        yield
+    except OSError as err:
+        raise UserError(f"{what}: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}; "
+                        f"{fix}") from None

@@ -22,7 +22,7 @@ import numpy as np
 from seektrain.data.manifest import MANIFEST_NAME, Manifest, Shard, Split, TokenizerInfo, write_manifest
 from seektrain.data.sources import discover, read_documents
 from seektrain.data.tokenizer import Tokenizer, load_tokenizer
-from seektrain.errors import UserError
+from seektrain.errors import UserError, user_path
 
 _OUR_FILES = re.compile(r"(shard|val)-\d{5}\.bin|\.manifest-.*\.tmp")
 DEFAULT_SHARD_TOKENS = 1 << 28  # 512 MiB per uint16 shard: few files, each well under any filesystem limit
@@ -110,8 +110,9 @@ def prepare_dataset(
     tokenizer = load_tokenizer(tokenizer_spec)
     dtype = dtype_for(tokenizer.vocab_size)
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    with user_path(f"--output {output}"):
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
         manifest = _tokenize_into(tmp, files, tokenizer, dtype, text_field, shard_tokens, val_fraction, max_tokens)
         write_manifest(tmp, manifest)

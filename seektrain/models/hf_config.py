@@ -64,6 +64,8 @@ def read_config_json(path: str | os.PathLike, what: str = "model.hf_path") -> di
             raw = json.load(fh)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise HFConfigError(f"{file}: unreadable JSON ({exc})") from None
+    except RecursionError:
+        raise HFConfigError(f"{file}: nests too deeply to be a model config") from None
     if not isinstance(raw, dict):
         raise HFConfigError(f"{file}: expected a JSON object, got {type(raw).__name__}")
     return raw

@@ -22,6 +22,7 @@ from seektrain.checkpoint.resume import restore_trainer_state
 from seektrain.checkpoint.run_files import MODEL_CONFIG
 from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
+from seektrain.errors import user_path
 from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.float8 import check_float8_environment
@@ -135,7 +136,8 @@ def train(cfg: JobConfig) -> dict:
 def write_run_files(plan: RunPlan, run_dir: Path, env: DistEnv) -> None:
     """``config.toml`` and ``model_config.json``: what this run is, for resume, sample and convert."""
     if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        with user_path(f"run.dir={run_dir}"):
+            run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.toml", config_to_toml(plan.job))
         write_text_atomic(run_dir / MODEL_CONFIG, json.dumps(plan.model.to_dict(), indent=1))
         write_env_file(run_dir, env.backend, env.facts, plan.job.dist)
