@@ -25,10 +25,8 @@ from seektrain.config.schema import JobConfig
 from seektrain.errors import user_path
 from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
-from seektrain.parallel.float8 import check_float8_environment
 from seektrain.parallel.distributed import DistEnv, init_distributed
 from seektrain.parallel.parallelize import parallelize_model, unwrap
-from seektrain.plan.auto import auto_layout
 from seektrain.plan.run_plan import RunPlan
 from seektrain.platform import policy_for
 from seektrain.train.balance import configure_aux_loss
@@ -40,7 +38,8 @@ from seektrain.train.pipeline_step import PipelineLoss
 from seektrain.train.precision import DynamicLossScaler
 from seektrain.train.progress import setup_logging
 from seektrain.train.setup_data import TrainingData, open_training_data
-from seektrain.train.setup_model import configured_model_config, initial_weights
+from seektrain.train.setup_model import initial_weights
+from seektrain.train.startup import resolve_start
 from seektrain.train.step import StepContext, train_step
 from seektrain.train.step_log import StepLog
 
@@ -53,16 +52,15 @@ def train(cfg: JobConfig) -> dict:
     ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank,
                              pin_memory=policy_for(env.device).pin_host_memory())
     # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
-    # every rank gets the same checkpoint and model, or the same one-line refusal
-    start = ckpt.resume_choice(cfg.checkpoint.resume, configured_model_config(cfg))
-    cfg, auto_why = auto_layout(cfg, start.model, env.world_size, env.device.type)  # parallel.auto
-    plan = RunPlan.resolve(cfg, start.model, env.world_size, env.device.type)
-    check_float8_environment(cfg.precision.fp8, env.device.type)  # [precision] precision.fp8 on this device
+    # every rank gets the same checkpoint and model, or the same one-line refusal; then parallel.auto
+    # and the run plan, exactly as the launcher resolved them (startup.py)
+    begin = resolve_start(cfg, env.world_size, env.device.type, ckpt.resume_choice)
+    plan, start, cfg = begin.plan, begin.resume, begin.plan.job
     plan.platform.prepare_process(cfg.train.deterministic, cfg.cpu.keep_freed_memory)
     write_run_files(plan, run_dir, env)
     setup_logging(run_dir, env.rank)
-    if auto_why:
-        log.info(auto_why)
+    if begin.auto_why:
+        log.info(begin.auto_why)
     torch.manual_seed(cfg.train.seed)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
