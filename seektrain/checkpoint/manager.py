@@ -55,7 +55,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
 )
 
-from seektrain.checkpoint import hooks, rng, write_lock
+from seektrain.checkpoint import rng, write_lock
 from seektrain.checkpoint.staging import run_in_background, snapshot_stager
 from seektrain.checkpoint.finder import (
     CHECKSUMS, COMPLETE, TRAINER_STATE, complete_checkpoints, newest_valid, step_dir_name, tmp_folders,
@@ -242,7 +242,7 @@ class CheckpointManager:
             error = err
         if not self._agree(error is None):  # before DCP's collectives, which a failed rank would not join
             self._fail(job, error or OSError("another rank could not write its RNG state or snapshot"))
-        writer = Writer(job.tmp, hooks.fires("CKPT_ENOSPC", step, self.rank))
+        writer = Writer(job.tmp)
         job.started = time.perf_counter()
         if background:
             job.future = run_in_background(lambda: self._write(job, state, writer), "seektrain-checkpoint-write")
@@ -280,6 +280,12 @@ class CheckpointManager:
     def pending_step(self) -> int | None:
         """The step of the async save awaiting its commit, if any."""
         return self._pending.step if self._pending is not None else None
+
+    def commit(self, step: int | None) -> None:
+        """Commit the async save of ``step`` once every rank has written it (``FaultGuard.end_step`` says
+        so), unless it was committed since; nothing for None."""
+        if step is not None and self.pending_step == step:
+            self.wait()
 
     def wait(self) -> None:
         """Finish the async save in flight, if any, and commit it (collective)."""

@@ -31,6 +31,7 @@ from seektrain.plan.run_plan import RunPlan
 from seektrain.platform import policy_for
 from seektrain.train.balance import configure_aux_loss
 from seektrain.train.evaluate import Evaluator
+from seektrain.train.fault_injection import install_from_env
 from seektrain.train.faults import FaultGuard
 from seektrain.train.monitor import RunMonitor
 from seektrain.train.optim import build_optimizer, build_scheduler
@@ -67,8 +68,9 @@ def train(cfg: JobConfig) -> dict:
 
     data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main,
                               env.device if plan.platform.pin_host_memory() else None)
-    guard = FaultGuard(cfg.train, cfg.checkpoint, ckpt, env.rank, env.device,  # [faults] SIGTERM, bad loss, hangs
+    guard = FaultGuard(cfg.train, cfg.checkpoint, env.rank, env.device,  # [faults] SIGTERM, bad loss, hangs
                        cfg.dist.collective_timeout_s)
+    install_from_env(guard, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
     weights = initial_weights(cfg) if start.checkpoint is None else None
     ctx = build_step_context(plan, env.device, data, guard, weights)
     start_step = 0
@@ -89,7 +91,7 @@ def train(cfg: JobConfig) -> dict:
     step = start_step
     try:
         for step in range(start_step + 1, cfg.train.steps + 1):
-            guard.begin_step(step)  # [faults] (test hooks only)
+            guard.begin_step(step)  # [faults] what a collective failure names
             monitor.before_step(step)
             record = train_step(ctx, step)
             evaluating = evaluator.due(step)
@@ -100,7 +102,9 @@ def train(cfg: JobConfig) -> dict:
             if saving:
                 steps_log.settle()  # [faults] a bad loss stops the run before a checkpoint holds its step
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
-            preempted = guard.end_step(step)  # [faults] also commits an async checkpoint written everywhere
+            # [faults] one all-reduce: SIGTERM on any rank, and an async checkpoint written everywhere
+            preempted, written = guard.end_step(step, ckpt.in_flight(), ckpt.pending_step)
+            ckpt.commit(written)
             stall = ckpt.take_stall_s()  # what this step's checkpoint save or commit blocked training for
             if stall is not None:
                 record.values["checkpoint_stall_s"] = stall
