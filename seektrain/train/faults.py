@@ -253,9 +253,9 @@ _TORCH_DISTRIBUTED = os.path.dirname(dist.__file__) + os.sep
 def is_collective_failure(err: BaseException) -> bool:
     """Whether ``err`` is a backend's failure of a collective, told by its type and origin, never by its
     wording (which differs between backends and releases): torch's ``DistError`` family (NCCL raises
-    ``DistBackendError``), or a plain ``RuntimeError`` thrown by the native call of a collective, which is
-    how gloo reports a timeout or a lost peer: the innermost Python frame is torch.distributed's
-    (``distributed_c10d``, FSDP's collectives, a ``Work.wait``)."""
+    ``DistBackendError``; the CPU policy's own gloo collectives raise ``DistNetworkError``), or a plain
+    ``RuntimeError`` thrown by the native call of a collective, which is how gloo reports a timeout or a
+    lost peer: the innermost Python frame is torch.distributed's (``distributed_c10d``, FSDP's, DTensor's)."""
     if isinstance(err, dist.DistError):
         return True
     if type(err) is not RuntimeError:
