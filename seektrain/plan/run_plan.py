@@ -147,7 +147,7 @@ class RunPlan:
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        from seektrain.train.precision import DTYPES
+        from seektrain.config.dtypes import DTYPES
 
         return DTYPES[self.job.precision.dtype]
 
