@@ -180,7 +180,7 @@ def test_rng_state_round_trips_as_raw_bytes(tmp_path):
 _BIAS_SCRIPT = textwrap.dedent("""
     import sys, torch
     from pathlib import Path
-    from seektrain.parallel.distributed import init_distributed
+    from seektrain.parallel.process_group import init_distributed
     from seektrain.checkpoint.manager import CheckpointManager
     from seektrain.models import build_model, get_preset
     from torch.distributed.device_mesh import init_device_mesh

@@ -25,8 +25,8 @@ from seektrain.config.schema import JobConfig
 from seektrain.errors import user_path
 from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
-from seektrain.parallel.distributed import DistEnv, init_distributed
 from seektrain.parallel.parallelize import parallelize_model, unwrap
+from seektrain.parallel.process_group import DistEnv, init_distributed
 from seektrain.plan.run_plan import RunPlan
 from seektrain.platform import policy_for
 from seektrain.train.balance import configure_aux_loss
