@@ -39,13 +39,31 @@ def _caller() -> str:
     return f"{Path(f.filename).name}:{f.lineno} {f.name}"
 
 
+def _gpu_policy_class():
+    from dataclasses import replace
+
+    from seektrain.models.kernels import Kernels
+    from seektrain.platform.policy import PlatformPolicy
+
+    class GpuPolicy(PlatformPolicy):
+        """The generic policy as an SM 9.0+ GPU has it: the experts run as one grouped GEMM (which this
+        CPU runs in fp32 too), not the batched matmul that sizes its padding on the host."""
+
+        def model_kernels(self) -> Kernels:
+            plain = Kernels()
+            return replace(super().model_kernels(), grouped_mm_dtypes=plain.grouped_mm_dtypes,
+                           grouped_mm_dim_multiple=plain.grouped_mm_dim_multiple)
+
+    return GpuPolicy
+
+
 def count_reads(run_dir: str, overrides: list[str]) -> dict[int, list[str]]:
     from seektrain import platform
     from seektrain.config.loader import load_config
-    from seektrain.platform.policy import PlatformPolicy
     from seektrain.train import faults
     from seektrain.train.trainer import train
 
+    _GpuPolicy = _gpu_policy_class()
     reads: dict[int, list[str]] = defaultdict(list)
     step = [0]  # the step whose iteration of the training loop is running (0: none yet)
 
@@ -70,7 +88,7 @@ def count_reads(run_dir: str, overrides: list[str]) -> dict[int, list[str]]:
 
     originals = {name: getattr(torch.Tensor, name) for name in READS}
     faults.FaultGuard.begin_step = begin
-    platform.policy_for = lambda device: PlatformPolicy()  # the generic (GPU) path's kernels
+    platform.policy_for = lambda device: _GpuPolicy()  # the generic (GPU) path's kernels
     for name, original in originals.items():
         setattr(torch.Tensor, name, counted(name, original))
     show, cuda = warnings.showwarning, torch.cuda.is_available()
