@@ -57,7 +57,7 @@ def checkpoint_rows(results: Results, cfg, work: Path, device: torch.device, sel
     from seektrain.checkpoint.manager import CheckpointManager
     from seektrain.config.schema import OptimSection
     from seektrain.models import build_model
-    from seektrain.parallel.distributed import init_distributed
+    from seektrain.parallel.process_group import init_distributed
     from seektrain.platform import policy_for
     from seektrain.train.optim import build_optimizer
 

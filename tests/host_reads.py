@@ -63,12 +63,30 @@ def _names_the_host(args, kwargs) -> bool:
     return any(isinstance(t, str) and torch.device(t).type == "cpu" for t in (*args[:1], kwargs.get("device")))
 
 
+def _gpu_policy_class():
+    from dataclasses import replace
+
+    from seektrain.models.kernels import Kernels
+    from seektrain.platform.policy import PlatformPolicy
+
+    class GpuPolicy(PlatformPolicy):
+        """The generic policy as an SM 9.0+ GPU has it: the experts run as one grouped GEMM (which this
+        CPU runs in fp32 too), not the batched matmul that sizes its padding on the host."""
+
+        def model_kernels(self, compute_dtype=torch.bfloat16) -> Kernels:
+            plain = Kernels()
+            return replace(super().model_kernels(compute_dtype), grouped_mm_dtypes=plain.grouped_mm_dtypes,
+                           grouped_mm_dim_multiple=plain.grouped_mm_dim_multiple)
+
+    return GpuPolicy
+
+
 def count_reads(run_dir: str, overrides: list[str], plant: bool = False) -> dict[int, list[str]]:
     from seektrain import platform
     from seektrain.config.loader import load_config
-    from seektrain.platform.policy import PlatformPolicy
     from seektrain.train import faults, trainer
 
+    _GpuPolicy = _gpu_policy_class()
     reads: dict[int, list[str]] = defaultdict(list)
     step = [0]  # the step whose iteration of the training loop is running (0: none yet)
 
@@ -109,7 +127,7 @@ def count_reads(run_dir: str, overrides: list[str], plant: bool = False) -> dict
     originals = {name: getattr(torch.Tensor, name) for name in (*READS, "to", "__getitem__")}
     functions = {name: getattr(torch, name) for name in FUNCTIONS}
     faults.FaultGuard.begin_step = begin
-    platform.policy_for = lambda device: PlatformPolicy()  # the generic (GPU) path's kernels
+    platform.policy_for = lambda device: _GpuPolicy()  # the generic (GPU) path's kernels
     for name in READS:
         setattr(torch.Tensor, name, counted(name, originals[name]))
     torch.Tensor.to = counted_if("to", originals["to"], _names_the_host)

@@ -137,3 +137,45 @@ def test_launcher_prints_each_worker_line_once(tmp_path, capsys):
     assert report_failures(mixed, tmp_path) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0] == line + " [rank 0]" and "rank 1 (exit code -9)" in err[1]
+
+
+def _train_in_process(run: Path, fx: dict) -> list[str]:
+    return ["train", "--set", f"run.dir={run}", "--set", f"data.path={fx['data']}", "--set", "model.preset=tiny-dense",
+            "--set", "train.steps=2", "--set", "train.seq_len=32", "--set", "train.global_batch_size=2", "--set",
+            "train.micro_batch_size=2", "--set", "precision.dtype=fp32", "--set", "train.eval_interval=0", "--set",
+            "run.progress_bar=false", "--set", "metrics.tensorboard=false"]
+
+
+def test_bad_input_found_inside_the_step_is_one_line_exit_2(fx, tmp_path, monkeypatch, capsys):
+    """Bad input is a ``UserError`` wherever it is found, even inside a step: one line, exit 2, no traceback."""
+    from seektrain.errors import UserError
+    from seektrain.train import trainer
+
+    def refuses(ctx, step):
+        raise UserError("data.path=x: shard 3 holds token 70000, above the vocabulary; re-run data prepare")
+
+    monkeypatch.setattr(trainer, "train_step", refuses)
+    assert main(_train_in_process(tmp_path / "run", fx)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["seektrain: error: data.path=x: shard 3 holds token 70000, above the vocabulary; re-run "
+                     "data prepare"]
+    assert "Traceback" not in (tmp_path / "run" / "train.log").read_text()
+
+
+@pytest.mark.parametrize("bug", [TypeError, ValueError])
+def test_bug_inside_the_step_is_an_internal_error_with_its_traceback_in_train_log(bug, fx, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """A bug in the step (a ValueError too: not every ValueError is the user's) is no "user error": exit 1,
+    one line saying it is internal and naming run.dir/train.log, which holds the whole traceback."""
+    from seektrain.train import trainer
+
+    def broken_step(ctx, step):
+        raise bug("unsupported operand type(s) for +: 'Tensor' and 'NoneType'")
+
+    monkeypatch.setattr(trainer, "train_step", broken_step)
+    assert main(_train_in_process(tmp_path / "run", fx)) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    log = tmp_path / "run" / "train.log"
+    assert len(lines) == 1 and lines[0].startswith("seektrain: internal error: ") and str(log) in lines[0], lines
+    text = log.read_text()
+    assert "Traceback" in text and "in broken_step" in text and f"{bug.__name__}: unsupported operand" in text

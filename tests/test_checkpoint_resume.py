@@ -190,7 +190,7 @@ def _two_ranks(rank: int, port: int, out_dir: str) -> None:
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    from seektrain.parallel.distributed import init_distributed
+    from seektrain.parallel.process_group import init_distributed
 
     init_distributed(60)
     out = Path(out_dir)

@@ -44,7 +44,17 @@ def test_disk_full_gives_one_line_and_keeps_earlier_checkpoints(tmp_path, monkey
     model, optimizer = tiny()
     manager = CheckpointManager(tmp_path, keep=5, async_save=False, rank=0)
     manager.save(1, model, optimizer, {"step": 1})
-    monkeypatch.setenv("SEEKTRAIN_TEST_CKPT_ENOSPC", "2")
+    import errno
+    import os
+
+    from seektrain.checkpoint import manager as manager_module
+    from seektrain.checkpoint.storage import Writer
+
+    class FullDisk(Writer):
+        def write_data(self, plan, planner):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+
+    monkeypatch.setattr(manager_module, "Writer", FullDisk)
     with pytest.raises(CheckpointError) as err:
         manager.save(2, model, optimizer, {"step": 2})
     message = str(err.value)
@@ -170,7 +180,7 @@ def test_rng_state_round_trips_as_raw_bytes(tmp_path):
 _BIAS_SCRIPT = textwrap.dedent("""
     import sys, torch
     from pathlib import Path
-    from seektrain.parallel.distributed import init_distributed
+    from seektrain.parallel.process_group import init_distributed
     from seektrain.checkpoint.manager import CheckpointManager
     from seektrain.models import build_model, get_preset
     from torch.distributed.device_mesh import init_device_mesh
@@ -263,19 +273,38 @@ def test_loss_guard_judges_on_the_device_and_keeps_the_last_window():
     assert restored.check(9.0, 61) and restored.history == expected[1:] + [9.0]
 
 
+def _thrown_by_torch_distributed(message: str) -> RuntimeError:
+    """A RuntimeError as gloo throws one: from native code called by torch.distributed's Python code."""
+    import os
+
+    import torch.distributed as dist
+
+    scope = {"torch": torch}
+    where = os.path.join(os.path.dirname(dist.__file__), "distributed_c10d.py")
+    exec(compile("def collective(msg):\n    torch._assert_async(torch.tensor(False), msg)\n", where, "exec"), scope)
+    try:
+        scope["collective"](message)
+    except RuntimeError as err:
+        return err
+    raise AssertionError("the native call did not throw")
+
+
 def test_collective_failure_becomes_one_line_naming_rank_and_operation():
+    """Told by type and origin: the same words thrown by other code are not a collective failure."""
     cfg = SimpleNamespace(on_bad_loss="skip", spike_factor=0.0)
-    guard = FaultGuard(cfg, SimpleNamespace(preempt_grace_s=10.0), None, rank=1, device=torch.device("cpu"),
+    guard = FaultGuard(cfg, SimpleNamespace(preempt_grace_s=10.0), rank=1, device=torch.device("cpu"),
                        collective_timeout_s=5.0)
+    text = "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"
     try:
         guard.begin_step(7)
-        err = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv "
-                           "operation to complete")
         with pytest.raises(CollectiveError) as got:
-            guard.raise_readable(err)
-        text = str(got.value)
-        assert "\n" not in text and text.startswith("rank 1: a collective failed during step 7")
-        assert "Timed out waiting 5000ms for recv operation" in text and "dist.collective_timeout_s" in text
+            guard.raise_readable(_thrown_by_torch_distributed(text))
+        message = str(got.value)
+        assert "\n" not in message and message.startswith("rank 1: a collective failed during step 7")
+        assert "Timed out waiting 5000ms for recv operation" in message and "dist.collective_timeout_s" in message
+        with pytest.raises(CollectiveError):
+            guard.raise_readable(torch.distributed.DistBackendError("NCCL communicator was aborted"))
+        guard.raise_readable(RuntimeError(text))  # the words alone, thrown elsewhere: left alone
         guard.raise_readable(RuntimeError("shape mismatch"))  # not a collective failure: left alone
     finally:
         guard.close()
@@ -299,6 +328,17 @@ def test_hung_rank_ends_with_a_message_naming_rank_and_operation(tmp_path):
     out = proc.stdout + proc.stderr
     assert "seektrain: error: rank 0: a collective failed during step 2" in out
     assert "Timed out waiting 5000ms" in out
+
+
+def test_killed_rank_ends_with_a_message_naming_rank_and_operation(tmp_path):
+    """A real lost peer: rank 1 SIGKILLs itself at step 2 (no restart), so rank 0's next collective fails
+    (gloo: a plain RuntimeError, told as a collective failure by where it was thrown) and the run ends
+    with rank 0's one line naming the step, not an internal error."""
+    proc = train(tmp_path, "train.steps=3", "checkpoint.preempt_grace_s=2", nproc=2,
+                 env={"SEEKTRAIN_TEST_KILL": "2:1"}, check=False, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "internal error" not in out, out[-3000:]
+    assert "seektrain: error: rank 0: a collective failed during step 2" in out, out[-3000:]
 
 
 def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypatch):

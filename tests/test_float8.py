@@ -24,11 +24,11 @@ from seektrain.models import build_model
 from seektrain.models.layers import RMSNorm
 from seektrain.models.moe import GroupedExperts, Router
 from seektrain.models.presets import get_preset
-from seektrain.parallel import float8
-from seektrain.parallel.float8 import apply_float8, float8_environment_problem, float8_targets, fp8_matmul_params
+from seektrain.parallel.float8 import apply_float8, float8_targets, fp8_matmul_params
 from seektrain.plan.hardware import hardware
 from seektrain.plan.run_plan import RunPlan
 from seektrain.plan.speed import step_time
+from seektrain.platform.float8_support import TORCHAO_PIN, float8_environment_problem
 
 # tiny-v3: layer 0 dense, layers 1-3 and the MTP block (mtp.0.block) MoE; MLA with q_lora_rank.
 MLA = ["self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.kv_b_proj",
@@ -292,7 +292,7 @@ def test_missing_torchao_names_the_install(monkeypatch):
     _fake_gpu(monkeypatch, (9, 0), "NVIDIA H100 80GB HBM3")
     monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao now raises ImportError
     problem = float8_environment_problem("rowwise", "cuda")
-    assert "pip install 'seektrain[fp8]'" in problem and f"torchao=={float8.TORCHAO_PIN}" in problem
+    assert "pip install 'seektrain[fp8]'" in problem and f"torchao=={TORCHAO_PIN}" in problem
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])

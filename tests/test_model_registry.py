@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 
+from seektrain.errors import UserError
 from seektrain.models import registry
 from seektrain.models.config import ModelConfig
 from seektrain.models.presets import PRESETS, get_preset
@@ -28,9 +29,9 @@ def test_every_preset_is_the_deepseek_family():
 
 
 def test_lookups_fail_in_one_line():
-    with pytest.raises(ValueError, match="unknown model family 'mamba'; known: deepseek"):
+    with pytest.raises(UserError, match="unknown model family 'mamba'; known: deepseek"):
         registry.get_family("mamba")
-    with pytest.raises(ValueError, match="no model family builds arch='mamba'"):
+    with pytest.raises(UserError, match="no model family builds arch='mamba'"):
         registry.family_for(get_preset("tiny-dense").replace(arch="mamba"))
     with pytest.raises(TypeError, match="Linear is not the module class"):
         registry.family_of(torch.nn.Linear(2, 2))

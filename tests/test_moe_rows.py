@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from seektrain.models import moe
+from seektrain.models.kernels import Kernels
 from seektrain.models.moe_rows import PermuteRows, padded_group_positions
 from seektrain.platform import policy_for
 
@@ -26,22 +27,22 @@ def test_permute_rows_backward_is_the_inverse_permutation():
     assert torch.autograd.gradcheck(lambda t: PermuteRows.apply(t, order, inverse), (x,))
 
 
-def _swiglu_outputs(counts, row_multiple: int, dtype):
+def _swiglu_outputs(counts, row_multiple: int, dtype, grouped: bool = True):
     """grouped_swiglu's output and gradients on fixed data, each expert's rows padded to ``row_multiple``."""
     gen = torch.Generator().manual_seed(0)
     E, D, F = counts.numel(), 32, 24
     x = torch.randn(int(counts.sum()), D, generator=gen).to(dtype).requires_grad_()
     gate_up = (torch.randn(E, 2 * F, D, generator=gen) / D**0.5).to(dtype).requires_grad_()
     down = (torch.randn(E, D, F, generator=gen) / F**0.5).to(dtype).requires_grad_()
-    out = moe.grouped_swiglu(x, counts, gate_up, down, row_multiple)
+    kernels = Kernels(expert_row_multiple=row_multiple, grouped_mm_dtypes=Kernels().grouped_mm_dtypes if grouped else ())
+    out = moe.grouped_swiglu(x, counts, gate_up, down, kernels)
     out.backward(torch.randn(out.shape, generator=gen).to(dtype))
     return [t.detach().float() for t in (out, x.grad, gate_up.grad, down.grad)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_group_padding_changes_no_output_or_gradient(monkeypatch, dtype):
-    if not moe.grouped_mm_supported(torch.zeros(1, dtype=dtype), 48, 32):
-        pytest.skip("no grouped GEMM on this build")
+def test_cpu_group_padding_changes_no_output_or_gradient(dtype):
+    assert policy_for(torch.device("cpu")).model_kernels().grouped_mm_covers(torch.zeros(1, dtype=dtype), 48, 32)
     counts = torch.tensor([5, 0, 17, 16, 1, 40])  # empty, below, at and above a multiple of 16
     multiple = policy_for(torch.device("cpu")).model_kernels().expert_row_multiple
     assert multiple == 16
@@ -52,7 +53,6 @@ def test_cpu_group_padding_changes_no_output_or_gradient(monkeypatch, dtype):
         torch.testing.assert_close(a, b, **tol, msg=lambda m, n=name: f"{n}: {m}")
     # and the batched-matmul reference (no grouped GEMM) agrees in fp32
     if dtype == torch.float32:
-        monkeypatch.setattr(moe, "grouped_mm_supported", lambda *a: False)
-        reference = _swiglu_outputs(counts, multiple, dtype)
+        reference = _swiglu_outputs(counts, multiple, dtype, grouped=False)
         for a, b in zip(padded, reference):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

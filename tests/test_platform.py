@@ -51,15 +51,19 @@ def test_generic_policy_imports_no_cpu_module():
 
 def test_generic_policy_does_nothing_special():
     policy = policy_for(torch.device("cuda"))
-    assert type(policy) is PlatformPolicy and policy.model_kernels() == Kernels()
+    kernels, plain = policy.model_kernels(), Kernels()
+    assert type(policy) is PlatformPolicy and kernels.attention is plain.attention and kernels.expert_row_multiple == 1
+    if not torch.cuda.is_available():  # the experts' grouped GEMM is the platform's choice: none without CUDA
+        assert kernels.grouped_mm_dtypes == ()
     assert type(policy_for("meta")) is PlatformPolicy
     assert isinstance(policy_for("cpu"), cpu_policy_module.CpuPolicy)
 
 
 def test_model_code_has_no_device_branch():
-    """A tensor's device type is never tested in models/ (``device.type == "cpu"``, ``x.is_cuda``, ...),
+    """A tensor's device type is never tested in models/ (``device.type == "cpu"``, ``x.is_cuda``, ...), nor a
+    CUDA property read (``torch.cuda.get_device_capability``),
     and models/ does not import the platform package: platform choices arrive as ``Kernels``."""
-    branch = re.compile(r"device\.type\s*(==|!=|in\b|not in\b)|\.is_cpu\b|\.is_cuda\b")
+    branch = re.compile(r"device\.type\s*(==|!=|in\b|not in\b)|\.is_cpu\b|\.is_cuda\b|torch\.cuda\.")
     imports = re.compile(r"^\s*(from|import)\s+seektrain\.platform", re.M)
     offenders = []
     for path in Path(seektrain.models.__file__).parent.glob("*.py"):

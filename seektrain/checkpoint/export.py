@@ -23,6 +23,7 @@ import torch.distributed.checkpoint as dcp
 from seektrain.checkpoint.finder import CHECKPOINTS, complete_checkpoints, resolve_checkpoint, step_dir_name
 from seektrain.checkpoint.manager import CheckpointError, CheckpointManager, describe_error
 from seektrain.checkpoint.run_files import MODEL_CONFIG, checkpoint_model_config, write_model_source
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
 from seektrain.models.transformer import Transformer, build_model
 
@@ -38,7 +39,7 @@ def load_checkpoint_model(ckpt: Path, model_cfg: ModelConfig) -> Transformer:
     except BaseException as err:  # DCP's CheckpointException is a BaseException  # noqa: BLE001
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
-        raise ValueError(f"checkpoint {ckpt} does not fit model {model_cfg.name} of its run dir "
+        raise UserError(f"checkpoint {ckpt} does not fit model {model_cfg.name} of its run dir "
                          f"({describe_error(err)})") from None
     model.load_state_dict(state["model"])
     return model.eval()
@@ -58,7 +59,7 @@ def write_initial_checkpoint(model: Transformer, run_dir: str | Path, source: st
     run_dir = Path(run_dir)
     held = complete_checkpoints(run_dir / CHECKPOINTS)
     if held:
-        raise ValueError(f"{run_dir} already holds checkpoints ({held[-1].name}); choose a new run dir for "
+        raise UserError(f"{run_dir} already holds checkpoints ({held[-1].name}); choose a new run dir for "
                          "--to-checkpoint")
     manager = CheckpointManager(run_dir, keep=1, async_save=False, rank=0)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -71,7 +72,7 @@ def write_initial_checkpoint(model: Transformer, run_dir: str | Path, source: st
             manager.save(0, model, None, {"step": 0, "weights_only": True, "source": source,
                                           "model_config": model.cfg.name})
     except CheckpointError as err:
-        raise ValueError(str(err)) from None
+        raise UserError(str(err)) from None
     finally:
         manager.close()
     return manager.root / step_dir_name(0)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from seektrain.checkpoint.storage import sha256_file
+from seektrain.errors import UserError
 
 log = logging.getLogger("seektrain.checkpoint")
 CHECKPOINTS = "checkpoints"
@@ -79,10 +80,10 @@ def read_trainer_state(ckpt: Path) -> dict:
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as err:
-        raise ValueError(f"{path} unreadable ({str(err).splitlines()[0][:200]}); pick another checkpoint") from None
+        raise UserError(f"{path} unreadable ({str(err).splitlines()[0][:200]}); pick another checkpoint") from None
     problem = trainer_state_problem(state)
     if problem:
-        raise ValueError(f"{path}: {problem}; pick another checkpoint") from None
+        raise UserError(f"{path}: {problem}; pick another checkpoint") from None
     return state
 
 
@@ -123,19 +124,19 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if is_checkpoint(path):
         problem = verify(path)
         if problem:
-            raise ValueError(f"checkpoint {path} is unusable: {problem}; pick an earlier one under {path.parent}")
+            raise UserError(f"checkpoint {path} is unusable: {problem}; pick an earlier one under {path.parent}")
         return path
     if path.name.endswith(".tmp") or (path / ".metadata").is_file():
-        raise ValueError(f"{path} is not a complete checkpoint (being written, or its save was interrupted); "
+        raise UserError(f"{path} is not a complete checkpoint (being written, or its save was interrupted); "
                          f"pick a step-N folder under {path.parent}")
     unusable: list[str] = []
     if path.is_dir() and newest_valid(path, lambda c, p: unusable.append(f"{c.name}: {p}")) is None and unusable:
-        raise ValueError(f"{path / CHECKPOINTS} holds no valid checkpoint ({unusable[0]}); restore that file, or "
+        raise UserError(f"{path / CHECKPOINTS} holds no valid checkpoint ({unusable[0]}); restore that file, or "
                          "train again")
     if not path.is_dir():
-        raise ValueError(f"{path} not found: pass a run dir (made by `seektrain train`) or one of its "
+        raise UserError(f"{path} not found: pass a run dir (made by `seektrain train`) or one of its "
                          "checkpoints/step-N folders")
     found = newest_valid(path)
     if found is None:
-        raise ValueError(f"{path / CHECKPOINTS} holds no complete, valid checkpoint; train first (seektrain train)")
+        raise UserError(f"{path / CHECKPOINTS} holds no complete, valid checkpoint; train first (seektrain train)")
     return found

@@ -55,13 +55,14 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
 )
 
-from seektrain.checkpoint import hooks, rng, write_lock
+from seektrain.checkpoint import rng, write_lock
 from seektrain.checkpoint.staging import run_in_background, snapshot_stager
 from seektrain.checkpoint.finder import (
     CHECKSUMS, COMPLETE, TRAINER_STATE, complete_checkpoints, newest_valid, step_dir_name, tmp_folders,
 )
 from seektrain.checkpoint.resume import ResumeChoice, prepare_run_dir, resolve_resume
 from seektrain.checkpoint.storage import Writer, describe_error, fsync_dir, sha256_file
+from seektrain.errors import RunFailure, UserError
 from seektrain.models.config import ModelConfig
 
 __all__ = ["CheckpointManager", "CheckpointError", "describe_error", "step_dir_name", "COMPLETE"]
@@ -69,7 +70,7 @@ __all__ = ["CheckpointManager", "CheckpointError", "describe_error", "step_dir_n
 log = logging.getLogger("seektrain.checkpoint")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RunFailure):
     """A checkpoint could not be written or read; the message names the path and the fix."""
 
 
@@ -171,7 +172,7 @@ class CheckpointManager:
             dist.broadcast_object_list(box, src=0, group=self.group)
             outcome = box[0]
         if isinstance(outcome, str):
-            raise ValueError(outcome)
+            raise UserError(outcome)
         return outcome
 
     # ------------------------------------------------------------------ save
@@ -241,7 +242,7 @@ class CheckpointManager:
             error = err
         if not self._agree(error is None):  # before DCP's collectives, which a failed rank would not join
             self._fail(job, error or OSError("another rank could not write its RNG state or snapshot"))
-        writer = Writer(job.tmp, hooks.fires("CKPT_ENOSPC", step, self.rank))
+        writer = Writer(job.tmp)
         job.started = time.perf_counter()
         if background:
             job.future = run_in_background(lambda: self._write(job, state, writer), "seektrain-checkpoint-write")
@@ -279,6 +280,12 @@ class CheckpointManager:
     def pending_step(self) -> int | None:
         """The step of the async save awaiting its commit, if any."""
         return self._pending.step if self._pending is not None else None
+
+    def commit(self, step: int | None) -> None:
+        """Commit the async save of ``step`` once every rank has written it (``FaultGuard.end_step`` says
+        so), unless it was committed since; nothing for None."""
+        if step is not None and self.pending_step == step:
+            self.wait()
 
     def wait(self) -> None:
         """Finish the async save in flight, if any, and commit it (collective)."""

@@ -44,6 +44,7 @@ from seektrain.checkpoint.finder import (
 from seektrain.checkpoint.run_files import (
     MODEL_CONFIG, MODEL_SOURCE, checkpoint_model_config, model_files_dir, model_is_converted, write_model_source,
 )
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
 
 log = logging.getLogger("seektrain.checkpoint")
@@ -86,21 +87,21 @@ def resolve_resume(run_dir: str | Path, spec: str, configured: ModelConfig,
         ckpt = root / step_dir_name(int(spec))
         available = ", ".join(str(step_of(p)) for p in complete_checkpoints(root)) or "none"
         if not is_checkpoint(ckpt):
-            raise ValueError(f"checkpoint.resume={spec}: {root} has no complete checkpoint of step {int(spec)} "
+            raise UserError(f"checkpoint.resume={spec}: {root} has no complete checkpoint of step {int(spec)} "
                              f"(available steps: {available}); pick one of those, auto or never")
         problem = verify(ckpt)
         if problem:
-            raise ValueError(f"checkpoint.resume={spec}: checkpoint {ckpt.name} is unusable ({problem}); "
+            raise UserError(f"checkpoint.resume={spec}: checkpoint {ckpt.name} is unusable ({problem}); "
                              f"pick another step (available: {available})")
         return _resume_from(ckpt, run_dir, configured, explicit=True)
     path = Path(spec).expanduser()
     if not path.exists():
-        raise ValueError(f"checkpoint.resume={spec}: no such folder; use auto, never, a step number of "
+        raise UserError(f"checkpoint.resume={spec}: no such folder; use auto, never, a step number of "
                          f"{root}, or the path of a checkpoints/step-N folder")
     try:
         ckpt = resolve_checkpoint(path)
     except ValueError as err:
-        raise ValueError(f"checkpoint.resume={spec}: {err}") from None
+        raise UserError(f"checkpoint.resume={spec}: {err}") from None
     return _resume_from(ckpt, run_dir, configured, explicit=True)
 
 
@@ -115,7 +116,7 @@ def _resume_from(ckpt: Path, run_dir: Path, configured: ModelConfig, explicit: b
     elif _differs(saved, configured):
         fix = ("use a new run.dir, or checkpoint.resume=never to start fresh in this one" if not explicit else
                "configure the model it was trained with, or choose another checkpoint.resume")
-        raise ValueError(f"checkpoint {ckpt} holds model {_describe(saved, configured)} but the config asks for "
+        raise UserError(f"checkpoint {ckpt} holds model {_describe(saved, configured)} but the config asks for "
                          f"model {_describe(configured, saved)}: {fix}")
     return ResumeChoice(ckpt, saved, _other_lineage(ckpt, run_dir), source if converted else None)
 
@@ -174,7 +175,7 @@ def prepare_run_dir(run_dir: str | Path, choice: ResumeChoice) -> Path | None:
 def _set_aside(run_dir: Path, choice: ResumeChoice) -> Path:
     busy = [p for p in choice.set_aside if p.name.endswith(".tmp") and write_lock.in_use(p)]
     if busy:
-        raise ValueError(f"{busy[0]} is being written by another process ({write_lock.holder(busy[0])}); stop "
+        raise UserError(f"{busy[0]} is being written by another process ({write_lock.holder(busy[0])}); stop "
                          "the job using this run.dir first, or use a new run.dir")
     whole_run = choice.checkpoint is None or choice.checkpoint.parent.resolve() != (run_dir / CHECKPOINTS).resolve()
     aside = _new_aside_folder(run_dir)
@@ -188,7 +189,7 @@ def _set_aside(run_dir: Path, choice: ResumeChoice) -> Path:
                 elif f.name in (MODEL_CONFIG, MODEL_SOURCE):  # the moved checkpoints keep their model
                     shutil.copy2(f, aside / f.name)
     except OSError as err:
-        raise ValueError(f"cannot move checkpoints of {run_dir} aside into {aside} ({err}); check that run.dir "
+        raise UserError(f"cannot move checkpoints of {run_dir} aside into {aside} ({err}); check that run.dir "
                          "is writable") from None
     if choice.checkpoint is None:
         log.info("checkpoint.resume=never: moved %d earlier checkpoint folder(s) of %s to %s (kept, not "
@@ -208,7 +209,7 @@ def _new_aside_folder(run_dir: Path) -> Path:
             return path
         except FileExistsError:
             continue
-    raise ValueError(f"too many {SET_ASIDE_PREFIX}{stamp}* folders in {run_dir}")
+    raise UserError(f"too many {SET_ASIDE_PREFIX}{stamp}* folders in {run_dir}")
 
 
 # ----------------------------------------------------------------------------------- after loading
@@ -221,7 +222,7 @@ def restore_trainer_state(state: dict, scheduler, scaler, loader, loss_guard=Non
         return int(state.get("step", 0))
     missing = [key for key in ("scheduler", "scaler", "data") if not isinstance(state.get(key), dict)]
     if missing:
-        raise ValueError(f"trainer_state.json of the checkpoint has no {missing[0]!r} state (not a full training "
+        raise UserError(f"trainer_state.json of the checkpoint has no {missing[0]!r} state (not a full training "
                          "checkpoint); resume from another one or set checkpoint.resume=never")
     scheduler.load_state_dict(state["scheduler"])
     scaler.load_state_dict(state["scaler"])

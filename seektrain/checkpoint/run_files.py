@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
 
 MODEL_CONFIG = "model_config.json"
@@ -30,7 +31,7 @@ def read_run_config(run_dir: str | Path):
 
     path = Path(run_dir) / RUN_CONFIG
     if not path.is_file():
-        raise ValueError(f"{path} not found: --run must name a folder made by `seektrain train`")
+        raise UserError(f"{path} not found: --run must name a folder made by `seektrain train`")
     return load_config(path)
 
 
@@ -38,15 +39,15 @@ def read_model_config(run_dir: str | Path) -> ModelConfig:
     """The model a run dir (or a set-aside checkpoints folder) holds, from its ``model_config.json``."""
     path = Path(run_dir) / MODEL_CONFIG
     if not path.is_file():
-        raise ValueError(f"{path} not found: a run dir with checkpoints holds the model_config.json that "
+        raise UserError(f"{path} not found: a run dir with checkpoints holds the model_config.json that "
                          "`seektrain train` writes")
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict):
-            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+            raise UserError(f"expected a JSON object, got {type(data).__name__}")
         return ModelConfig.from_dict(data)
     except (ValueError, TypeError, AttributeError, RecursionError) as err:
-        raise ValueError(f"{path} is not a valid model config ({str(err).splitlines()[0][:200]}); restore it "
+        raise UserError(f"{path} is not a valid model config ({str(err).splitlines()[0][:200]}); restore it "
                          "from the run that wrote it") from None
 
 

@@ -7,7 +7,6 @@ the commit protocol in manager.py readable on one screen.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 from pathlib import Path
@@ -36,16 +35,11 @@ def describe_error(err: BaseException) -> str:
 
 
 class Writer(FileSystemWriter):
-    """DCP's file writer, plus the test hook that simulates a full disk."""
+    """DCP's file writer for one checkpoint folder (``train/fault_injection.py`` derives the full-disk
+    test hook from it)."""
 
-    def __init__(self, path: Path, fail_enospc: bool):
+    def __init__(self, path: Path):
         super().__init__(str(path))
-        self._fail = fail_enospc
-
-    def write_data(self, plan, planner):
-        if self._fail:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
-        return super().write_data(plan, planner)
 
 
 def fsync_dir(path: Path) -> None:

@@ -26,6 +26,7 @@ import torch
 
 from seektrain.cli.arg_types import SEED
 from seektrain.config.dtypes import dtype_from_name
+from seektrain.errors import UserError, user_path
 
 EXIT_USER_ERROR = 2
 
@@ -154,7 +155,7 @@ def _pick(args: argparse.Namespace, table: dict, what: str) -> str:
     chosen = [dest for dest in table if getattr(args, dest, None) is not None]
     flags = " or ".join("--" + dest.replace("_", "-") for dest in table)
     if len(chosen) != 1:
-        raise ValueError(f"give exactly one {what}: {flags}")
+        raise UserError(f"give exactly one {what}: {flags}")
     return chosen[0]
 
 
@@ -166,8 +167,9 @@ def run(args: argparse.Namespace) -> int:
         if sink == "to_hf":  # refuse a folder we may not replace before a long load of the source
             _check_hf_target(args, None)
         model = SOURCES[source](args)
-        message = SINKS[sink](model, args)
-    except (ValueError, OSError) as exc:
+        with user_path(f"--{sink.replace('_', '-')} {getattr(args, sink)}"):  # a folder we cannot write
+            message = SINKS[sink](model, args)
+    except UserError as exc:
         print(f"seektrain convert: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     print(message)

@@ -14,6 +14,7 @@ import numpy as np
 
 from seektrain.data.dataset import TokenDataset
 from seektrain.data.tokenizer import load_tokenizer
+from seektrain.errors import UserError
 
 _ANSI = ("\x1b[1;32m", "\x1b[0m")
 _BRACKETS = ("⟦", "⟧")
@@ -40,7 +41,7 @@ def read_document(directory: str, split: str, index: int) -> tuple[np.ndarray, n
     dataset = TokenDataset(directory, split)
     ends = dataset.document_ends()
     if index >= len(ends):
-        raise ValueError(f"--index {index}: split {split!r} of {directory} has {len(ends)} documents; "
+        raise UserError(f"--index {index}: split {split!r} of {directory} has {len(ends)} documents; "
                          f"pass 0..{len(ends) - 1}")
     start = int(ends[index - 1]) if index else 0
     length = int(ends[index]) - start

@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from seektrain.errors import UserError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="check versions, GPUs, network, environment, ports and run.dir "
@@ -42,7 +44,7 @@ def _options(args: argparse.Namespace):
 
     cfg = load_config(args.config, args.overrides)
     if args.write_mib < 1 or args.iters < 1:
-        raise ValueError("--write-mib and --iters must be >= 1")
+        raise UserError("--write-mib and --iters must be >= 1")
     return DoctorOptions(
         run_dir=Path(args.run_dir or cfg.run.dir), min_free_gib=args.min_free_gib, write_mib=args.write_mib,
         ports=parse_ports(args.ports) if args.ports else None, comm=args.comm,
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     if args.nproc_per_node < 1:
-        raise ValueError("--nproc-per-node must be >= 1")
+        raise UserError("--nproc-per-node must be >= 1")
     under_launcher = "LOCAL_RANK" in os.environ
     launch_opts = LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id, 0)
     if not under_launcher and (args.nproc_per_node > 1 or launch_opts.multi_node):
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if under_launcher:
         report = doctor_worker(opts, args.timeout_s)
     elif args.comm:
-        raise ValueError("--comm measures collectives between ranks: add --nproc-per-node N (N >= 2) or --nnodes")
+        raise UserError("--comm measures collectives between ranks: add --nproc-per-node N (N >= 2) or --nnodes")
     else:
         report = doctor_here(opts)
     if report is None:  # not rank 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from seektrain.errors import UserError, user_path
 from seektrain.launch.image import DEFAULT_IMAGE
 from seektrain.launch.k8s import KINDS, K8sOptions, build_manifests, cluster_config
 from seektrain.launch.yaml_text import to_yaml_documents
@@ -49,7 +50,7 @@ def _env(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--env {item!r} must look like NAME=VALUE")
+            raise UserError(f"--env {item!r} must look like NAME=VALUE")
         env[key] = value
     return env
 
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = cluster_config(args.config, args.overrides, opts.nodes * opts.gpus_per_node)
     text = to_yaml_documents(build_manifests(cfg, opts, config_to_toml(cfg)))
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
+        with user_path(f"--output {args.output}", "choose a file you can write"), \
+                open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
         print(f"seektrain: wrote {args.output}; start it with: kubectl apply -f {args.output}", file=sys.stderr)
     else:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from seektrain.errors import user_path
 from seektrain.launch.image import DEFAULT_IMAGE
 
 
@@ -53,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(script)
         return 0
     out = Path(args.output)
-    out.write_text(script)
-    out.chmod(out.stat().st_mode | 0o111)
+    with user_path(f"--output {out}", "choose a file you can write"):
+        out.write_text(script)
+        out.chmod(out.stat().st_mode | 0o111)
     print(f"wrote {out}: submit it with `sbatch {out}`; the job log goes to {job.run_dir}/slurm-JOBID.out",
           file=sys.stderr)
     return 0

@@ -1,16 +1,16 @@
-"""The `seektrain` command: one verb per job. User mistakes print one line and exit 2; an unexpected
-error prints one line saying where its traceback was written and exits 1 (``cli/errors.py``)."""
+"""The `seektrain` command: one verb per job. Bad input (``UserError``) and a known failure of the run
+(``RunFailure``) print one line and exit 2; anything else is a bug: one line saying where its traceback
+was written, exit 1 (``cli/errors.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from seektrain.checkpoint.manager import CheckpointError
 from seektrain.cli import (config_cmd, convert, data_cmd, doctor_cmd, flops_cmd, launch_cmd, models_cmd,
                            plan_cmd, sample_cmd, train_cmd)
 from seektrain.cli.errors import OneLineParser, report_internal_error, report_user_error
-from seektrain.train.out_of_memory import OutOfMemory
+from seektrain.errors import RunFailure, UserError
 from seektrain.version import version
 
 
@@ -34,10 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("seektrain: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, CheckpointError, OutOfMemory) as err:
+    except (UserError, RunFailure) as err:
         return report_user_error(err)
-    except RecursionError as err:  # a pathologically nested input file, not a bug of ours
-        return report_user_error(ValueError(f"an input nests too deeply to read ({err})"))
     except Exception as err:  # a bug: its traceback goes to the run's train.log, one line here
         return report_internal_error(err, _run_dir(args))
 

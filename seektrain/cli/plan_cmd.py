@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from seektrain.errors import UserError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="predict memory and speed of every layout on given hardware, print the best")
@@ -35,7 +37,7 @@ def job_and_model(args: argparse.Namespace):
         key = "model.preset" if args.model in PRESETS else "model.hf_path"
         overrides.append(f"{key}={args.model}")
     if not args.config and not args.model:
-        raise ValueError("seektrain plan needs --model PRESET|HF_DIR or --config FILE")
+        raise UserError("seektrain plan needs --model PRESET|HF_DIR or --config FILE")
     default_seq = 0 if args.config else 4096
     seq = args.seq or default_seq
     if seq:

@@ -112,8 +112,12 @@ def read_deepspeed(path: str | Path) -> dict:
 
     try:
         data = json.loads(path.read_text(), object_pairs_hook=no_duplicates)
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"DeepSpeed config {path} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"DeepSpeed config {path} nests too deeply to be a config; fix the file") from None
+    except OSError as err:
+        raise ConfigError(f"DeepSpeed config {path} cannot be read ({err.strerror}); check its permissions") from None
     if not isinstance(data, dict):
         raise ConfigError(f"DeepSpeed config {path}: expected a JSON object {{...}} at the top")
     return data

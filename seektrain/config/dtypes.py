@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from seektrain.errors import UserError
+
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LONG_NAMES: dict[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -19,7 +21,7 @@ def dtype_from_name(name: str) -> torch.dtype:
     key = str(name).strip().lower().removeprefix("torch.")
     key = LONG_NAMES.get(key, key)
     if key not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(dtype_names())}")
+        raise UserError(f"unknown dtype {name!r}; choose one of {', '.join(dtype_names())}")
     return DTYPES[key]
 
 

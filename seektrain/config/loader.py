@@ -13,9 +13,10 @@ import typing
 from pathlib import Path
 
 from seektrain.config.schema import JobConfig
+from seektrain.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A user mistake in a config file or override."""
 
 

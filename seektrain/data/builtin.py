@@ -19,6 +19,7 @@ from pathlib import Path
 from seektrain.data.manifest import MANIFEST_NAME
 from seektrain.data.prepare import prepare_dataset
 from seektrain.data.tokenizer import load_tokenizer
+from seektrain.errors import UserError
 
 CORPUS_VERSION = 1
 DEFAULT_MAX_TOKENS = 1 << 25  # ~33M tokens: the whole stdlib with the byte tokenizer (~14M on 3.11)
@@ -37,7 +38,7 @@ def builtin_files(root: Path | None = None) -> list[Path]:
         dirnames[:] = sorted(d for d in dirnames if d not in _EXCLUDED_DIRS and not d.startswith("."))
         files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
     if not files:
-        raise ValueError(f"no Python source files under {root} (stdlib shipped as bytecode only?); set data.path to a prepared dataset instead")
+        raise UserError(f"no Python source files under {root} (stdlib shipped as bytecode only?); set data.path to a prepared dataset instead")
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from seektrain.data.tokenizer import BYTE_SPEC, ByteTokenizer, Tokenizer
+from seektrain.errors import UserError
 
 BUILTIN_TEMPLATES = ("deepseek-v3", "deepseek-llm", "deepseek-v2")
 ROLES = ("system", "user", "assistant", "tool")
@@ -61,9 +62,9 @@ class ChatTemplate:
                                                 add_generation_prompt=add_generation_prompt,
                                                 **{**self.special_tokens, **kwargs})
         except jinja2.TemplateError as err:
-            raise ValueError(f"chat template {self.origin}: {_first_line(err)}") from None
+            raise UserError(f"chat template {self.origin}: {_first_line(err)}") from None
         except (TypeError, KeyError, AttributeError, IndexError) as err:
-            raise ValueError(f"chat template {self.origin} cannot render this conversation "
+            raise UserError(f"chat template {self.origin} cannot render this conversation "
                              f"({type(err).__name__}: {_first_line(err)})") from None
 
 
@@ -80,13 +81,13 @@ def load_chat_template(tokenizer: str | Path, builtin: str | None = None,
     source: str | None
     if builtin is not None:
         if builtin not in BUILTIN_TEMPLATES:
-            raise ValueError(f"--chat-template {builtin}: unknown; use one of {', '.join(BUILTIN_TEMPLATES)}")
+            raise UserError(f"--chat-template {builtin}: unknown; use one of {', '.join(BUILTIN_TEMPLATES)}")
         source = (_TEMPLATES_DIR / f"{builtin}.jinja").read_text(encoding="utf-8")
         origin = f"built-in {builtin}"
     else:
         source, origin = _folder_template(folder, config)
         if source is None:
-            raise ValueError(f"tokenizer {tokenizer}: no chat template (no chat_template.jinja and no chat_template "
+            raise UserError(f"tokenizer {tokenizer}: no chat template (no chat_template.jinja and no chat_template "
                              f"in tokenizer_config.json); pass --chat-template {'|'.join(BUILTIN_TEMPLATES)}")
     return ChatTemplate(source, origin, _special_tokens(config, folder, tokenizer, tok))
 
@@ -99,14 +100,14 @@ def encode_conversation(template: ChatTemplate, tok: Tokenizer, messages: Any,
     ``all``. ValueError (without a file position; the caller adds it) for a malformed conversation.
     """
     if train_on not in TRAIN_ON:
-        raise ValueError(f"--train-on {train_on}: unknown; use one of {', '.join(TRAIN_ON)}")
+        raise UserError(f"--train-on {train_on}: unknown; use one of {', '.join(TRAIN_ON)}")
     check_messages(messages)
     chat = _with_reasoning(template, messages)
     text = template.render(chat)
     for i, m in enumerate(messages):
         reasoning = m.get("reasoning_content")
         if reasoning and reasoning not in text:
-            raise ValueError(f"message {i + 1}: chat template {template.origin} drops its reasoning_content; use a "
+            raise UserError(f"message {i + 1}: chat template {template.origin} drops its reasoning_content; use a "
                              "template that renders it")
     ids, offsets = tok.encode_chat(text)
     if train_on == "all":
@@ -128,23 +129,23 @@ def check_messages(messages: Any) -> None:
     """ValueError naming the first problem: not a list, a non-object, an unknown role, a missing or
     non-string content, a misplaced reasoning_content, or no assistant turn at all."""
     if not isinstance(messages, list) or not messages:
-        raise ValueError(f"'messages' is {_kind(messages)}, not a non-empty list of {{role, content}} objects")
+        raise UserError(f"'messages' is {_kind(messages)}, not a non-empty list of {{role, content}} objects")
     for i, m in enumerate(messages, 1):
         if not isinstance(m, dict):
-            raise ValueError(f"message {i} is {_kind(m)}, not an object with role and content")
+            raise UserError(f"message {i} is {_kind(m)}, not an object with role and content")
         role = m.get("role")
         if role not in ROLES:
-            raise ValueError(f"message {i} has unknown role {role!r}; roles are {', '.join(ROLES)}")
+            raise UserError(f"message {i} has unknown role {role!r}; roles are {', '.join(ROLES)}")
         content = m.get("content")
         if content is None and not (role == "assistant" and m.get("tool_calls")):
-            raise ValueError(f"message {i} ({role}) has no content")
+            raise UserError(f"message {i} ({role}) has no content")
         if content is not None and not isinstance(content, str):
-            raise ValueError(f"message {i} ({role}) has content of type {_kind(content)}; it must be a string")
+            raise UserError(f"message {i} ({role}) has content of type {_kind(content)}; it must be a string")
         reasoning = m.get("reasoning_content")
         if reasoning is not None and (role != "assistant" or not isinstance(reasoning, str)):
-            raise ValueError(f"message {i} ({role}): reasoning_content must be a string on an assistant turn")
+            raise UserError(f"message {i} ({role}): reasoning_content must be a string on an assistant turn")
     if not any(m["role"] == "assistant" for m in messages):
-        raise ValueError("the conversation has no assistant turn, so nothing in it would be trained")
+        raise UserError("the conversation has no assistant turn, so nothing in it would be trained")
 
 
 def _turn_span(template: ChatTemplate, chat: list[dict[str, Any]], i: int, text: str) -> tuple[int, int]:
@@ -154,7 +155,7 @@ def _turn_span(template: ChatTemplate, chat: list[dict[str, Any]], i: int, text:
     if not upto.startswith(head):
         head = template.render(chat[:i])
     if not (upto.startswith(head) and text.startswith(upto)):
-        raise ValueError(f"chat template {template.origin} renders message {i + 1} differently once later turns "
+        raise UserError(f"chat template {template.origin} renders message {i + 1} differently once later turns "
                          "follow, so its trained span cannot be found; pass --train-on all or fix the template")
     return len(head), len(upto)
 
@@ -194,9 +195,9 @@ def _read_config(folder: Path) -> dict[str, Any] | None:
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise ValueError(f"{path}: unreadable ({_first_line(err)}); fix or remove it") from None
+        raise UserError(f"{path}: unreadable ({_first_line(err)}); fix or remove it") from None
     if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {_kind(cfg)}; fix or remove it")
+        raise UserError(f"{path}: expected a JSON object, got {_kind(cfg)}; fix or remove it")
     return cfg
 
 
@@ -213,7 +214,7 @@ def _folder_template(folder: Path | None, config: dict[str, Any] | None) -> tupl
         value = next((t.get("template") for t in value if isinstance(t, dict) and t.get("name") == "default"), None)
     origin = str(folder / "tokenizer_config.json")
     if value is not None and not isinstance(value, str):
-        raise ValueError(f"{origin}: chat_template is {_kind(value)}, not a template string")
+        raise UserError(f"{origin}: chat_template is {_kind(value)}, not a template string")
     return value, origin
 
 
@@ -240,7 +241,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise ValueError(f"{path}: unreadable ({_first_line(err)}); fix or remove it") from None
+        raise UserError(f"{path}: unreadable ({_first_line(err)}); fix or remove it") from None
     return value if isinstance(value, dict) else {}
 
 

@@ -26,6 +26,7 @@ import torch
 from seektrain.data.batch import Batch
 from seektrain.data.dataset import TokenDataset, verify_dataset
 from seektrain.data.packing import cuts_in, row_fields, rows_of, window_fields
+from seektrain.errors import UserError
 
 __all__ = ["DistributedBatchLoader", "TokenDataset", "verify_dataset"]
 
@@ -76,7 +77,7 @@ class DistributedBatchLoader:
             units = f"{len(self._ends)} documents give {self.num_windows} rows of seq_len={seq_len}"
         self.global_batch = micro_batch_size * dp_size
         if self.num_windows < self.global_batch:
-            raise ValueError(
+            raise UserError(
                 f"{where}: {units}, fewer than one global batch of {self.global_batch} (micro_batch × dp); "
                 "use a shorter seq_len, a smaller batch or more data"
             )
@@ -153,14 +154,14 @@ class DistributedBatchLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position; dp_size and micro_batch_size may differ from the saving run."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"data loader state version {state.get('version')!r} is not {STATE_VERSION}; resume with the seektrain that saved it")
+            raise UserError(f"data loader state version {state.get('version')!r} is not {STATE_VERSION}; resume with the seektrain that saved it")
         if state.get("layout", "windows") != self.layout:
-            raise ValueError(f"data loader state is of {state.get('layout', 'windows')} rows but this run reads "
+            raise UserError(f"data loader state is of {state.get('layout', 'windows')} rows but this run reads "
                              f"{self.layout} rows (data.packing or the data changed); resume with the same data and "
                              "data.packing (or start a fresh run)")
         for key in ("seed", "seq_len", "num_windows"):
             if state[key] != getattr(self, key):
-                raise ValueError(
+                raise UserError(
                     f"data loader state has {key}={state[key]} but this run has {getattr(self, key)}; "
                     "resume with the same data, seed and seq_len (or start a fresh run)"
                 )

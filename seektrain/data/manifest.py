@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from seektrain.data.manifest_shape import check_manifest_shape
+from seektrain.errors import UserError
 
 FORMAT = "seektrain-tokens"
 VERSION = 2
@@ -84,7 +85,7 @@ class Manifest:
 
     def split(self, name: str) -> Split:
         if name not in SPLITS:
-            raise ValueError(f"split={name!r}: unknown split; use one of {', '.join(SPLITS)}")
+            raise UserError(f"split={name!r}: unknown split; use one of {', '.join(SPLITS)}")
         return self.train if name == "train" else self.val
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,17 +119,17 @@ def read_manifest(directory: str | Path) -> Manifest:
     directory = Path(directory)
     path = directory / MANIFEST_NAME
     if not directory.is_dir():
-        raise ValueError(f"data.path={directory}: no such directory; run `seektrain data prepare --input ... --output {directory}` first")
+        raise UserError(f"data.path={directory}: no such directory; run `seektrain data prepare --input ... --output {directory}` first")
     if not path.is_file():
-        raise ValueError(f"data.path={directory}: no manifest.json found; run `seektrain data prepare --input ... --output {directory}` first")
+        raise UserError(f"data.path={directory}: no manifest.json found; run `seektrain data prepare --input ... --output {directory}` first")
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise ValueError(f"{path}: not valid JSON ({str(e).splitlines()[0][:200]}); re-run `seektrain data prepare ... --force`") from None
+        raise UserError(f"{path}: not valid JSON ({str(e).splitlines()[0][:200]}); re-run `seektrain data prepare ... --force`") from None
     if not isinstance(d, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(d).__name__}; re-run `seektrain data prepare ... --force`")
+        raise UserError(f"{path}: expected a JSON object, got {type(d).__name__}; re-run `seektrain data prepare ... --force`")
     if d.get("format") != FORMAT or d.get("version") not in READABLE_VERSIONS:
-        raise ValueError(
+        raise UserError(
             f"{path}: format {d.get('format')!r} version {d.get('version')!r} is not {FORMAT!r} version "
             f"{' or '.join(map(str, READABLE_VERSIONS))}; "
             "re-run `seektrain data prepare ... --force` with this seektrain"
@@ -137,7 +138,7 @@ def read_manifest(directory: str | Path) -> Manifest:
     try:
         return Manifest.from_dict(d)
     except (KeyError, TypeError) as e:
-        raise ValueError(f"{path}: malformed manifest (field {e}); re-run `seektrain data prepare ... --force`") from None
+        raise UserError(f"{path}: malformed manifest (field {e}); re-run `seektrain data prepare ... --force`") from None
 
 
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:

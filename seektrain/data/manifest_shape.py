@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from seektrain.errors import UserError
+
 DTYPES = ("uint16", "uint32")  # what data prepare writes (little-endian, no header)
 _SHARD_NAME = re.compile(r"(shard|val)-\d{5}\.bin")
 _MASK_NAME = re.compile(r"(shard|val)-\d{5}\.mask")
@@ -23,7 +25,7 @@ def check_manifest_shape(d: Any, path: Path) -> None:
     try:
         _check(d)
     except _Bad as bad:
-        raise ValueError(f"{path}: {bad}; re-run `seektrain data prepare ... --force` to rebuild it") from None
+        raise UserError(f"{path}: {bad}; re-run `seektrain data prepare ... --force` to rebuild it") from None
 
 
 def _check(d: Any) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from seektrain.models.linear_cross_entropy import IGNORE
+from seektrain.errors import UserError
 
 
 def rows_of(ends: np.ndarray, seq_len: int, layout: str, masked: bool, where: str) -> np.ndarray:
@@ -34,7 +35,7 @@ def rows_of(ends: np.ndarray, seq_len: int, layout: str, masked: bool, where: st
     longest = int(lengths.max()) if lengths.size else 0
     if longest > seq_len and (masked or layout == "documents"):
         doc = int(np.argmax(lengths))
-        raise ValueError(f"{where}: document {doc} has {longest} tokens, more than train.seq_len={seq_len}; "
+        raise UserError(f"{where}: document {doc} has {longest} tokens, more than train.seq_len={seq_len}; "
                          f"re-prepare with --max-len {seq_len} (--overlong drop|truncate) or raise train.seq_len")
     if layout == "documents":
         return np.stack([starts, ends], axis=1)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from seektrain.data.batch import Batch
+from seektrain.errors import UserError
 
 POLL_S = 0.1  # how often a waiting thread checks for close() and the consumer checks the thread is alive
 _END = object()  # the wrapped iterator ended
@@ -57,7 +58,7 @@ class PrefetchingLoader:
 
     def __init__(self, loader, depth: int, pin_device: torch.device | None = None):
         if depth < 0:
-            raise ValueError(f"data.prefetch={depth}: must be >= 0 (0 = no read-ahead)")
+            raise UserError(f"data.prefetch={depth}: must be >= 0 (0 = no read-ahead)")
         self.loader, self.depth, self.pin_device = loader, depth, pin_device
         self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self._stop = threading.Event()

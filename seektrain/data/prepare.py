@@ -25,6 +25,7 @@ from seektrain.data.manifest import MANIFEST_NAME, SPLITS, Manifest, Shard, Spli
 from seektrain.data.rows import RowEncoder
 from seektrain.data.sources import ROW_KINDS, discover, read_documents, read_records, row_kind
 from seektrain.data.tokenizer import Tokenizer, load_tokenizer
+from seektrain.errors import UserError, user_path
 
 _OUR_FILES = re.compile(r"(shard|val)-(\d{5}\.(bin|mask)|ends\.bin)|\.manifest-.*\.tmp")
 DEFAULT_SHARD_TOKENS = 1 << 28  # 512 MiB per uint16 shard: few files, each well under any filesystem limit
@@ -107,21 +108,22 @@ def prepare_dataset(
     """
     rows = rows or RowOptions()
     if rows.overlong not in OVERLONG:
-        raise ValueError(f"--overlong {rows.overlong}: unknown; use one of {', '.join(OVERLONG)}")
+        raise UserError(f"--overlong {rows.overlong}: unknown; use one of {', '.join(OVERLONG)}")
     if rows.max_len is not None and rows.max_len < 2:
-        raise ValueError(f"--max-len {rows.max_len}: must be at least 2 tokens")
+        raise UserError(f"--max-len {rows.max_len}: must be at least 2 tokens")
     if shard_tokens < 1:
-        raise ValueError(f"--shard-tokens {shard_tokens}: must be a positive number of tokens")
+        raise UserError(f"--shard-tokens {shard_tokens}: must be a positive number of tokens")
     if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"--val-fraction {val_fraction}: must be in [0, 1), e.g. 0.01")
+        raise UserError(f"--val-fraction {val_fraction}: must be in [0, 1), e.g. 0.01")
     output = Path(output).expanduser()
     _check_output(output, force, inputs)
     files = discover(inputs, fmt)
     tokenizer = load_tokenizer(tokenizer_spec)
     dtype = dtype_for(tokenizer.vocab_size)
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    with user_path(f"--output {output}"):
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
         forced = fmt if fmt in ROW_KINDS[1:] else None
         manifest = _tokenize_into(tmp, files, tokenizer, dtype, text_field, shard_tokens, val_fraction, max_tokens,
@@ -138,24 +140,24 @@ def _check_output(output: Path, force: bool, inputs: list[str | Path]) -> None:
     """``--force`` replaces only a folder this command made: our manifest and shards, nothing else, and
     never one holding (or inside) an input. Anything else in the way is refused, whatever the flags."""
     if output.exists() and not output.is_dir():
-        raise ValueError(f"--output {output}: exists and is a file; choose a directory path")
+        raise UserError(f"--output {output}: exists and is a file; choose a directory path")
     resolved = output.resolve()
     for raw in inputs:
         src = Path(raw).expanduser().resolve()
         if src == resolved or resolved in src.parents:
-            raise ValueError(f"--output {output}: holds --input {raw}; write the dataset to a new folder, the "
+            raise UserError(f"--output {output}: holds --input {raw}; write the dataset to a new folder, the "
                              "inputs are never replaced")
     if not output.is_dir() or not any(output.iterdir()):
         return
     ours = (output / MANIFEST_NAME).is_file()
     if ours and not force:
-        raise ValueError(f"--output {output}: already a prepared dataset; pass --force to overwrite or choose another --output")
+        raise UserError(f"--output {output}: already a prepared dataset; pass --force to overwrite or choose another --output")
     if not ours:
-        raise ValueError(f"--output {output}: exists and is not empty, and is not a folder made by `seektrain data "
+        raise UserError(f"--output {output}: exists and is not empty, and is not a folder made by `seektrain data "
                          "prepare` (no manifest.json), so --force will not replace it; choose a new directory")
     foreign = sorted(p.name for p in output.iterdir() if not _made_by_prepare(p))
     if foreign:
-        raise ValueError(f"--output {output}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
+        raise UserError(f"--output {output}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
                          "which `seektrain data prepare` did not write, so --force will not replace the folder; move "
                          "it out or choose a new directory")
 
@@ -310,7 +312,7 @@ def _tokenize_into(
 
     if out.counts["train"][1] == 0:
         dropped = f"; {out.dropped} documents were longer than --max-len {rows.max_len}" if out.dropped else ""
-        raise ValueError(f"inputs ({len(files)} files) contain no text{dropped}; pass files with non-empty "
+        raise UserError(f"inputs ({len(files)} files) contain no text{dropped}; pass files with non-empty "
                          "documents (check --text-field)")
     info = TokenizerInfo(tokenizer.spec, tokenizer.vocab_size, tokenizer.eos_id, tokenizer.bos_id, tokenizer.fingerprint)
     row_info: dict[str, Any] = {}

@@ -14,6 +14,7 @@ from typing import Any
 
 from seektrain.data.chat_template import ChatTemplate, encode_conversation
 from seektrain.data.tokenizer import Tokenizer
+from seektrain.errors import UserError
 
 
 class RowEncoder:
@@ -27,21 +28,21 @@ class RowEncoder:
                 return self._chat(record)
             return self._completion(record)
         except ValueError as err:
-            raise ValueError(f"{where}: {err}; fix or remove the row") from None
+            raise UserError(f"{where}: {err}; fix or remove the row") from None
 
     def _chat(self, record: Any) -> tuple[list[int], list[int]]:
         if not isinstance(record, dict) or "messages" not in record:
-            raise ValueError("no field 'messages' (a chat row is {\"messages\": [{\"role\": ..., \"content\": ...}]})")
+            raise UserError("no field 'messages' (a chat row is {\"messages\": [{\"role\": ..., \"content\": ...}]})")
         assert self.template is not None
         return encode_conversation(self.template, self.tokenizer, record["messages"], self.train_on)
 
     def _completion(self, record: Any) -> tuple[list[int], list[int]]:
         if not isinstance(record, dict):
-            raise ValueError(f"a row must be an object with prompt and completion, got {type(record).__name__}")
+            raise UserError(f"a row must be an object with prompt and completion, got {type(record).__name__}")
         for key in ("prompt", "completion"):
             if not isinstance(record.get(key), str):
                 got = "missing" if record.get(key) is None else f"a {type(record[key]).__name__}"
-                raise ValueError(f"field {key!r} is {got}, not a string")
+                raise UserError(f"field {key!r} is {got}, not a string")
         tok = self.tokenizer
         head = ([] if tok.bos_id is None else [tok.bos_id]) + tok.encode(record["prompt"])
         tail = tok.encode(record["completion"]) + [tok.eos_id]

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from seektrain.errors import UserError
+
 FORMATS = ("auto", "text", "jsonl", "parquet", "chat", "completion")
 ROW_KINDS = ("text", "chat", "completion")
 
@@ -46,9 +48,9 @@ def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, st
     format every non-hidden file found is read as that format.
     """
     if fmt not in FORMATS:
-        raise ValueError(f"--format {fmt}: unknown format; use one of {', '.join(FORMATS)}")
+        raise UserError(f"--format {fmt}: unknown format; use one of {', '.join(FORMATS)}")
     if not inputs:
-        raise ValueError("no --input given; pass one or more files or directories")
+        raise UserError("no --input given; pass one or more files or directories")
     rows_only = fmt in ROW_KINDS[1:]  # chat/completion rows live in JSONL or Parquet files
     if rows_only:
         fmt = "auto"
@@ -57,14 +59,14 @@ def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, st
     for raw in inputs:
         path = Path(raw).expanduser()
         if not path.exists():
-            raise ValueError(f"--input {raw}: no such file or directory; check the path")
+            raise UserError(f"--input {raw}: no such file or directory; check the path")
         if path.is_file():
             kind = fmt if fmt != "auto" else _format_of(path)
             if rows_only and kind not in ("jsonl", "parquet"):
-                raise ValueError(f"--input {raw}: chat and completion rows are read from .jsonl or .parquet files; "
+                raise UserError(f"--input {raw}: chat and completion rows are read from .jsonl or .parquet files; "
                                  "rename the file or pass --format jsonl")
             if kind is None:
-                raise ValueError(f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); pass --format text|jsonl|parquet")
+                raise UserError(f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); pass --format text|jsonl|parquet")
             candidates = [(path, kind)]
         else:
             candidates = []
@@ -73,7 +75,7 @@ def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, st
                 if kind is not None and not (rows_only and kind == "text"):
                     candidates.append((f, kind))
             if not candidates:
-                raise ValueError(f"--input {raw}: no readable files found (format {fmt}); pass files with known extensions or --format text")
+                raise UserError(f"--input {raw}: no readable files found (format {fmt}); pass files with known extensions or --format text")
         for f, kind in candidates:
             resolved = f.resolve()
             if resolved not in seen:
@@ -99,7 +101,7 @@ def read_documents(path: Path, kind: str, text_field: str = "text") -> Iterator[
     elif kind == "parquet":
         yield from _read_parquet(path, text_field)
     else:
-        raise ValueError(f"{path}: unknown format {kind!r}; use one of text, jsonl, parquet")
+        raise UserError(f"{path}: unknown format {kind!r}; use one of text, jsonl, parquet")
 
 
 def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
@@ -110,12 +112,12 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it") from None
+                raise UserError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it") from None
             if not isinstance(record, dict) or text_field not in record:
-                raise ValueError(f"{path}:{lineno}: no field {text_field!r}; pass --text-field with the name of the text field")
+                raise UserError(f"{path}:{lineno}: no field {text_field!r}; pass --text-field with the name of the text field")
             text = record[text_field]
             if not isinstance(text, str):
-                raise ValueError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string; pass the right --text-field")
+                raise UserError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string; pass the right --text-field")
             yield text
 
 
@@ -123,11 +125,11 @@ def _open_parquet(path: Path) -> Any:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ValueError(f"{path}: reading Parquet needs pyarrow; pip install 'seektrain[parquet]'") from None
+        raise UserError(f"{path}: reading Parquet needs pyarrow; pip install 'seektrain[parquet]'") from None
     try:
         return pq.ParquetFile(path)
     except Exception as e:
-        raise ValueError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]}); check the file") from None
+        raise UserError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]}); check the file") from None
 
 
 def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
@@ -135,10 +137,10 @@ def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
     import pyarrow as pa
 
     if text_field not in pf.schema_arrow.names:
-        raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); pass --text-field")
+        raise UserError(f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); pass --text-field")
     kind = pf.schema_arrow.field(text_field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise ValueError(f"{path}: column {text_field!r} holds {kind}, not text; pass --text-field with a string column")
+        raise UserError(f"{path}: column {text_field!r} holds {kind}, not text; pass --text-field with a string column")
     for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
         for text in batch.column(0).to_pylist():
             if text is not None:
@@ -169,7 +171,7 @@ def read_records(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
                 try:
                     yield f"{path}:{lineno}", json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it") from None
+                    raise UserError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it") from None
     elif kind == "parquet":
         pf = _open_parquet(path)
         row = 0
@@ -178,4 +180,4 @@ def read_records(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
                 row += 1
                 yield f"{path}: row {row}", record
     else:
-        raise ValueError(f"{path}: {kind} files hold no rows; chat and completion rows are read from .jsonl or .parquet")
+        raise UserError(f"{path}: {kind} files hold no rows; chat and completion rows are read from .jsonl or .parquet")

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Protocol
 
+from seektrain.errors import UserError
 from seektrain.models.hub import is_hub_id, resolve_local_path
 
 BYTE_SPEC = "byte"
@@ -109,11 +110,11 @@ class HFTokenizer:
         try:
             from tokenizers import Tokenizer as _RustTokenizer
         except ImportError:  # pragma: no cover - tokenizers is a hard dependency
-            raise ValueError("reading tokenizer.json needs the `tokenizers` package; pip install tokenizers") from None
+            raise UserError("reading tokenizer.json needs the `tokenizers` package; pip install tokenizers") from None
         try:
             self._tok = _RustTokenizer.from_file(str(path))
         except Exception as e:
-            raise ValueError(f"tokenizer={path}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
+            raise UserError(f"tokenizer={path}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
         self.spec = str(path)
         self.path: Path | None = path  # the tokenizer.json, whose folder may hold the chat template
         self.fingerprint = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -123,14 +124,14 @@ class HFTokenizer:
         self.eos_id = self._find(eos, _EOS_CANDIDATES)  # type: ignore[assignment]
         self.bos_id = self._find(bos, _BOS_CANDIDATES)
         if self.eos_id is None:
-            raise ValueError(
+            raise UserError(
                 f"tokenizer={path}: no end-of-sequence token found; add one of {', '.join(_EOS_CANDIDATES[1:4])} "
                 "as a special token or set eos_token in a tokenizer_config.json beside it"
             )
 
     def _find(self, configured: str | None, candidates: tuple[str, ...]) -> int | None:
         if configured and self._tok.token_to_id(configured) is None:  # a typo must not pick another token
-            raise ValueError(f"{self._config_path}: token {configured!r} is not in the vocabulary of "
+            raise UserError(f"{self._config_path}: token {configured!r} is not in the vocabulary of "
                              f"{self._config_path.with_name('tokenizer.json')}; fix the token name")
         for name in ((configured,) if configured else ()) + candidates:
             tid = self._tok.token_to_id(name)
@@ -164,10 +165,10 @@ def _configured_specials(path: Path) -> tuple[str | None, str | None]:
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise ValueError(f"{cfg_path}: unreadable ({str(err).splitlines()[0][:200]}); fix it or remove it (eos/bos "
+        raise UserError(f"{cfg_path}: unreadable ({str(err).splitlines()[0][:200]}); fix it or remove it (eos/bos "
                          "are then found in tokenizer.json)") from None
     if not isinstance(cfg, dict):
-        raise ValueError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}; fix it or remove it")
+        raise UserError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}; fix it or remove it")
 
     def name(v: object) -> str | None:
         if isinstance(v, dict):
@@ -186,7 +187,7 @@ def load_tokenizer(spec: str) -> Tokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise ValueError(f"tokenizer={spec}: not 'byte' and no such tokenizer.json; pass --tokenizer byte, a path to "
+        raise UserError(f"tokenizer={spec}: not 'byte' and no such tokenizer.json; pass --tokenizer byte, a path to "
                          "tokenizer.json or a cached hub id org/name")
     tokenizer = HFTokenizer(path.resolve())
     if is_hub_id(spec) and not Path(spec).expanduser().exists():

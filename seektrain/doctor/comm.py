@@ -21,6 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from seektrain.errors import UserError
 from seektrain.parallel.dist_env import node_label
 
 BUS_FACTOR = {
@@ -41,9 +42,9 @@ def parse_sizes(text: str) -> list[int]:
         try:
             sizes.append(int(float(item[:-1]) * units[item[-1]]) if item[-1] in units else int(item))
         except (ValueError, KeyError):
-            raise ValueError(f"--sizes {text!r}: give byte counts like 4K,1M,64M") from None
+            raise UserError(f"--sizes {text!r}: give byte counts like 4K,1M,64M") from None
     if not sizes or min(sizes) <= 0:
-        raise ValueError(f"--sizes {text!r}: give positive byte counts like 4K,1M,64M")
+        raise UserError(f"--sizes {text!r}: give positive byte counts like 4K,1M,64M")
     return sizes
 
 

@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 from seektrain.doctor.report import Check
+from seektrain.errors import UserError
 
 SYS_NET = Path("/sys/class/net")
 SYS_IB = Path("/sys/class/infiniband")
@@ -89,9 +90,9 @@ def parse_ports(text: str) -> list[int]:
         low, _, high = text.partition("-")
         ports = list(range(int(low), int(high or low) + 1))
     except ValueError:
-        raise ValueError(f"--ports {text!r}: give a port or a range, e.g. 29500 or 29500-29510") from None
+        raise UserError(f"--ports {text!r}: give a port or a range, e.g. 29500 or 29500-29510") from None
     if not ports or ports[0] < 1 or ports[-1] > 65535:
-        raise ValueError(f"--ports {text!r}: ports are 1-65535, low-high")
+        raise UserError(f"--ports {text!r}: ports are 1-65535, low-high")
     return ports
 
 

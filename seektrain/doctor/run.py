@@ -51,7 +51,7 @@ def doctor_worker(opts: DoctorOptions, timeout_s: float) -> Report | None:
     """Run on every worker of a launch; returns the report on rank 0, None elsewhere."""
     import torch.distributed as dist
 
-    from seektrain.parallel.distributed import init_distributed
+    from seektrain.parallel.process_group import init_distributed
 
     env = init_distributed(timeout_s)
     try:

@@ -14,6 +14,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from seektrain.errors import UserError
 from seektrain.launch.network import NodeNetwork, node_network, wait_for_endpoint
 
 RDZV_BACKEND = "seektrain-c10d"  # launch/rendezvous.py: c10d plus a round token for the workers
@@ -37,11 +38,11 @@ class LaunchOptions:
         """(min, max) nodes from ``--nnodes N`` or ``MIN:MAX``; a ValueError of one line otherwise."""
         lo, sep, hi = (self.nnodes or "1").partition(":")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"--nnodes {self.nnodes!r}: give a node count N or an elastic range MIN:MAX, "
+            raise UserError(f"--nnodes {self.nnodes!r}: give a node count N or an elastic range MIN:MAX, "
                              "e.g. 2 or 2:4")
         lo_n, hi_n = int(lo), int(hi) if sep else int(lo)
         if lo_n < 1 or hi_n < lo_n:
-            raise ValueError(f"--nnodes {self.nnodes!r}: need 1 <= MIN <= MAX nodes, e.g. 2 or 2:4")
+            raise UserError(f"--nnodes {self.nnodes!r}: need 1 <= MIN <= MAX nodes, e.g. 2 or 2:4")
         return lo_n, hi_n
 
     @property
@@ -56,21 +57,21 @@ class LaunchOptions:
     def validate(self) -> None:
         """Every launcher option on its own, before any process or socket starts."""
         if self.nproc_per_node < 1:
-            raise ValueError("--nproc-per-node must be >= 1")
+            raise UserError("--nproc-per-node must be >= 1")
         if self.max_restarts < 0:
-            raise ValueError(f"--max-restarts {self.max_restarts}: must be >= 0 (0 = no restart)")
+            raise UserError(f"--max-restarts {self.max_restarts}: must be >= 0 (0 = no restart)")
         if self.rdzv_timeout_s <= 0:
-            raise ValueError(f"--rdzv-timeout {self.rdzv_timeout_s:g}: must be > 0 seconds")
+            raise UserError(f"--rdzv-timeout {self.rdzv_timeout_s:g}: must be > 0 seconds")
         _, hi = self.node_range
         if self.node_rank is not None and not 0 <= self.node_rank < hi:
-            raise ValueError(f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes or 1}: "
+            raise UserError(f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes or 1}: "
                              f"use 0..{hi - 1}, a different one on each node")
         if hi > 1 and not self.rdzv_endpoint:
-            raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the first node's address, the same "
+            raise UserError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the first node's address, the same "
                              "on every node)")
         if self.nnodes is None and (self.rdzv_endpoint or self.local_addr):  # forgotten --nnodes: never train alone
             # (an explicit --nnodes 1, as in a one-node Slurm job, is one node: its endpoint is not needed)
-            raise ValueError("--rdzv-endpoint/--local-addr are for several nodes; add --nnodes N "
+            raise UserError("--rdzv-endpoint/--local-addr are for several nodes; add --nnodes N "
                              "(or drop them for a one-node run)")
 
     @property

@@ -25,6 +25,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from seektrain.errors import UserError
 from seektrain.launch.image import DEFAULT_IMAGE, IMAGE_UID
 
 KINDS = ("indexed-job", "jobset", "pytorchjob")
@@ -66,27 +67,27 @@ class K8sOptions:
 
     def check(self) -> None:
         if self.nodes < 1:
-            raise ValueError(f"--nodes must be >= 1 (got {self.nodes})")
+            raise UserError(f"--nodes must be >= 1 (got {self.nodes})")
         if self.gpus_per_node < 1:
-            raise ValueError(f"--gpus-per-node must be >= 1 (got {self.gpus_per_node})")
+            raise UserError(f"--gpus-per-node must be >= 1 (got {self.gpus_per_node})")
         if self.kind not in KINDS:
-            raise ValueError(f"--kind {self.kind!r} is not one of: {', '.join(KINDS)}")
+            raise UserError(f"--kind {self.kind!r} is not one of: {', '.join(KINDS)}")
         if not self.image or any(ch.isspace() for ch in self.image):
-            raise ValueError(f"--image {self.image!r} is not an image reference (e.g. {DEFAULT_IMAGE})")
+            raise UserError(f"--image {self.image!r} is not an image reference (e.g. {DEFAULT_IMAGE})")
         if self.name and not (_DNS_LABEL.fullmatch(self.name) and len(self.name) <= MAX_NAME_LEN):
-            raise ValueError(f"--name {self.name!r} must be lowercase letters, digits and '-', start with a "
+            raise UserError(f"--name {self.name!r} must be lowercase letters, digits and '-', start with a "
                              f"letter and have at most {MAX_NAME_LEN} characters")
         if self.namespace and not (_DNS_LABEL.fullmatch(self.namespace) and len(self.namespace) <= 63):
-            raise ValueError(f"--namespace {self.namespace!r} is not a valid namespace name")
+            raise UserError(f"--namespace {self.namespace!r} is not a valid namespace name")
         if self.pvc and not (_DNS_SUBDOMAIN.fullmatch(self.pvc) and len(self.pvc) <= 253):
-            raise ValueError(f"--pvc {self.pvc!r} is not a valid claim name (lowercase letters, digits, '-', '.')")
+            raise UserError(f"--pvc {self.pvc!r} is not a valid claim name (lowercase letters, digits, '-', '.')")
         if self.pvc_size and not _QUANTITY.fullmatch(self.pvc_size):
-            raise ValueError(f"--pvc-size {self.pvc_size!r} is not a quantity such as 500Gi or 2Ti")
+            raise UserError(f"--pvc-size {self.pvc_size!r} is not a quantity such as 500Gi or 2Ti")
         if self.max_restarts < 0:
-            raise ValueError(f"--max-restarts must be >= 0 (got {self.max_restarts})")
+            raise UserError(f"--max-restarts must be >= 0 (got {self.max_restarts})")
         for key in self.env:
             if not _ENV_NAME.fullmatch(key):
-                raise ValueError(f"--env {key!r}: not a valid environment variable name")
+                raise UserError(f"--env {key!r}: not a valid environment variable name")
 
 
 def job_name(run_name: str, run_dir: str) -> str:
@@ -108,7 +109,7 @@ def cluster_config(config_path: str | None, overrides: list[str], world_size: in
     cfg = load_config(config_path, overrides)
     run_dir = os.path.normpath(os.path.join(WORKSPACE, cfg.run.dir))
     if not run_dir.startswith(WORKSPACE + "/"):
-        raise ValueError(f"run.dir={cfg.run.dir!r} is outside the run volume; use a relative path "
+        raise UserError(f"run.dir={cfg.run.dir!r} is outside the run volume; use a relative path "
                          f"(it then lies on the volume, mounted at {WORKSPACE}) or one under {WORKSPACE}/")
     extra = [f"run.dir={run_dir}"]
     if cfg.metrics.prometheus_port and cfg.metrics.prometheus_host in ("127.0.0.1", "localhost"):
@@ -136,7 +137,7 @@ def build_manifests(cfg, opts: K8sOptions, config_toml: str) -> list[dict]:
     serving = opts.gpus_per_node if metrics.all_ranks else 1  # ports port .. port + local ranks - 1
     served = range(metrics.prometheus_port, metrics.prometheus_port + serving)
     if metrics.prometheus_port and RDZV_PORT in served:
-        raise ValueError(f"metrics.prometheus_port={metrics.prometheus_port} collides with the rendezvous port "
+        raise UserError(f"metrics.prometheus_port={metrics.prometheus_port} collides with the rendezvous port "
                          f"{RDZV_PORT} in the pods; pick another, e.g. 9400")
     name = opts.name or job_name(cfg.run.name, cfg.run.dir)
     claim = opts.pvc or f"{name}-workspace"

@@ -3,7 +3,7 @@
 Why: after a worker dies, every node's agent restarts its workers, but only the node whose worker failed
 counts it as a restart; the others restart because a node is waiting (a membership change), so
 ``TORCHELASTIC_RESTART_COUNT`` differs between nodes. The workers share one TCP store across rounds
-and must keep each round's keys apart (parallel/distributed.py ``_restart_safe_store``); with a
+and must keep each round's keys apart (parallel/process_group.py ``_restart_safe_store``); with a
 prefix taken from the restart count, the two nodes' workers wait under different prefixes and hang
 (measured: two network namespaces, ``kill -9`` of node 1's worker). Here the agent of group rank 0
 draws a token per round and publishes it in that round's own (fresh) rendezvous store; every agent

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from seektrain.errors import UserError
+
 SIGNAL_MARGIN_S = 30  # on top of checkpoint.preempt_grace_s: finishing the step, exiting, requeueing
 MIN_TRAIN_S = 60  # a --time that leaves less than this before the stop signal cannot train
 RDZV_PORT_BASE = 29500  # rendezvous port = base + job id % 2000, below Linux's ephemeral port range
@@ -42,7 +44,7 @@ def parse_slurm_time(text: str) -> int:
     """Seconds in a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (``sbatch --time`` forms)."""
     m = _TIME.match(text.strip())
     if not m:
-        raise ValueError(f"--time {text!r} is not a Slurm time; use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS")
+        raise UserError(f"--time {text!r} is not a Slurm time; use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS")
     d, a, b, c = (int(m[k]) if m[k] is not None else None for k in "dabc")
     if d is None:
         if b is None:
@@ -88,33 +90,33 @@ def plan_slurm_job(config: str, overrides: list[str], nodes: int, gpus_per_node:
     from seektrain.config.loader import load_config
 
     if nodes < 1:
-        raise ValueError(f"--nodes must be >= 1, got {nodes}")
+        raise UserError(f"--nodes must be >= 1, got {nodes}")
     if gpus_per_node < 0:
-        raise ValueError(f"--gpus-per-node must be >= 0 (0 = CPU nodes), got {gpus_per_node}")
+        raise UserError(f"--gpus-per-node must be >= 0 (0 = CPU nodes), got {gpus_per_node}")
     if nproc_per_node is None:
         nproc_per_node = gpus_per_node or 1
     if nproc_per_node < 1:
-        raise ValueError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
+        raise UserError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
     if gpus_per_node and nproc_per_node != gpus_per_node:
-        raise ValueError(f"--nproc-per-node {nproc_per_node} differs from --gpus-per-node {gpus_per_node}; "
+        raise UserError(f"--nproc-per-node {nproc_per_node} differs from --gpus-per-node {gpus_per_node}; "
                          "seektrain runs one worker per GPU (drop --nproc-per-node)")
     if cpus_per_task is None:
         cpus_per_task = 8 * nproc_per_node
     if cpus_per_task < nproc_per_node:
-        raise ValueError(f"--cpus-per-task {cpus_per_task} is fewer than the {nproc_per_node} worker processes "
+        raise UserError(f"--cpus-per-task {cpus_per_task} is fewer than the {nproc_per_node} worker processes "
                          "per node; give each worker at least one CPU")
 
     config_path = Path(config).expanduser().absolute()
     cfg = load_config(config_path, overrides)
     run_dir = Path(cfg.run.dir)  # not expanded: the trainer does not expand ~ either
     if not run_dir.is_absolute():
-        raise ValueError(f"run.dir={cfg.run.dir!r} is relative, but Slurm tasks may start in another directory on "
+        raise UserError(f"run.dir={cfg.run.dir!r} is relative, but Slurm tasks may start in another directory on "
                          "another node; set run.dir to an absolute path on storage every node shares")
     check_layout(cfg, nodes * nproc_per_node)
 
     signal_s = math.ceil(cfg.checkpoint.preempt_grace_s) + SIGNAL_MARGIN_S
     if time and parse_slurm_time(time) < signal_s + MIN_TRAIN_S:
-        raise ValueError(f"--time {time} is too short: Slurm is asked to stop training {signal_s} s before the "
+        raise UserError(f"--time {time} is too short: Slurm is asked to stop training {signal_s} s before the "
                          f"limit (checkpoint.preempt_grace_s + {SIGNAL_MARGIN_S} s); ask for at least "
                          f"{signal_s + MIN_TRAIN_S} s")
     notes = []

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from seektrain.errors import UserError
+
 ARCHITECTURES = ("llama", "deepseek_v2", "deepseek_v3")
 SCORING_FUNCS = ("softmax", "sigmoid")
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
@@ -100,7 +102,7 @@ class ModelConfig:
     def validate(self) -> "ModelConfig":
         """Raise ValueError naming the first inconsistent field and how to fix it."""
         def bad(msg: str) -> None:
-            raise ValueError(f"model config {self.name!r}: {msg}")
+            raise UserError(f"model config {self.name!r}: {msg}")
 
         if self.arch not in ARCHITECTURES:
             bad(f"arch={self.arch!r} is not one of {ARCHITECTURES}")
@@ -142,12 +144,12 @@ class ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise ValueError(f"model config: unknown fields {sorted(unknown)}")
+            raise UserError(f"model config: unknown fields {sorted(unknown)}")
         _check_types(cls, data, "model config")
         data = dict(data)
         if data.get("rope_scaling") is not None:
             if not isinstance(data["rope_scaling"], dict):
-                raise ValueError("model config: rope_scaling must be an object or null")
+                raise UserError("model config: rope_scaling must be an object or null")
             _check_types(RopeScaling, data["rope_scaling"], "model config: rope_scaling")
             data["rope_scaling"] = RopeScaling(**data["rope_scaling"])
         return cls(**data).validate()
@@ -173,4 +175,4 @@ def _check_types(cls, data: dict, where: str) -> None:
         if ok and isinstance(value, float) and not math.isfinite(value):
             ok = False
         if not ok:
-            raise ValueError(f"{where}: field {name!r} must be {base.__name__}, got {value!r}")
+            raise UserError(f"{where}: field {name!r} must be {base.__name__}, got {value!r}")

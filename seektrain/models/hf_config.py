@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig, RopeScaling
 from seektrain.models.hub import resolve_local_path
 
@@ -44,7 +45,7 @@ _ARCH_DEFAULTS = {
 }
 
 
-class HFConfigError(ValueError):
+class HFConfigError(UserError):
     """A config.json that cannot describe a model we build; the message is one line naming the field."""
 
 
@@ -63,6 +64,8 @@ def read_config_json(path: str | os.PathLike, what: str = "model.hf_path") -> di
             raw = json.load(fh)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise HFConfigError(f"{file}: unreadable JSON ({exc})") from None
+    except RecursionError:
+        raise HFConfigError(f"{file}: nests too deeply to be a model config") from None
     if not isinstance(raw, dict):
         raise HFConfigError(f"{file}: expected a JSON object, got {type(raw).__name__}")
     return raw

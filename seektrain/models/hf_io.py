@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from seektrain.errors import UserError
 from seektrain.models.hf_config import (
     HFConfigError, config_from_hf, config_to_hf, quant_block_size, read_config_json,
 )
@@ -42,7 +43,7 @@ _SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
 _FP8_NAMES = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
-class HFWeightsError(ValueError):
+class HFWeightsError(UserError):
     """The weights of a model folder do not match its config.json; one line naming file and tensor."""
 
 
@@ -228,7 +229,7 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, dtype: torch.dt
     state = model.state_dict()
     out_dtype = dtype or state["embed_tokens.weight"].dtype
     if out_dtype in FP8_DTYPES:
-        raise ValueError("saving FP8 weights is not supported; choose bf16, fp16 or fp32")
+        raise UserError("saving FP8 weights is not supported; choose bf16, fp16 or fp32")
 
     def cast(entry: Entry) -> torch.dtype:
         return torch.float32 if entry.ours.endswith("e_score_correction_bias") else out_dtype

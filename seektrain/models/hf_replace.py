@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from seektrain.errors import UserError
+
 _HF_FILES = re.compile(r"config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
 # config.json fields that name the model (not its dtype or library versions)
 _IDENTITY = ("architectures", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -25,15 +27,15 @@ def check_target(out: Path, new_config: dict | None, force: bool, sources: tuple
     """Raise ValueError (one line) unless writing ``new_config``'s model to ``out`` loses nothing;
     ``new_config=None`` checks all but which model is there (before a long load of the source)."""
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--to-hf {out}: is a file; choose a folder")
+        raise UserError(f"--to-hf {out}: is a file; choose a folder")
     for src in sources:
         if out.resolve() == src.resolve():
-            raise ValueError(f"--to-hf {out}: is the folder being read; write to a new folder")
+            raise UserError(f"--to-hf {out}: is the folder being read; write to a new folder")
     if not out.is_dir() or not any(out.iterdir()):
         return
     foreign = sorted(p.name for p in out.iterdir() if not (p.is_file() and _HF_FILES.fullmatch(p.name)))
     if foreign:
-        raise ValueError(f"--to-hf {out}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
+        raise UserError(f"--to-hf {out}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
                          "which convert does not write, so it will not replace this folder (not even with --force); "
                          "choose a new folder")
     if force or new_config is None:
@@ -44,7 +46,7 @@ def check_target(out: Path, new_config: dict | None, force: bool, sources: tuple
         old = None
     if not isinstance(old, dict) or any(old.get(k) != new_config.get(k) for k in _IDENTITY):
         what = (f"a different model ({_describe(old)})" if isinstance(old, dict) else "weights without a readable config.json")
-        raise ValueError(f"--to-hf {out}: already holds {what}; pass --force to replace it, or choose a new folder")
+        raise UserError(f"--to-hf {out}: already holds {what}; pass --force to replace it, or choose a new folder")
 
 
 def write_swapped(out: Path, write: Callable[[Path], object]) -> object:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from seektrain.errors import UserError
+
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
@@ -33,10 +35,10 @@ def resolve_local_path(spec: str, what: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise ValueError(f"{what}={spec!r}: no such local path; reading it as a hub id needs huggingface_hub: "
+        raise UserError(f"{what}={spec!r}: no such local path; reading it as a hub id needs huggingface_hub: "
                          "pip install huggingface_hub") from None
     try:
         return Path(snapshot_download(spec, local_files_only=True))
     except Exception:  # LocalEntryNotFoundError, HFValidationError, a broken cache entry
-        raise ValueError(f"{what}={spec!r}: no such local path, and hub id {spec} is not in the Hugging Face "
+        raise UserError(f"{what}={spec!r}: no such local path, and hub id {spec} is not in the Hugging Face "
                          f"cache; download it first: hf download {spec}") from None

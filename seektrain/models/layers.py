@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
 
 
@@ -58,7 +59,7 @@ def rope_inv_freq(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, float]:
     if rs is None or rs.factor <= 1.0:
         return inv_freq, 1.0
     if rs.type != "yarn":
-        raise ValueError(f"rope_scaling.type={rs.type!r} is not supported; only 'yarn' is")
+        raise UserError(f"rope_scaling.type={rs.type!r} is not supported; only 'yarn' is")
 
     def correction_dim(rotations: float) -> float:
         return dim * math.log(rs.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))

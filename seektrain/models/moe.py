@@ -26,26 +26,12 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-# Where torch (2.13) has a grouped GEMM kernel, by device type: a test on (input, weight dims). This is
-# the operator's coverage, which decides between the grouped GEMM and the batched-matmul fallback.
-_GROUPED_MM_KERNELS = {
-    "cpu": lambda x, dims: x.dtype in (torch.float32, torch.bfloat16),
-    "cuda": lambda x, dims: (x.dtype == torch.bfloat16 and all(d % 8 == 0 for d in dims)
-                             and torch.cuda.get_device_capability(x.device) >= (9, 0)),
-}
-
-
 def count_slots(idx: torch.Tensor, n_experts: int) -> torch.Tensor:
     """How many of ``idx``'s token slots chose each expert, ``[n_experts]`` int64. A scatter-add rather
     than ``torch.bincount``, which on CUDA reads the smallest and largest index on the host to check
     and size its output: a device sync in every MoE layer's forward."""
     flat = idx.flatten()
     return torch.zeros(n_experts, dtype=torch.long, device=idx.device).scatter_add_(0, flat, torch.ones_like(flat))
-
-
-def grouped_mm_supported(x: torch.Tensor, *dims: int) -> bool:
-    covered = _GROUPED_MM_KERNELS.get(x.device.type)
-    return _grouped_mm is not None and covered is not None and covered(x, dims)
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -118,13 +104,13 @@ class Router(nn.Module):
 
 
 def grouped_swiglu(x_ND: torch.Tensor, counts_E: torch.Tensor, gate_up_proj: torch.Tensor,
-                   down_proj: torch.Tensor, row_multiple: int = 1) -> torch.Tensor:
+                   down_proj: torch.Tensor, kernels: Kernels = Kernels()) -> torch.Tensor:
     """E SwiGLU experts (``gate_up [E, 2F, D]``, ``down [E, D, F]``) over token slots already sorted by
     expert, ``counts_E`` slots each: one grouped GEMM per projection, or a padded batched matmul where
-    the platform has no grouped GEMM for the dtype (or no slots at all, which the grouped GEMM's backward
-    rejects on CPU). Shared by the plain and the expert-parallel experts. ``row_multiple`` > 1 pads each
-    expert's rows with zero rows to a multiple of it before the grouped GEMM
-    (``Kernels.expert_row_multiple``; the result is the same).
+    ``kernels`` has no grouped GEMM for the dtype and shapes (or no slots at all, which the grouped GEMM's
+    backward rejects on CPU). Shared by the plain and the expert-parallel experts.
+    ``kernels.expert_row_multiple`` > 1 pads each expert's rows with zero rows to a multiple of it before
+    the grouped GEMM (the result is the same).
 
     Under autocast both paths compute in the autocast dtype (autocast does not cover the grouped GEMM
     but does cover ``bmm``): the result's dtype must not depend on how many tokens a rank received,
@@ -132,14 +118,15 @@ def grouped_swiglu(x_ND: torch.Tensor, counts_E: torch.Tensor, gate_up_proj: tor
     if torch.is_autocast_enabled(x_ND.device.type):
         dtype = torch.get_autocast_dtype(x_ND.device.type)
         x_ND, gate_up_proj, down_proj = x_ND.to(dtype), gate_up_proj.to(dtype), down_proj.to(dtype)
-    if x_ND.shape[0] and grouped_mm_supported(x_ND, gate_up_proj.shape[1], gate_up_proj.shape[2]):
+    covered = _grouped_mm is not None and kernels.grouped_mm_covers(x_ND, *gate_up_proj.shape[1:])
+    if x_ND.shape[0] and covered:
         def swiglu(x, counts):
             offs = counts.cumsum(0).to(torch.int32)
             gate, up = _ContiguousGrad.apply(_grouped_mm(x, gate_up_proj.transpose(-2, -1), offs=offs)).chunk(2, -1)
             return _ContiguousGrad.apply(_grouped_mm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs))
 
-        if row_multiple > 1:
-            return run_padded_groups(swiglu, x_ND, counts_E, row_multiple)
+        if kernels.expert_row_multiple > 1:
+            return run_padded_groups(swiglu, x_ND, counts_E, kernels.expert_row_multiple)
         return swiglu(x_ND, counts_E)
     return _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj)
 
@@ -184,8 +171,7 @@ class GroupedExperts(nn.Module):
 
     def run_sorted(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """The experts over token slots sorted by expert, ``counts_E`` slots each."""
-        return grouped_swiglu(x_ND, counts_E, self.gate_up_proj, self.down_proj,
-                              self.kernels.expert_row_multiple)
+        return grouped_swiglu(x_ND, counts_E, self.gate_up_proj, self.down_proj, self.kernels)
 
 
 class MoE(nn.Module):

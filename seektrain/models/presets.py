@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig, RopeScaling
 
 
@@ -124,5 +125,5 @@ OFFICIAL_PRESETS = PRESETS[:5]
 
 def get_preset(name: str) -> ModelConfig:
     if name not in _BUILDERS:
-        raise ValueError(f"unknown model preset {name!r}; choose one of: {', '.join(PRESETS)}")
+        raise UserError(f"unknown model preset {name!r}; choose one of: {', '.join(PRESETS)}")
     return _BUILDERS[name]().validate()

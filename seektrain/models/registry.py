@@ -26,6 +26,7 @@ from seektrain.models.config import ARCHITECTURES, ModelConfig
 from seektrain.models.hf_config import ARCH_BY_HF
 from seektrain.models.kernels import Kernels
 from seektrain.models.transformer import Transformer, keep_fp32_buffers
+from seektrain.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ FAMILIES: dict[str, ModelFamily] = {
 
 def get_family(name: str) -> ModelFamily:
     if name not in FAMILIES:
-        raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
+        raise UserError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
     return FAMILIES[name]
 
 
@@ -77,7 +78,7 @@ def family_for(cfg) -> ModelFamily:
         if isinstance(cfg, family.config_class) and cfg.arch in family.archs:
             return family
     known = ", ".join(a for f in FAMILIES.values() for a in f.archs)
-    raise ValueError(f"model config {getattr(cfg, 'name', '?')!r}: no model family builds arch={cfg.arch!r} "
+    raise UserError(f"model config {getattr(cfg, 'name', '?')!r}: no model family builds arch={cfg.arch!r} "
                      f"(known: {known})")
 
 

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry, Gauge, Info, start_http_server
 
+from seektrain.errors import UserError
 from seektrain.observe.names import RUN_INFO, STANDARD_KEYS, metric_name, tb_tag
 from seektrain.observe.trackers import Tracker, close_all, log_to, open_trackers
 
@@ -103,14 +104,14 @@ class MetricsSink:
         fix = ("set metrics.prometheus_port to a free port in 1024-65535 (with metrics.all_ranks each "
                "rank uses port + local_rank), or to 0 to turn the endpoint off")
         if not 0 < port < 65536:
-            raise ValueError(f"metrics.prometheus_port: port {port} is out of range; {fix}")
+            raise UserError(f"metrics.prometheus_port: port {port} is out of range; {fix}")
         self.registry = CollectorRegistry(auto_describe=True)
         self._gauge("step")
         try:
             started = start_http_server(port, addr=host, registry=self.registry)
         except (OSError, OverflowError) as err:  # EADDRINUSE, EACCES, bad address
             self.registry = None
-            raise ValueError(f"metrics.prometheus_port: cannot serve on {host}:{port} "
+            raise UserError(f"metrics.prometheus_port: cannot serve on {host}:{port} "
                              f"({err.strerror if isinstance(err, OSError) and err.strerror else err}); "
                              f"{fix}") from None
         # prometheus_client >= 0.17 returns (server, thread); older versions return None.

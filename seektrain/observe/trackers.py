@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from seektrain.errors import UserError
+
 log = logging.getLogger(__name__)
 
 TRACKERS = ("wandb", "mlflow")
@@ -105,7 +107,7 @@ class WandbTracker:
             self.run = wandb.init(project=project, name=run_name, dir=str(run_dir), config=params,
                                   id=ids.get("wandb"), resume="allow", reinit="create_new")
         except Exception as err:  # wandb raises its own types (no API key, no network)
-            raise ValueError(f"metrics.trackers: wandb could not start a run ({_first_line(err)}); run "
+            raise UserError(f"metrics.trackers: wandb could not start a run ({_first_line(err)}); run "
                              "`wandb login`, or set WANDB_MODE=offline and `wandb sync` later") from None
         ids.record("wandb", self.run.id)
 
@@ -139,7 +141,7 @@ class MlflowTracker:
                 for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
                     self.client.log_batch(self.run_id, params=items[i:i + 100])
         except Exception as err:  # MlflowException, SQL and HTTP errors
-            raise ValueError(f"metrics.mlflow_tracking_uri={self.uri!r}: MLflow could not start a run "
+            raise UserError(f"metrics.mlflow_tracking_uri={self.uri!r}: MLflow could not start a run "
                              f"({_first_line(err)}); fix the URI or leave it empty for a local store") from None
         ids.record("mlflow", self.run_id)
 
@@ -168,7 +170,7 @@ def open_trackers(names: list[str] | tuple[str, ...], run_dir: Path, project: st
     """Open the requested trackers (a ValueError with one line when one cannot start)."""
     missing = missing_packages(names, mlflow_tracking_uri)
     if missing:
-        raise ValueError(f"metrics.trackers={list(names)} needs packages that are not installed; "
+        raise UserError(f"metrics.trackers={list(names)} needs packages that are not installed; "
                          f"pip install {' '.join(missing)} (or drop the tracker)")
     ids = _RunIds(run_dir, resume)
     opened: list[Tracker] = []
@@ -179,7 +181,7 @@ def open_trackers(names: list[str] | tuple[str, ...], run_dir: Path, project: st
             elif name == "mlflow":
                 opened.append(MlflowTracker(run_dir, project, run_name, params or {}, ids, mlflow_tracking_uri))
             else:
-                raise ValueError(f"metrics.trackers: unknown tracker {name!r}; use {' or '.join(TRACKERS)}")
+                raise UserError(f"metrics.trackers: unknown tracker {name!r}; use {' or '.join(TRACKERS)}")
     except BaseException:
         close_all(opened)
         raise

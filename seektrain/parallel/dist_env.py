@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from seektrain.errors import UserError
+
 log = logging.getLogger("seektrain.dist")
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -30,7 +32,7 @@ def choose_backend(requested: str, cuda: bool) -> str:
     if requested == "auto":
         return "nccl" if cuda else "gloo"
     if requested == "nccl" and not cuda:
-        raise ValueError("dist.backend=nccl needs CUDA GPUs and this process sees none; use dist.backend=auto "
+        raise UserError("dist.backend=nccl needs CUDA GPUs and this process sees none; use dist.backend=auto "
                          "or gloo")
     return requested
 
@@ -114,7 +116,7 @@ def gather_node_facts() -> list[dict]:
         dist.all_gather_object(facts, node_facts())
     problem = mismatched_versions(facts) or mismatched_launch(facts)
     if problem:
-        raise ValueError(problem)
+        raise UserError(problem)
     return facts
 
 

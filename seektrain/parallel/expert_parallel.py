@@ -151,7 +151,7 @@ class ExpertParallelExperts(GroupedExperts):
         # scaled, not the one flowing back to the tokens.)
         scale = self.tp / R
         w1, w2 = _ScaleGrad.apply(w1, scale), _ScaleGrad.apply(w2, scale)
-        y_local = grouped_swiglu(x_recv[order], recv_RL.sum(0), w1, w2, self.kernels.expert_row_multiple)
+        y_local = grouped_swiglu(x_recv[order], recv_RL.sum(0), w1, w2, self.kernels)
         # 4. Back to arrival order, then back to the senders.
         y_recv = y_local[order.argsort()]
         return _AllToAll.apply(y_recv, send_splits, recv_splits, group)

@@ -28,8 +28,8 @@ blocks and 1×128 activation tiles, torchao's ``Float8BlockwiseLinear`` (prototy
 so neither recipe uses it (torchao refuses it for rowwise): FSDP gathers bf16 weights, each linear casts
 them to FP8. Checkpoints hold plain tensors (``_plain_expert_tensors``), whatever was converted.
 
-Whether this machine can run it (a CUDA device of capability 8.9+, torchao installed) is checked at
-start-up by ``float8_environment_problem``; the layout rules are in ``plan/layout_checks.py``.
+Whether this machine can run it (a CUDA device of capability 8.9+, torchao installed) is checked by
+``RunPlan.resolve`` (``platform/float8_support.py``); the layout rules are in ``plan/layout_checks.py``.
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ from torch import nn
 
 from seektrain.models.shapes import EXPERTS, LINEAR, REPLICATED, Weight, weights_by_path
 
-TORCHAO_PIN = "0.17.0"  # pyproject's `fp8` extra; the release built against torch 2.11
-INSTALL = f"pip install 'seektrain[fp8]' (torchao=={TORCHAO_PIN})"
 RECIPE_MULTIPLE = {"rowwise": 16, "blockwise": 128}
 EXPERT_ROW_MULTIPLE = 16  # torchao's FP8 grouped GEMM: every expert's token group a multiple of 16 rows
 
@@ -182,49 +180,3 @@ def fp8_matmul_params(cfg, recipe: str, include_mtp: bool = True, experts: bool 
 def fp8_grouped_gemm_supported(device: torch.device) -> bool:
     """torch's FP8 grouped GEMM (and seektrain's grouped-GEMM path for experts) needs SM 9.0+."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
-
-
-def float8_environment_problem(recipe: str, device_type: str) -> str | None:
-    """Why ``precision.fp8=recipe`` cannot run here (one line with the fix), or None. Checked at start-up
-    by the launcher and by every worker, on the device it trains on."""
-    if recipe == "none":
-        return None
-    # torchao's blockwise kernels need SM 9.0; rowwise runs on any GPU with FP8 tensor cores (SM 8.9+)
-    need, gpus = ((9, 0), "H100/H200/H800") if recipe == "blockwise" else ((8, 9), "H100/H200/H800/L40")
-    needs = (f"precision.fp8={recipe} needs FP8 tensor cores, an {gpus}-class GPU (CUDA capability "
-             f"{need[0]}.{need[1]}+)")
-    fix = "--set precision.fp8=none" if recipe == "rowwise" else "--set precision.fp8=rowwise (SM 8.9) or none"
-    if device_type != "cuda":
-        return f"{needs}, and this run is on {device_type}; train on such a GPU or {fix}"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) < need:
-        return f"{needs}, and {torch.cuda.get_device_name()} has {major}.{minor}; {fix}"
-    return torchao_problem(recipe)
-
-
-def check_float8_environment(recipe: str, device_type: str) -> None:
-    """``float8_environment_problem`` as a ``ConfigError`` (one line, exit 2)."""
-    from seektrain.config.loader import ConfigError
-
-    problem = float8_environment_problem(recipe, device_type)
-    if problem:
-        raise ConfigError(problem)
-
-
-def torchao_problem(recipe: str) -> str | None:
-    """Why torchao cannot provide ``recipe`` here (one line naming the install), or None."""
-    try:
-        import torchao  # noqa: F401
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: F401
-    except ImportError as err:
-        return f"precision.fp8={recipe} needs torchao ({err}); {INSTALL}, or --set precision.fp8=none"
-    if recipe == "blockwise":
-        try:
-            from torchao.prototype.blockwise_fp8_training.linear import Float8BlockwiseLinear  # noqa: F401
-        except ImportError as err:
-            if "triton" in str(err):
-                return ("precision.fp8=blockwise needs triton (torchao's blockwise kernels), which CUDA builds of "
-                        f"torch ship ({err}); install torch's CUDA build or --set precision.fp8=rowwise")
-            return (f"precision.fp8=blockwise needs torchao's blockwise FP8 training (torchao {TORCHAO_PIN} has "
-                    f"it; installed: {torchao.__version__}, {err}); {INSTALL}")
-    return None

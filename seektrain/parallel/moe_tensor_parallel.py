@@ -61,7 +61,7 @@ class TensorParallelExperts(GroupedExperts):
         lo, mine = torch.stack([counts_E[:e0].sum(), counts_E[e0:e0 + L].sum()]).tolist()
         order = order[lo:lo + mine]  # slots routed to my experts
         token = order // top_k
-        y = grouped_swiglu(x_ND[token], counts_E[e0:e0 + L], w1, w2, self.kernels.expert_row_multiple)
+        y = grouped_swiglu(x_ND[token], counts_E[e0:e0 + L], w1, w2, self.kernels)
         y = y * weights_NK.flatten()[order].unsqueeze(-1).to(y.dtype)
         return torch.zeros_like(x_ND).index_add_(0, token, y.to(x_ND.dtype))
 

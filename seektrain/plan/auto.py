@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from seektrain.config.schema import JobConfig
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
 from seektrain.plan.hardware import KNOWN, Hardware, cpu_hardware, hardware, name_from_device
 from seektrain.plan.search import MICRO_BATCHES, apply_settings
@@ -25,7 +26,7 @@ def device_hardware(device_type: str, ranks_per_node: int) -> Hardware:
     name = torch.cuda.get_device_name()
     key = name_from_device(name)
     if key is None:
-        raise ValueError(f"parallel.auto does not know the GPU {name!r} (known: {', '.join(KNOWN)}); set the "
+        raise UserError(f"parallel.auto does not know the GPU {name!r} (known: {', '.join(KNOWN)}); set the "
                          "parallel degrees yourself (seektrain plan --gpu NAME suggests them)")
     return hardware(key, ranks_per_node)
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from seektrain.errors import UserError
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -118,7 +120,7 @@ def hardware(name: str, gpus_per_node: int = 8) -> Hardware:
     if key == "cpu":
         return cpu_hardware(gpus_per_node)
     if key not in GPUS:
-        raise ValueError(f"unknown --gpu {name!r}: known are {', '.join(KNOWN)}")
+        raise UserError(f"unknown --gpu {name!r}: known are {', '.join(KNOWN)}")
     return replace(GPUS[key], gpus_per_node=gpus_per_node)
 
 

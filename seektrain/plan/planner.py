@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from seektrain.config.schema import JobConfig
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
 from seektrain.plan.hardware import GPUS, Hardware, hardware
 from seektrain.plan.search import GIB, SearchResult, planned_precision, search
@@ -13,20 +14,20 @@ MAX_GPUS = 65536
 
 def hardware_for(gpu: str, gpus: int, nodes: int) -> Hardware:
     if gpus < 1:
-        raise ValueError(f"--gpus={gpus} must be >= 1")
+        raise UserError(f"--gpus={gpus} must be >= 1")
     if gpu.lower() == "cpu":
         nodes = nodes or 1
     else:
         nodes = nodes or -(-gpus // 8)
     if nodes < 1 or gpus % nodes:
-        raise ValueError(f"--gpus={gpus} does not split evenly over --nodes={nodes}; use a multiple of the node count")
+        raise UserError(f"--gpus={gpus} does not split evenly over --nodes={nodes}; use a multiple of the node count")
     return hardware(gpu, gpus // nodes)
 
 
 def _check_batch(job: JobConfig) -> None:
     t = job.train
     if t.global_batch_size < 1 or t.seq_len < 1:
-        raise ValueError(f"global batch ({t.global_batch_size}) and sequence length ({t.seq_len}) must be >= 1")
+        raise UserError(f"global batch ({t.global_batch_size}) and sequence length ({t.seq_len}) must be >= 1")
 
 
 def _batch_error(job: JobConfig, result: SearchResult) -> str | None:
@@ -73,15 +74,15 @@ def best_feasible(job: JobConfig, model: ModelConfig, gpus: int, hw: Hardware, *
         return result
     error = _batch_error(job, result)
     if error:
-        raise ValueError(error)
+        raise UserError(error)
     fit = [c for c in result.rejected if c.memory is not None]
     if not fit:
         reasons = [c.reason for c in result.rejected]
         common = max(set(reasons), key=reasons.count) if reasons else "no layout to try"
-        raise ValueError(f"model {model.name} cannot be laid out on {gpus} × {hw.name}: {common}")
+        raise UserError(f"model {model.name} cannot be laid out on {gpus} × {hw.name}: {common}")
     need = min(c.memory.total for c in fit) / GIB
     where = smallest_fit(job, model, hw.name, gpus, hw.gpus_per_node) if hw.name != "cpu" else "more memory"
-    raise ValueError(f"model {model.name} fits no layout on {gpus} × {hw.name}: the smallest layout needs "
+    raise UserError(f"model {model.name} fits no layout on {gpus} × {hw.name}: the smallest layout needs "
                      f"{need:.1f} GiB per rank of {hw.memory_gib:.1f} GiB; it fits on {where}")
 
 

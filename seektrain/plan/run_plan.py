@@ -25,6 +25,7 @@ from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
 from seektrain.plan import layout_checks
 from seektrain.platform.compute_dtype import DtypeChoice, choose_dtype
+from seektrain.platform.float8_support import float8_environment_problem
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,13 @@ class RunPlan:
     # ------------------------------------------------------------------ resolving
     @classmethod
     def resolve(cls, job: JobConfig, model: ModelConfig, world_size: int, device_type: str = "cpu",
-                precision: DtypeChoice | None = None) -> "RunPlan":
+                precision: DtypeChoice | None = None, this_machine: bool = False) -> "RunPlan":
         """The plan for ``world_size`` processes, or a ``ConfigError`` naming the setting to change.
         ``precision``: the compute dtype when the device is not this process's own (the planner's);
-        by default ``precision.dtype`` is decided for this process's ``device_type``."""
+        by default ``precision.dtype`` is decided for this process's ``device_type``.
+        ``this_machine``: the plan is to run here (the launcher's and the workers', through
+        ``seektrain.train.startup``), so the device must also be able to run it (``precision.fp8``);
+        the planner's candidates are for hardware elsewhere and skip that check."""
         p, t = job.parallel, job.train
         others = p.dp_replicate * p.tp * p.pp
         dp_shard = p.dp_shard
@@ -63,6 +67,10 @@ class RunPlan:
         layout_checks.check_degrees(world_size, p.pp, p.dp_replicate, dp_shard, p.tp, p.ep, p.data_parallel)
         layout_checks.check_cpu_offload(p.cpu_offload, p.data_parallel)
         layout_checks.check_float8(job.precision.fp8, p.tp)
+        if this_machine:
+            problem = float8_environment_problem(job.precision.fp8, device_type)
+            if problem:
+                raise ConfigError(problem)
         dp = p.dp_replicate * dp_shard
         per_step = t.micro_batch_size * dp
         if t.global_batch_size % per_step:

@@ -35,6 +35,16 @@ _ALL_GATHER_TAG = 7301
 _REDUCE_SCATTER_TAG = 7302
 
 
+def wait(work: dist.Work) -> None:
+    """Wait for one gloo request. Its failure (a lost or stuck peer) comes up as a plain ``RuntimeError``
+    from this module's frame, so it is raised as torch's ``DistNetworkError``, the type the trainer tells
+    a collective failure by (``train/faults.py``)."""
+    try:
+        work.wait()
+    except RuntimeError as err:
+        raise dist.DistNetworkError(str(err)) from err
+
+
 class _Works(dist.Work):
     """One ``Work`` for several point-to-point requests (FSDP waits on a single handle)."""
 
@@ -44,7 +54,7 @@ class _Works(dist.Work):
 
     def wait(self, timeout=None) -> bool:  # noqa: ARG002 (gloo's own timeout applies)
         for work in self._works:
-            work.wait()
+            wait(work)
         self._works = []
         return True
 
@@ -116,7 +126,7 @@ class P2PReduceScatter(DefaultAllocMixin, ReduceScatter):
             self.narrow_sends += 1
         received = torch.empty(chunks.shape, dtype=sends[peers[0]].dtype) if peers else chunks.clone()
         for work in _exchange(group, sends, {p: received[p] for p in peers}, _REDUCE_SCATTER_TAG):
-            work.wait()
+            wait(work)
         out = output_tensor.view(-1)
         if world == 2:  # a + b in the reduce dtype (a narrow operand is widened exactly); 1.4x (fp32) and
             torch.add(chunks[rank], received[peers[0]], out=out)  # 6.7x (bf16) faster than sum on 1 thread

@@ -34,8 +34,11 @@ class PlatformPolicy:
 
     def model_kernels(self, compute_dtype: torch.dtype = torch.bfloat16) -> Kernels:
         """The kernels to build the training model with (``build_model(..., kernels=...)``) when it
-        computes in ``compute_dtype`` (``RunPlan.compute_dtype``)."""
-        return Kernels()
+        computes in ``compute_dtype`` (``RunPlan.compute_dtype``): the plain ones, with the experts'
+        grouped GEMM where CUDA has one (bf16, dimensions multiples of 8, SM 9.0+; torch 2.11-2.13),
+        else the batched matmul."""
+        hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+        return Kernels(grouped_mm_dtypes=(torch.bfloat16,) if hopper else (), grouped_mm_dim_multiple=8)
 
     def pin_host_memory(self) -> bool:
         """Whether host copies that travel to or from the device (prefetched batches, checkpoint staging)

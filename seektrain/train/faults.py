@@ -15,13 +15,17 @@ the last checkpoint and every failure ends with one readable line.
   Every rank sees the same all-reduced loss, so every rank takes the same decision.
 * Dead or hung ranks: collectives have a finite timeout (``dist.collective_timeout_s``); the backend's
   error (gloo's "Timed out waiting 600000ms for recv operation" or "Connection closed by peer") becomes
-  a ``CollectiveError`` naming this rank and what it was doing. It subclasses ``ConnectionError`` (an
-  ``OSError``), so the CLI prints it as one line. A killed worker is restarted by torchrun
+  a ``CollectiveError`` naming this rank and what it was doing (``is_collective_failure`` tells such an
+  error by its type and where it was thrown, not by its text), a ``RunFailure`` the CLI prints as one
+  line. A killed worker is restarted by torchrun
   (``--max-restarts``) and the new workers resume from the last checkpoint.
 * Out of memory in a step (CUDA's ``torch.OutOfMemoryError``, ``MemoryError``, a failed CPU allocation):
   one line naming the cheapest fix for this job (``out_of_memory.py``) instead of a traceback.
 * The all-reduce after each step also tells every rank whether an async checkpoint has finished
-  writing everywhere, so it is committed (made visible to resume) as early as possible.
+  writing everywhere, so the trainer has the checkpoint manager commit it (make it visible to resume) as
+  early as possible.
+* Test-only fault hooks (``SEEKTRAIN_TEST_*``) are not here: ``fault_injection.py`` installs them at
+  start-up when asked, so the training path holds no test code.
 """
 
 from __future__ import annotations
@@ -32,13 +36,13 @@ import os
 import signal
 import sys
 import threading
-import time
+import traceback
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from seektrain.checkpoint import hooks
+from seektrain.errors import RunFailure
 from seektrain.train.transfer import HostCopy
 
 log = logging.getLogger("seektrain.train")
@@ -47,23 +51,12 @@ SPIKE_WINDOW = 50  # good losses in the running mean
 SPIKE_MIN_HISTORY = 5  # no spike verdict before this many good losses
 
 
-class BadLossError(ValueError):
+class BadLossError(RunFailure):
     """The loss of a step was NaN/Inf or spiked and ``train.on_bad_loss = stop``."""
 
 
-class CollectiveError(ConnectionError):
+class CollectiveError(RunFailure):
     """A collective timed out or lost a peer; the message names the rank and the operation."""
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def inject_nan(loss: torch.Tensor, step: int) -> torch.Tensor:
-    """Test hook ``SEEKTRAIN_TEST_NAN=STEP[:RANK]``: this step's loss becomes NaN before backward."""
-    if hooks.fires("NAN", step, _rank()):
-        return loss * float("nan")
-    return loss
 
 
 @dataclass
@@ -150,10 +143,9 @@ class FaultGuard:
     """Per-step fault handling for the trainer: ``begin_step`` / ``end_step`` around every step,
     ``raise_readable`` for errors of the loop, ``exit_preempted`` after the preemption checkpoint."""
 
-    def __init__(self, train_cfg, ckpt_cfg, ckpt, rank: int, device: torch.device,
-                 collective_timeout_s: float = 600.0):
+    def __init__(self, train_cfg, ckpt_cfg, rank: int, device: torch.device, collective_timeout_s: float = 600.0):
         self.loss = LossGuard(train_cfg.on_bad_loss, train_cfg.spike_factor, device)
-        self.ckpt, self.rank, self.device = ckpt, rank, device
+        self.rank, self.device = rank, device
         self.grace_s = ckpt_cfg.preempt_grace_s
         self.timeout_s = collective_timeout_s
         self.phase = "start-up"
@@ -202,34 +194,27 @@ class FaultGuard:
     def begin_step(self, step: int) -> None:
         self.step = step
         self.phase = f"step {step} (its FSDP all-gather/reduce-scatter, all-reduces, or the checkpoint after it)"
-        if hooks.fires("OOM", step, self.rank):
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB (test hook "
-                                         f"SEEKTRAIN_TEST_OOM at step {step})")
-        if hooks.fires("KILL", step, self.rank):
-            os.kill(os.getpid(), signal.SIGKILL)
-        if hooks.fires("HANG", step, self.rank):
-            time.sleep(3600)
 
-    def end_step(self, step: int) -> bool:
-        """After every step: True when any rank got SIGTERM (then every rank stops at this step). Also
-        commits an async checkpoint once every rank has finished writing it.
+    def end_step(self, step: int, writing: bool = False, pending: int | None = None) -> tuple[bool, int | None]:
+        """After every step: (any rank got SIGTERM, so every rank stops at this step; the async save
+        ``pending`` once no rank is ``writing`` it any more, for the caller to commit, else None). Both
+        ride on one all-reduce; the commit is the checkpoint manager's (``CheckpointManager.commit``).
 
         One process decides from its own flags. Several all-reduce them (MAX) on the device, and so that
         reading them never waits for the work queued after them, the flags all-reduced after step N are
         read after step N + 1 (their copy to the host was queued right behind the all-reduce): every rank
         still stops at the same step, one step after the signal was seen."""
-        flags = [float(self.signal_received is not None), float(self.ckpt.in_flight())]
-        pending = self.ckpt.pending_step  # the save these flags speak of
+        flags = [float(self.signal_received is not None), float(writing)]
         if dist.is_initialized() and dist.get_world_size() > 1:
             self.phase = f"the stop-flag all-reduce after step {step}"
             exchanged = self._exchange(flags, pending)
             if exchanged is None:
-                return False
+                return False, None
             flags, pending = exchanged
-        if pending is not None and self.ckpt.pending_step == pending and flags[1] == 0:
+        written = pending if pending is not None and flags[1] == 0 else None
+        if written is not None:
             self.phase = f"the commit of an async checkpoint after step {step}"
-            self.ckpt.wait()
-        return flags[0] > 0
+        return flags[0] > 0, written
 
     def _exchange(self, flags: list[float], pending: int | None) -> tuple[list[float], int | None] | None:
         """All-reduce this step's flags and return the previous step's (None after the first step)."""
@@ -246,13 +231,12 @@ class FaultGuard:
     def raise_readable(self, err: RuntimeError | MemoryError, plan=None) -> None:
         """Raise a one-line ``OutOfMemory`` naming the cheapest fix for ``plan`` (out_of_memory.py), or a
         one-line ``CollectiveError`` for a backend's collective failure; return otherwise."""
-        from seektrain.checkpoint.manager import CheckpointError
         from seektrain.train.out_of_memory import is_out_of_memory, out_of_memory_error
 
         if plan is not None and is_out_of_memory(err):
             where = f"step {self.step}" if self.step is not None else "start-up"
             raise out_of_memory_error(err, plan, self.rank, where) from None
-        if isinstance(err, CheckpointError) or not is_collective_failure(err):
+        if not is_collective_failure(err):
             return
         detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         detail = detail.split("] ", 1)[-1] if detail.startswith("[") else detail
@@ -263,10 +247,18 @@ class FaultGuard:
             f"(now {self.timeout_s:g} s)") from None
 
 
+_TORCH_DISTRIBUTED = os.path.dirname(dist.__file__) + os.sep
+
+
 def is_collective_failure(err: BaseException) -> bool:
-    if isinstance(err, getattr(dist, "DistError", ())):
+    """Whether ``err`` is a backend's failure of a collective, told by its type and origin, never by its
+    wording (which differs between backends and releases): torch's ``DistError`` family (NCCL raises
+    ``DistBackendError``; the CPU policy's own gloo collectives raise ``DistNetworkError``), or a plain
+    ``RuntimeError`` thrown by the native call of a collective, which is how gloo reports a timeout or a
+    lost peer: the innermost Python frame is torch.distributed's (``distributed_c10d``, FSDP's, DTensor's)."""
+    if isinstance(err, dist.DistError):
         return True
-    text = str(err)
-    return any(s in text for s in ("Timed out waiting", "timed out", "Connection closed by peer",
-                                   "Connection reset by peer", "ProcessGroupGloo", "ProcessGroupNCCL",
-                                   "NCCL error", "gloo"))
+    if type(err) is not RuntimeError:
+        return False
+    frames = traceback.extract_tb(err.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(_TORCH_DISTRIBUTED)

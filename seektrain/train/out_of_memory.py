@@ -15,12 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from seektrain.errors import RunFailure
 
 # What CPU allocations say when they fail (c10's DefaultCPUAllocator; the wording changed across releases)
 _CPU_ALLOC_FAILURES = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 
 
-class OutOfMemory(Exception):
+class OutOfMemory(RunFailure):
     """A step ran out of memory; the message is one line naming the fix. The CLI prints it and exits 2."""
 
 

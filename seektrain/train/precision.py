@@ -1,4 +1,4 @@
-"""Mixed precision: autocast for unsharded models and a dynamic loss scaler for fp16.
+"""Mixed precision: a dynamic loss scaler for fp16 (autocast for unsharded models is ``RunPlan.autocast``).
 
 The scaler is our own rather than ``torch.amp.GradScaler`` because it must agree across every rank of
 every parallel dimension: with sharded gradients an overflow may exist on one rank only, so the
@@ -7,20 +7,9 @@ every parallel dimension: with sharded gradients an overflow may exist on one ra
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-
-from seektrain.config.dtypes import DTYPES
-
-
-def autocast_context(device: torch.device, dtype_name: str, params_already_cast: bool):
-    """Autocast where parameters are fp32 in compute; FSDP's mixed-precision policy casts them itself."""
-    if dtype_name == "fp32" or params_already_cast:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=DTYPES[dtype_name])
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from seektrain.data.builtin import ensure_builtin_corpus
 from seektrain.data.dataset import TokenDataset
 from seektrain.data.loader import DistributedBatchLoader
 from seektrain.data.prefetch import PrefetchingLoader
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
 
 
@@ -50,7 +51,7 @@ def open_training_data(cfg: JobConfig, model_cfg: ModelConfig, dp_rank: int, dp_
     path = data_dir(cfg, is_main)
     dataset = TokenDataset(path, split="train")
     if dataset.vocab_size > model_cfg.vocab_size:
-        raise ValueError(f"data.path={path}: its tokenizer has {dataset.vocab_size} tokens but model "
+        raise UserError(f"data.path={path}: its tokenizer has {dataset.vocab_size} tokens but model "
                          f"{model_cfg.name} has vocab_size {model_cfg.vocab_size}; use a matching tokenizer")
     loader = DistributedBatchLoader(dataset, cfg.train.seq_len, cfg.train.micro_batch_size, dp_rank, dp_size,
                                     cfg.train.seed, cfg.data.packing, cfg.data.document_mask)

@@ -89,7 +89,6 @@ def accumulate(ctx: StepContext, step: int, spans: dict[str, Spans]) -> torch.Te
                                 labels=labels if plan.fused_loss else None)
             with plan.loss_context():
                 loss, parts = model_loss(out, labels, plan.job.train.mtp_loss_weight)
-                loss = faults.inject_nan(loss, step)  # [faults] test hook, inert unless SEEKTRAIN_TEST_NAN is set
                 ctx.scaler.scale_loss(loss / accum).backward()
         loss_sum += torch.stack([loss.detach().float(), parts["lm_loss"].float(),
                                  parts.get("mtp_loss", torch.zeros((), device=ctx.device)).float()])

@@ -22,17 +22,17 @@ from seektrain.checkpoint.resume import restore_trainer_state
 from seektrain.checkpoint.run_files import MODEL_CONFIG
 from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
+from seektrain.errors import user_path
 from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
-from seektrain.parallel.float8 import check_float8_environment
-from seektrain.parallel.distributed import DistEnv, init_distributed
 from seektrain.parallel.layout_record import layout_ran
 from seektrain.parallel.parallelize import parallelize_model, unwrap
-from seektrain.plan.auto import auto_layout
+from seektrain.parallel.process_group import DistEnv, init_distributed
 from seektrain.plan.run_plan import RunPlan
 from seektrain.platform import policy_for
 from seektrain.train.balance import configure_aux_loss
 from seektrain.train.evaluate import Evaluator
+from seektrain.train.fault_injection import install_from_env
 from seektrain.train.faults import FaultGuard
 from seektrain.train.monitor import RunMonitor
 from seektrain.train.optim import build_optimizer, build_scheduler
@@ -40,7 +40,8 @@ from seektrain.train.pipeline_step import PipelineLoss
 from seektrain.train.precision import DynamicLossScaler
 from seektrain.train.progress import setup_logging
 from seektrain.train.setup_data import TrainingData, open_training_data
-from seektrain.train.setup_model import configured_model_config, initial_weights
+from seektrain.train.setup_model import initial_weights
+from seektrain.train.startup import resolve_start
 from seektrain.train.step import StepContext, train_step
 from seektrain.train.step_log import StepLog
 
@@ -53,16 +54,15 @@ def train(cfg: JobConfig) -> dict:
     ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank,
                              pin_memory=policy_for(env.device).pin_host_memory())
     # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
-    # every rank gets the same checkpoint and model, or the same one-line refusal
-    start = ckpt.resume_choice(cfg.checkpoint.resume, configured_model_config(cfg))
-    cfg, auto_why = auto_layout(cfg, start.model, env.world_size, env.device.type)  # parallel.auto
-    plan = RunPlan.resolve(cfg, start.model, env.world_size, env.device.type)
-    check_float8_environment(cfg.precision.fp8, env.device.type)  # [precision] precision.fp8 on this device
+    # every rank gets the same checkpoint and model, or the same one-line refusal; then parallel.auto
+    # and the run plan, exactly as the launcher resolved them (startup.py)
+    begin = resolve_start(cfg, env.world_size, env.device.type, ckpt.resume_choice)
+    plan, start, cfg = begin.plan, begin.resume, begin.plan.job
     plan.platform.prepare_process(cfg.train.deterministic, cfg.cpu.keep_freed_memory)
     write_run_files(plan, run_dir, env)
     setup_logging(run_dir, env.rank)
-    if auto_why:
-        log.info(auto_why)
+    if begin.auto_why:
+        log.info(begin.auto_why)
     log.info(plan.precision.why)  # [precision] precision.dtype, auto decided for this device
     torch.manual_seed(cfg.train.seed)
     if cfg.train.deterministic:
@@ -70,8 +70,9 @@ def train(cfg: JobConfig) -> dict:
 
     data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main,
                               env.device if plan.platform.pin_host_memory() else None)
-    guard = FaultGuard(cfg.train, cfg.checkpoint, ckpt, env.rank, env.device,  # [faults] SIGTERM, bad loss, hangs
+    guard = FaultGuard(cfg.train, cfg.checkpoint, env.rank, env.device,  # [faults] SIGTERM, bad loss, hangs
                        cfg.dist.collective_timeout_s)
+    install_from_env(guard, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
     weights = initial_weights(cfg) if start.checkpoint is None else None
     ctx = build_step_context(plan, env.device, data, guard, weights)
     start_step = 0
@@ -92,7 +93,7 @@ def train(cfg: JobConfig) -> dict:
     step = start_step
     try:
         for step in range(start_step + 1, cfg.train.steps + 1):
-            guard.begin_step(step)  # [faults] (test hooks only)
+            guard.begin_step(step)  # [faults] what a collective failure names
             monitor.before_step(step)
             record = train_step(ctx, step)
             evaluating = evaluator.due(step)
@@ -103,7 +104,9 @@ def train(cfg: JobConfig) -> dict:
             if saving:
                 steps_log.settle()  # [faults] a bad loss stops the run before a checkpoint holds its step
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
-            preempted = guard.end_step(step)  # [faults] also commits an async checkpoint written everywhere
+            # [faults] one all-reduce: SIGTERM on any rank, and an async checkpoint written everywhere
+            preempted, written = guard.end_step(step, ckpt.in_flight(), ckpt.pending_step)
+            ckpt.commit(written)
             stall = ckpt.take_stall_s()  # what this step's checkpoint save or commit blocked training for
             if stall is not None:
                 record.values["checkpoint_stall_s"] = stall
@@ -138,7 +141,8 @@ def train(cfg: JobConfig) -> dict:
 def write_run_files(plan: RunPlan, run_dir: Path, env: DistEnv) -> None:
     """``config.toml`` and ``model_config.json``: what this run is, for resume, sample and convert."""
     if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        with user_path(f"run.dir={run_dir}"):
+            run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.toml", config_to_toml(plan.job))
         write_text_atomic(run_dir / MODEL_CONFIG, json.dumps(plan.model.to_dict(), indent=1))
         write_env_file(run_dir, env.backend, env.facts, plan.job.dist)

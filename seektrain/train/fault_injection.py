@@ -1,0 +1,88 @@
+"""Test-only fault injection: installed once at start-up when a ``SEEKTRAIN_TEST_*`` variable is set,
+absent from the training path otherwise.
+
+Why it exists: the failure paths (a rank killed mid-run, a full disk, a NaN loss, a hung rank) are the ones
+that matter most and are the hardest to reach on purpose from outside the process, and the tests reach
+them through a real ``seektrain train`` subprocess, where only the environment gets in. Why installed,
+not checked: the hooks used to be ``if`` tests inside the step and the checkpoint writer, read on every
+step of every run; now ``install_from_env`` wraps the few functions involved, once, and only for the
+variables that are set, so a normal run executes none of this.
+
+Each hook is one variable ``SEEKTRAIN_TEST_<NAME>=STEP[:RANK]``: it fires at optimizer step ``STEP`` on
+rank ``RANK`` (every rank when omitted) and on the first attempt of an elastic job only
+(``TORCHELASTIC_RESTART_COUNT`` is 0 or unset), so a restarted job can finish.
+
+    KILL         the rank sends itself SIGKILL at the start of the step (a crashed worker)
+    HANG         the rank sleeps for an hour at the start of the step (a hung worker)
+    OOM          the step raises torch.OutOfMemoryError at its start (a step that does not fit)
+    NAN          the loss of the step becomes NaN before backward (a diverged step)
+    CKPT_ENOSPC  writing the checkpoint of the step raises OSError(ENOSPC) (a full disk)
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import signal
+import time
+
+import torch
+
+PREFIX = "SEEKTRAIN_TEST_"
+HOOKS = ("KILL", "HANG", "OOM", "NAN", "CKPT_ENOSPC")
+
+
+def _wanted(name: str, rank: int) -> int | None:
+    """The step hook ``name`` fires at on ``rank`` in this attempt, or None."""
+    value = os.environ.get(PREFIX + name)
+    if not value or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) != 0:
+        return None
+    step, _, want_rank = value.partition(":")
+    return int(step) if not want_rank or int(want_rank) == rank else None
+
+
+def install_from_env(guard, rank: int) -> list[str]:
+    """Install the hooks whose variables are set, for this ``rank``; ``guard`` (the run's ``FaultGuard``)
+    tells which step is running. Returns the names installed (empty on a normal run: nothing changes)."""
+    steps = {name: step for name in HOOKS if (step := _wanted(name, rank)) is not None}
+    if not steps:
+        return []
+    from seektrain.checkpoint import manager, storage
+    from seektrain.train import step as step_module
+
+    def at(name: str) -> bool:
+        return steps.get(name) == guard.step
+
+    if {"KILL", "HANG", "OOM"} & steps.keys():
+        begin_step = guard.begin_step
+
+        def begin_with_faults(step: int) -> None:
+            begin_step(step)
+            if at("OOM"):
+                raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB (test hook "
+                                             f"SEEKTRAIN_TEST_OOM at step {step})")
+            if at("KILL"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if at("HANG"):
+                time.sleep(3600)
+
+        guard.begin_step = begin_with_faults
+    if "NAN" in steps:
+        model_loss = step_module.model_loss
+
+        @functools.wraps(model_loss)
+        def nan_loss(*args, **kwargs):
+            loss, parts = model_loss(*args, **kwargs)
+            return (loss * float("nan") if at("NAN") else loss), parts
+
+        step_module.model_loss = nan_loss
+    if "CKPT_ENOSPC" in steps:
+        class FullDisk(storage.Writer):
+            def write_data(self, plan, planner):
+                if at("CKPT_ENOSPC"):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+                return super().write_data(plan, planner)
+
+        manager.Writer = FullDisk
+    return sorted(steps)

@@ -1,0 +1,44 @@
+"""Start-up: from a job config to the run plan, one function for the launcher and every worker.
+
+Why one: the launcher resolves the plan before any worker starts, so a layout that cannot work (or a model
+that differs from the one the run dir holds) is refused once, with one line, and every worker resolves
+the same plan again from the same inputs. The sequence (which checkpoint and model to start from →
+``parallel.auto``'s layout → ``RunPlan.resolve`` with every check, the device's included) was written in
+both places and had drifted once (the FP8 check sat outside ``resolve``); here it is written once.
+
+The two callers differ only in how the checkpoint is chosen: the launcher reads the run dir and changes
+nothing (``resolve_resume``); the workers' rank 0 also tidies it and shares the choice
+(``CheckpointManager.resume_choice``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from seektrain.checkpoint.resume import ResumeChoice, resolve_resume
+from seektrain.config.schema import JobConfig
+from seektrain.models.config import ModelConfig
+from seektrain.plan.auto import auto_layout
+from seektrain.plan.run_plan import RunPlan
+from seektrain.train.setup_model import configured_model_config
+
+ChooseResume = Callable[[str, ModelConfig], ResumeChoice]  # (checkpoint.resume, configured model) -> choice
+
+
+@dataclass(frozen=True)
+class Start:
+    plan: RunPlan
+    resume: ResumeChoice  # the checkpoint to load (None: a fresh start) and the model it holds
+    auto_why: str  # parallel.auto's one line on the layout it chose; "" when off
+
+
+def resolve_start(job: JobConfig, world_size: int, device_type: str, choose_resume: ChooseResume | None = None,
+                  ranks_per_node: int | None = None) -> Start:
+    """The plan this job runs with on ``world_size`` processes of ``device_type``, or the one-line
+    ``UserError`` that refuses it. ``choose_resume`` defaults to the read-only choice."""
+    choose = choose_resume or (lambda spec, configured: resolve_resume(job.run.dir, spec, configured))
+    resume = choose(job.checkpoint.resume, configured_model_config(job))
+    job, why = auto_layout(job, resume.model, world_size, device_type, ranks_per_node)
+    plan = RunPlan.resolve(job, resume.model, world_size, device_type, this_machine=True)
+    return Start(plan, resume, why)
