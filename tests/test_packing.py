@@ -145,6 +145,7 @@ def test_flex_block_mask_is_the_document_mask(monkeypatch):
     torch.testing.assert_close(want[1], causal_attention(q, k, v, 0.25)[1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # CPU compile: 150 s on 2 shared cores
 def test_compiled_blocks_take_packed_rows():
     """Regional ``torch.compile`` (train.compile) of blocks that take RoPE tables per token and a
     document mask gives the eager model's logits and gradients on a packed row."""
