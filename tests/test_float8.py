@@ -226,7 +226,7 @@ def _train(model: nn.Module, batches) -> list[float]:
     losses = []
     for tokens, labels in batches:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(tokens, labels=labels).main / labels.numel()
+            loss = model(tokens, labels=labels).loss_sum / labels.numel()
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -364,7 +364,7 @@ FP8_TOL = Tolerance(loss_rel=2e-3, param_rtol=0.25, per_expert=False)
 
 def _loss(model, plan, tokens, labels):
     with plan.autocast(tokens.device):
-        out = model(tokens, mtp_labels=labels if plan.use_mtp else None, labels=labels if plan.fused_loss else None)
+        out = model(tokens, mtp_tokens=tokens if plan.use_mtp else None, labels=labels if plan.fused_loss else None)
     with plan.loss_context():
         from seektrain.train.loss import model_loss
 

@@ -7,7 +7,8 @@ only) set to ``None``, as its family's pipeline rules say (``models/registry.py`
 forward skips what is missing. Parameter names — and so checkpoints — are those of the whole model.
 With MTP, the first stage also embeds the labels and the pipeline carries those embeddings to the last
 stage, where the MTP modules need them; their gradient flows back through the pipeline to the one
-embedding table. Which layers each stage holds is decided by the run plan (seektrain/plan/pipeline_split.py).
+embedding table. Positions and document ids of packed rows are keyword arguments of every stage
+(``train/pipeline_step.py``). Which layers each stage holds is decided by the run plan (seektrain/plan/pipeline_split.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.distributed.pipelining.schedules import (Schedule1F1B, ScheduleGPipe,
                                                     ScheduleZBVZeroBubble)
 
 from seektrain.models.registry import family_of
+from seektrain.models.transformer import ModelOutput
 from seektrain.plan.pipeline_split import MULTI_STAGE, stage_ids
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B,
@@ -40,7 +42,20 @@ def build_stage_model(model: nn.Module, layers: list[int] | tuple[int, ...], fir
             del blocks[key]
     for name in (() if first else rules.first) + (() if last else rules.last):
         setattr(stage, name, None)
+    stage.register_forward_hook(_to_wire)
     return stage
+
+
+def _to_wire(_module, _args, output: ModelOutput) -> tuple[torch.Tensor, ...]:
+    """The schedule takes tuples of tensors only (it sends them, and checks the last stage's too): a
+    stage before the last returns its ``ModelOutput.hidden``, the last its logits then each MTP depth's."""
+    return output.hidden or (output.logits, *output.mtp)
+
+
+def from_wire(output: tuple[torch.Tensor, ...]) -> ModelOutput:
+    """The last stage's ``ModelOutput`` from what ``_to_wire`` made of it (for the schedule's loss)."""
+    logits, *mtp = output
+    return ModelOutput(logits=logits, mtp=tuple(mtp))
 
 
 def rank_stages(model: nn.Module, plan, pp_rank: int) -> tuple[list[nn.Module], list[int]]:

@@ -84,8 +84,9 @@ def _block_plan(block: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: D
     """The styles of one decoder block's containers: attention and the MLP take the all-gathered input
     (an MoE block: ``MoETensorParallel``); its leaves' styles come from the shape description."""
     gather = dict(input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True)
-    plan = {f"{prefix}.self_attn": PrepareModuleInput(input_layouts=(seq, None, None),
-                                                      desired_input_layouts=(Replicate(), None, None),
+    # attention's inputs (x, cos, sin, document mask): RoPE's tables and the mask cover the whole sequence
+    plan = {f"{prefix}.self_attn": PrepareModuleInput(input_layouts=(seq, None, None, None),
+                                                      desired_input_layouts=(Replicate(), None, None, None),
                                                       use_local_output=True),
             f"{prefix}.mlp": MoETensorParallel(seq, sp) if isinstance(block.mlp, MoE) else PrepareModuleInput(**gather)}
     attn = block.self_attn

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from seektrain.models.flex_attention import document_block_mask, flex_causal_attention
 from seektrain.models.kernels import Kernels
 
 if TYPE_CHECKING:
@@ -36,9 +37,11 @@ class PlatformPolicy:
         """The kernels to build the training model with (``build_model(..., kernels=...)``) when it
         computes in ``compute_dtype`` (``RunPlan.compute_dtype``): the plain ones, with the experts'
         grouped GEMM where CUDA has one (bf16, dimensions multiples of 8, SM 9.0+; torch 2.11-2.13),
-        else the batched matmul."""
+        else the batched matmul. Packed rows attend through FlexAttention block masks
+        (``models/flex_attention.py``, loaded at their first use)."""
         hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
-        return Kernels(grouped_mm_dtypes=(torch.bfloat16,) if hopper else (), grouped_mm_dim_multiple=8)
+        return Kernels(grouped_mm_dtypes=(torch.bfloat16,) if hopper else (), grouped_mm_dim_multiple=8,
+                       attention=flex_causal_attention, document_mask=document_block_mask)
 
     def pin_host_memory(self) -> bool:
         """Whether host copies that travel to or from the device (prefetched batches, checkpoint staging)

@@ -34,7 +34,7 @@ def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, tem
     ids = torch.tensor([prompt_ids], dtype=torch.long)
     limit = model.cfg.max_position_embeddings
     for _ in range(max_new_tokens):
-        logits = model(ids[:, -limit:])[0, -1].float()
+        logits = model(ids[:, -limit:]).logits[0, -1].float()
         if temperature <= 0:
             nxt = logits.argmax()
         else:
