@@ -22,6 +22,7 @@ from seektrain.checkpoint.resume import restore_trainer_state
 from seektrain.checkpoint.run_files import MODEL_CONFIG
 from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
+from seektrain.data.tokenizer_files import copy_to_run
 from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.float8 import check_float8_environment
@@ -68,6 +69,8 @@ def train(cfg: JobConfig) -> dict:
 
     data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main,
                               env.device if plan.platform.pin_host_memory() else None)
+    if env.is_main:  # the tokenizer and its chat template travel with the run (data/tokenizer_files.py)
+        log.info(copy_to_run(data.dataset.manifest, run_dir))
     guard = FaultGuard(cfg.train, cfg.checkpoint, ckpt, env.rank, env.device,  # [faults] SIGTERM, bad loss, hangs
                        cfg.dist.collective_timeout_s)
     weights = initial_weights(cfg) if start.checkpoint is None else None

@@ -1,0 +1,207 @@
+"""One conversation with a trained model: render the history through the chat template, stream the
+reply token by token, and split R1-style thinking (``<think>...</think>``) from the answer.
+
+The terminal side (reading turns, printing, colours) is ``seektrain/cli/chat_cmd.py``; this module
+knows nothing of terminals, so a test can hold a conversation without one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from seektrain.models.transformer import Transformer
+from seektrain.train.generate import stream_tokens
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+@dataclass
+class ChatModel:
+    model: Transformer
+    tokenizer: object
+    template: str
+    stop_ids: list[int]
+    source: str  # the checkpoint or Hugging Face folder the weights came from
+
+
+@dataclass
+class Sampling:
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+
+
+@dataclass
+class TurnStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    stopped: bool = False  # ended at an end-of-turn token (not at --max-new-tokens)
+
+
+@dataclass
+class Conversation:
+    chat: ChatModel
+    sampling: Sampling
+    system: str | None = None
+    messages: list[dict] = field(default_factory=list)
+    last: TurnStats = field(default_factory=TurnStats)
+
+    def reply(self, user_text: str) -> Iterator[tuple[str, str]]:
+        """Yield ("think" | "answer", text) pieces of the reply to ``user_text`` as they are generated;
+        the answer (not the thinking) joins the history once the reply is complete."""
+        history = ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
+        turn = history + [{"role": "user", "content": user_text}]
+        prompt = render_chat(self.chat, turn)
+        ids = self.chat.tokenizer.encode(prompt)
+        limit = self.chat.model.cfg.max_position_embeddings
+        if len(ids) >= limit:
+            raise ValueError(f"the conversation is {len(ids)} tokens, over the model's context of {limit}; "
+                             "start a new one (/reset)")
+        self.last = stats = TurnStats(prompt_tokens=len(ids))
+        decoder = IncrementalDecoder(self.chat.tokenizer)
+        splitter = ThinkSplitter(thinking=prompt.rstrip().endswith(THINK_OPEN))
+        start = time.perf_counter()
+        seed = self.sampling.seed + len(self.messages)  # each turn its own draw, the same on every run
+        for token in stream_tokens(self.chat.model, ids, self.sampling.max_new_tokens, self.sampling.temperature,
+                                   top_p=self.sampling.top_p, seed=seed, stop_ids=self.chat.stop_ids):
+            stats.new_tokens += 1
+            if token in self.chat.stop_ids:
+                stats.stopped = True
+                break
+            yield from splitter.feed(decoder.push(token))
+        yield from splitter.feed(decoder.flush())
+        yield from splitter.flush()
+        stats.seconds = time.perf_counter() - start
+        self.messages += [{"role": "user", "content": user_text},
+                          {"role": "assistant", "content": splitter.answer.strip()}]
+
+    def reset(self) -> None:
+        self.messages.clear()
+
+
+def load_run_chat(run_dir: Path) -> ChatModel:
+    """The newest checkpoint of a run, with the tokenizer and chat template it trained with."""
+    from seektrain.train.generate import load_run_model
+
+    model, tokenizer, ckpt = load_run_model(run_dir)
+    where = Path(tokenizer.spec) if tokenizer.spec != "byte" else None
+    return _chat_model(model, tokenizer, _template_of(where, f"--run {run_dir}"), str(ckpt))
+
+
+def load_hf_chat(folder: Path) -> ChatModel:
+    """A Hugging Face folder (``convert --to-hf`` output, or a release) with its tokenizer and template."""
+    from seektrain.data.tokenizer import load_tokenizer
+    from seektrain.models.hf_io import from_pretrained
+
+    if not (folder / "tokenizer.json").is_file():
+        raise ValueError(f"--hf {folder}: no tokenizer.json; export with `seektrain convert ... --to-hf "
+                         f"{folder} --tokenizer TOKENIZER_DIR`")
+    tokenizer = load_tokenizer(str(folder))
+    template = _template_of(folder, f"--hf {folder}")
+    return _chat_model(from_pretrained(folder, what="--hf").eval(), tokenizer, template, str(folder))
+
+
+def _template_of(folder: Path | None, what: str) -> str:
+    """The chat template in ``folder``'s tokenizer_config.json, or one line saying there is none."""
+    config = folder / "tokenizer_config.json" if folder is not None else None
+    template = None
+    if config is not None and config.is_file():
+        try:
+            template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        except (ValueError, AttributeError):
+            raise ValueError(f"{config}: not a JSON object; restore it from the tokenizer folder") from None
+    if not isinstance(template, str) or not template.strip():
+        raise ValueError(f"{what}: no chat template (its tokenizer has no chat_template in tokenizer_config.json); "
+                         "prepare chat data with a tokenizer folder that has one, or `--chat-template NAME`")
+    return template
+
+
+def _chat_model(model: Transformer, tokenizer, template: str, source: str) -> ChatModel:
+    if tokenizer.vocab_size > model.cfg.vocab_size:
+        raise ValueError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                         f"{model.cfg.vocab_size}; pair the model with the tokenizer it was trained with")
+    return ChatModel(model, tokenizer, template, stop_token_ids(tokenizer, template), source)
+
+
+class IncrementalDecoder:
+    """Token ids in, new text out. Decoding every id so far and emitting the new suffix keeps
+    characters whole that span several tokens (byte-level BPE); an incomplete character at the end
+    (U+FFFD) waits for its next byte."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.ids, self.sent = tokenizer, [], ""
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        return self._emit(text)
+
+    def flush(self) -> str:
+        return self._emit(self.tokenizer.decode(self.ids)) if self.ids else ""
+
+    def _emit(self, text: str) -> str:
+        new, self.sent = text[len(self.sent):], text
+        return new
+
+
+class ThinkSplitter:
+    """Streamed text in, ("think" | "answer", text) out. A tag split over two pieces is held back until
+    it is whole; ``thinking`` starts inside a block (templates whose generation prompt opens one)."""
+
+    def __init__(self, thinking: bool = False) -> None:
+        self.thinking, self.pending, self.answer = thinking, "", ""
+
+    def feed(self, text: str) -> Iterator[tuple[str, str]]:
+        self.pending += text
+        while self.pending:
+            tag = THINK_CLOSE if self.thinking else THINK_OPEN
+            at = self.pending.find(tag)
+            if at >= 0:
+                yield from self._out(self.pending[:at])
+                self.pending = self.pending[at + len(tag):]
+                self.thinking = not self.thinking
+                continue
+            keep = _partial_tag_suffix(self.pending, tag)
+            yield from self._out(self.pending[:len(self.pending) - keep])
+            self.pending = self.pending[len(self.pending) - keep:]
+            return
+
+    def flush(self) -> Iterator[tuple[str, str]]:
+        yield from self._out(self.pending)
+        self.pending = ""
+
+    def _out(self, text: str) -> Iterator[tuple[str, str]]:
+        if text:
+            if not self.thinking:
+                self.answer += text
+            yield ("think" if self.thinking else "answer", text)
+
+
+def _partial_tag_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of ``text`` that begins ``tag``."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def render_chat(chat: ChatModel, messages: list[dict]) -> str:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    tok = chat.tokenizer
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(chat.template).render(
+        messages=messages, add_generation_prompt=True,
+        bos_token=tok.decode([tok.bos_id]) if tok.bos_id is not None else "", eos_token=tok.decode([tok.eos_id]))
+
+
+def stop_token_ids(tokenizer, template: str) -> list[int]:
+    return [tokenizer.eos_id]
