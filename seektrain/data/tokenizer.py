@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Protocol
 
@@ -35,6 +36,10 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def encode_chat(self, text: str) -> tuple[list[int], list[tuple[int, int]]]: ...
+
+    def token_name(self, token_id: int) -> str | None: ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes are ids 0..255; three specials follow. No training, no files, works everywhere."""
@@ -54,6 +59,30 @@ class ByteTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [list(t.encode("utf-8")) for t in texts]
+
+    def encode_chat(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids of a rendered conversation and each token's (start, end) character span in ``text``.
+
+        Unlike ``encode``, the special names (``<|bos|>``...) written by a chat template become their
+        ids, as a Hugging Face tokenizer matches its added tokens; a byte's span is its character's.
+        """
+        ids: list[int] = []
+        spans: list[tuple[int, int]] = []
+        pos = 0
+        for piece in re.split("(" + "|".join(map(re.escape, self.SPECIALS)) + ")", text):
+            if piece in self.SPECIALS:
+                ids.append(256 + self.SPECIALS.index(piece))
+                spans.append((pos, pos + len(piece)))
+            else:
+                for i, ch in enumerate(piece):
+                    b = ch.encode("utf-8")
+                    ids.extend(b)
+                    spans.extend([(pos + i, pos + i + 1)] * len(b))
+            pos += len(piece)
+        return ids, spans
+
+    def token_name(self, token_id: int) -> str | None:
+        return self.SPECIALS[token_id - 256] if 256 <= token_id < 259 else None
 
     def decode(self, ids: list[int]) -> str:
         """Bytes decode with errors="replace" (a sampled sequence may cut a character in half)."""
@@ -114,6 +143,14 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def encode_chat(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and character spans, exactly as transformers tokenizes a rendered chat (no specials added)."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return enc.ids, [tuple(o) for o in enc.offsets]
+
+    def token_name(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(int(token_id))
 
 
 def _configured_specials(path: Path) -> tuple[str | None, str | None]:
