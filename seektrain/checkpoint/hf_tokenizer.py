@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from seektrain.data.chat_template import load_chat_template
 from seektrain.data.tokenizer import load_tokenizer
 from seektrain.data.tokenizer_files import write_tokenizer_files
-from seektrain.train.chat import stop_token_ids
+from seektrain.data.turn_end import stop_token_ids
 
 GENERATION_CONFIG = "generation_config.json"
 # The sampling defaults DeepSeek ships in the generation_config.json of its V3 and R1 releases; `seektrain
@@ -33,7 +34,11 @@ def write_hf_tokenizer(source: Path, dest: Path, vocab_size: int) -> list[str]:
     _complete_tokenizer_config(dest / "tokenizer_config.json", tokenizer)
     if "tokenizer_config.json" not in written:
         written.append("tokenizer_config.json")
-    stop = stop_token_ids(tokenizer, _chat_template(dest / "tokenizer_config.json"))
+    try:
+        template = load_chat_template(str(dest), tok=tokenizer)
+    except ValueError:  # no template: a tokenizer for plain text, whose turns end at EOS
+        template = None
+    stop = stop_token_ids(tokenizer, template)
     generation = {"bos_token_id": tokenizer.bos_id, "eos_token_id": stop[0] if len(stop) == 1 else stop,
                   "do_sample": True, "temperature": TEMPERATURE, "top_p": TOP_P}
     (dest / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
@@ -50,7 +55,3 @@ def _complete_tokenizer_config(path: Path, tokenizer) -> None:
         config.setdefault("bos_token", tokenizer.decode([tokenizer.bos_id]))
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
-
-def _chat_template(path: Path) -> str | None:
-    template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
-    return template if isinstance(template, str) else None

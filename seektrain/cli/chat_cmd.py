@@ -11,6 +11,7 @@ from pathlib import Path
 
 from seektrain.checkpoint.hf_tokenizer import TEMPERATURE, TOP_P
 from seektrain.cli.arg_types import SEED, float_in, int_in, nonempty
+from seektrain.data.chat_template import BUILTIN_TEMPLATES
 
 DIM, PLAIN = "\x1b[2m", "\x1b[0m"
 
@@ -20,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", help="the run.dir of a training run (its newest checkpoint)")
     source.add_argument("--hf", help="a Hugging Face folder with tokenizer.json and a chat template")
+    p.add_argument("--chat-template", choices=BUILTIN_TEMPLATES,
+                   help="a built-in template instead of the tokenizer's own (for a tokenizer without one)")
     p.add_argument("--prompt", type=nonempty, help="answer this one user turn and exit")
     p.add_argument("--system", help="a system prompt for the conversation")
     p.add_argument("--temperature", type=float_in(0), default=TEMPERATURE,
@@ -36,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top_p == 0:
         raise ValueError("--top-p 0 keeps no token; use a value in (0, 1]")
-    chat = load_run_chat(Path(args.run)) if args.run else load_hf_chat(Path(args.hf))
+    chat = (load_run_chat(Path(args.run), args.chat_template) if args.run else
+            load_hf_chat(Path(args.hf), args.chat_template))
     conversation = Conversation(chat, Sampling(args.temperature, args.top_p, args.max_new_tokens, args.seed),
                                 system=args.system)
     terminal = sys.stdin.isatty() and sys.stdout.isatty()

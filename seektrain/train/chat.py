@@ -7,12 +7,13 @@ knows nothing of terminals, so a test can hold a conversation without one.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from seektrain.data.chat_template import ChatTemplate, load_chat_template
+from seektrain.data.turn_end import stop_token_ids
 from seektrain.models.transformer import Transformer
 from seektrain.train.generate import stream_tokens
 
@@ -23,7 +24,7 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 class ChatModel:
     model: Transformer
     tokenizer: object
-    template: str
+    template: ChatTemplate
     stop_ids: list[int]
     source: str  # the checkpoint or Hugging Face folder the weights came from
 
@@ -57,8 +58,8 @@ class Conversation:
         the answer (not the thinking) joins the history once the reply is complete."""
         history = ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
         turn = history + [{"role": "user", "content": user_text}]
-        prompt = render_chat(self.chat, turn)
-        ids = self.chat.tokenizer.encode(prompt)
+        prompt = self.chat.template.render(turn, add_generation_prompt=True)
+        ids = self.chat.tokenizer.encode_chat(prompt)[0]
         limit = self.chat.model.cfg.max_position_embeddings
         if len(ids) >= limit:
             raise ValueError(f"the conversation is {len(ids)} tokens, over the model's context of {limit}; "
@@ -85,16 +86,20 @@ class Conversation:
         self.messages.clear()
 
 
-def load_run_chat(run_dir: Path) -> ChatModel:
-    """The newest checkpoint of a run, with the tokenizer and chat template it trained with."""
-    from seektrain.train.generate import load_run_model
+def load_run_chat(run_dir: Path, builtin_template: str | None = None) -> ChatModel:
+    """The newest checkpoint of a run, with the tokenizer and chat template it trained with (its run
+    folder's ``tokenizer/``), or the named built-in template."""
+    from seektrain.data.tokenizer import load_tokenizer
+    from seektrain.train.generate import load_run_weights, run_tokenizer_spec
 
-    model, tokenizer, ckpt = load_run_model(run_dir)
-    where = Path(tokenizer.spec) if tokenizer.spec != "byte" else None
-    return _chat_model(model, tokenizer, _template_of(where, f"--run {run_dir}"), str(ckpt))
+    spec = run_tokenizer_spec(run_dir)
+    tokenizer = load_tokenizer(spec)
+    template = load_chat_template(spec, builtin_template, tokenizer)  # before the (long) weight load
+    model, ckpt = load_run_weights(run_dir)
+    return _chat_model(model, tokenizer, template, str(ckpt))
 
 
-def load_hf_chat(folder: Path) -> ChatModel:
+def load_hf_chat(folder: Path, builtin_template: str | None = None) -> ChatModel:
     """A Hugging Face folder (``convert --to-hf`` output, or a release) with its tokenizer and template."""
     from seektrain.data.tokenizer import load_tokenizer
     from seektrain.models.hf_io import from_pretrained
@@ -103,26 +108,11 @@ def load_hf_chat(folder: Path) -> ChatModel:
         raise ValueError(f"--hf {folder}: no tokenizer.json; export with `seektrain convert ... --to-hf "
                          f"{folder} --tokenizer TOKENIZER_DIR`")
     tokenizer = load_tokenizer(str(folder))
-    template = _template_of(folder, f"--hf {folder}")
+    template = load_chat_template(str(folder), builtin_template, tokenizer)
     return _chat_model(from_pretrained(folder, what="--hf").eval(), tokenizer, template, str(folder))
 
 
-def _template_of(folder: Path | None, what: str) -> str:
-    """The chat template in ``folder``'s tokenizer_config.json, or one line saying there is none."""
-    config = folder / "tokenizer_config.json" if folder is not None else None
-    template = None
-    if config is not None and config.is_file():
-        try:
-            template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
-        except (ValueError, AttributeError):
-            raise ValueError(f"{config}: not a JSON object; restore it from the tokenizer folder") from None
-    if not isinstance(template, str) or not template.strip():
-        raise ValueError(f"{what}: no chat template (its tokenizer has no chat_template in tokenizer_config.json); "
-                         "prepare chat data with a tokenizer folder that has one, or `--chat-template NAME`")
-    return template
-
-
-def _chat_model(model: Transformer, tokenizer, template: str, source: str) -> ChatModel:
+def _chat_model(model: Transformer, tokenizer, template: ChatTemplate, source: str) -> ChatModel:
     if tokenizer.vocab_size > model.cfg.vocab_size:
         raise ValueError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
                          f"{model.cfg.vocab_size}; pair the model with the tokenizer it was trained with")
@@ -192,16 +182,3 @@ def _partial_tag_suffix(text: str, tag: str) -> int:
             return n
     return 0
 
-
-def render_chat(chat: ChatModel, messages: list[dict]) -> str:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    tok = chat.tokenizer
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(chat.template).render(
-        messages=messages, add_generation_prompt=True,
-        bos_token=tok.decode([tok.bos_id]) if tok.bos_id is not None else "", eos_token=tok.decode([tok.eos_id]))
-
-
-def stop_token_ids(tokenizer, template: str) -> list[int]:
-    return [tokenizer.eos_id]

@@ -15,15 +15,21 @@ from seektrain.models.transformer import Transformer
 def load_run_model(run_dir: Path) -> tuple[Transformer, object, Path]:
     """(model with the newest valid checkpoint's weights, its tokenizer, the checkpoint path).
     Only reads the run dir: a training job may be writing into it right now."""
-    from seektrain.checkpoint.export import load_checkpoint_model
-    from seektrain.checkpoint.finder import resolve_checkpoint
-    from seektrain.checkpoint.run_files import checkpoint_model_config
     from seektrain.data.tokenizer import load_tokenizer
 
     spec = run_tokenizer_spec(run_dir)
-    path = resolve_checkpoint(run_dir)
-    model = load_checkpoint_model(path, checkpoint_model_config(path))
+    model, path = load_run_weights(run_dir)
     return model, load_tokenizer(spec), path
+
+
+def load_run_weights(run_dir: Path) -> tuple[Transformer, Path]:
+    """(plain model with the newest valid checkpoint's weights, the checkpoint path)."""
+    from seektrain.checkpoint.export import load_checkpoint_model
+    from seektrain.checkpoint.finder import resolve_checkpoint
+    from seektrain.checkpoint.run_files import checkpoint_model_config
+
+    path = resolve_checkpoint(run_dir)
+    return load_checkpoint_model(path, checkpoint_model_config(path)), path
 
 
 def run_tokenizer_spec(run_dir: Path) -> str:
