@@ -1,4 +1,5 @@
-"""A prepared split seen as one long token array, memory-mapped shard by shard.
+"""A prepared split seen as one long token array (plus its loss mask and document ends when the folder
+has them), memory-mapped shard by shard.
 
 Nothing is read into RAM up front: the OS pages in the windows that are asked for. Opening checks
 what is cheap (every shard exists and its size matches the manifest); ``verify()`` re-hashes every
@@ -16,6 +17,8 @@ from seektrain.data.manifest import SPLITS, Manifest, Shard, read_manifest
 
 
 class TokenDataset:
+    """The split's tokens, and where the folder has them, its loss mask and document ends."""
+
     def __init__(self, directory: str | Path, split: str = "train") -> None:
         self.directory = Path(directory).expanduser()
         self.manifest: Manifest = read_manifest(self.directory)
@@ -27,34 +30,65 @@ class TokenDataset:
             )
         self.dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
         self.shards: list[Shard] = info.shards
-        self._maps: list[np.memmap] = []
-        for shard in self.shards:
-            path = self.directory / shard.file
-            expected = shard.tokens * self.dtype.itemsize
-            if not path.is_file():
-                raise ValueError(f"{path}: shard listed in manifest.json is missing; re-run `seektrain data prepare ... --force`")
-            if path.stat().st_size != expected:
-                raise ValueError(
-                    f"{path}: {path.stat().st_size} bytes but manifest says {expected}; the shard is truncated or "
-                    "modified, re-run `seektrain data prepare ... --force`"
-                )
-            self._maps.append(np.memmap(path, dtype=self.dtype, mode="r", shape=(shard.tokens,)))
-        counts = np.array([s.tokens for s in self.shards], dtype=np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(counts)])
-        if int(self._starts[-1]) != info.tokens:
+        self._tokens = _ShardStream(self.directory, info.shards, self.dtype)
+        if self._tokens.total != info.tokens:
             raise ValueError(f"{self.directory}/manifest.json: shard token counts do not add up to {info.tokens}; re-prepare the data")
+        self._mask = _ShardStream(self.directory, info.mask, np.dtype("u1")) if info.mask else None
+        self.ends: np.ndarray | None = None  # running token count after each document
+        if info.ends is not None:
+            self.ends = _open(self.directory, info.ends, np.dtype("<i8"))
+            if info.ends.tokens and int(self.ends[-1]) != info.tokens:
+                raise ValueError(f"{self.directory / info.ends.file}: document ends do not end at the split's "
+                                 f"{info.tokens} tokens; re-run `seektrain data prepare ... --force`")
 
     def __len__(self) -> int:
-        return int(self._starts[-1])
+        return self._tokens.total
 
     @property
     def vocab_size(self) -> int:
         return self.manifest.tokenizer.vocab_size
 
+    @property
+    def has_mask(self) -> bool:
+        return self._mask is not None
+
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start+length) of the split's stream, crossing shard boundaries as needed."""
-        if start < 0 or start + length > len(self):
-            raise IndexError(f"tokens [{start}, {start + length}) out of range for {len(self)} tokens")
+        return self._tokens.read(start, length)
+
+    def read_mask(self, start: int, length: int) -> np.ndarray:
+        """Loss mask of tokens [start, start+length): 1 = trained; all ones for data without a mask."""
+        if self._mask is None:
+            return np.ones(length, dtype=np.uint8)
+        return self._mask.read(start, length)
+
+    def document_ends(self) -> np.ndarray:
+        """Where each document ends; ValueError for a folder prepared before they were stored."""
+        if self.ends is None:
+            raise ValueError(f"data.path={self.directory}: prepared by an older seektrain, without document "
+                             "boundaries; re-run `seektrain data prepare ... --force` to use data.packing or "
+                             "data.document_mask")
+        return self.ends
+
+    def verify(self) -> None:
+        """Full sha256 of every file of this split; raises ValueError naming the first corrupt one."""
+        info = self.manifest.split(self.split)
+        for shard in info.shards + info.mask + ([info.ends] if info.ends else []):
+            _check_sha256(self.directory, shard)
+
+
+class _ShardStream:
+    """Shards of one element type seen as one array, memory-mapped (sizes checked on opening)."""
+
+    def __init__(self, directory: Path, shards: list[Shard], dtype: np.dtype) -> None:
+        self.shards = shards
+        self._maps = [_open(directory, shard, dtype) for shard in shards]
+        self._starts = np.concatenate([[0], np.cumsum([s.tokens for s in shards], dtype=np.int64)])
+        self.total = int(self._starts[-1])
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        if start < 0 or start + length > self.total:
+            raise IndexError(f"tokens [{start}, {start + length}) out of range for {self.total} tokens")
         shard = int(np.searchsorted(self._starts, start, side="right")) - 1
         pieces = []
         while length > 0:
@@ -64,10 +98,18 @@ class TokenDataset:
             start, length, shard = start + take, length - take, shard + 1
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
-    def verify(self) -> None:
-        """Full sha256 of every shard of this split; raises ValueError naming the first corrupt shard."""
-        for shard in self.shards:
-            _check_sha256(self.directory, shard)
+
+def _open(directory: Path, shard: Shard, dtype: np.dtype) -> np.memmap:
+    path = directory / shard.file
+    expected = shard.tokens * dtype.itemsize
+    if not path.is_file():
+        raise ValueError(f"{path}: shard listed in manifest.json is missing; re-run `seektrain data prepare ... --force`")
+    if path.stat().st_size != expected:
+        raise ValueError(
+            f"{path}: {path.stat().st_size} bytes but manifest says {expected}; the shard is truncated or "
+            "modified, re-run `seektrain data prepare ... --force`"
+        )
+    return np.memmap(path, dtype=dtype, mode="r", shape=(shard.tokens,))
 
 
 def _check_sha256(directory: Path, shard: Shard) -> None:

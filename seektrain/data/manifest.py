@@ -3,6 +3,11 @@
 Shards are raw little-endian integers with no header, so everything needed to read them (dtype, token
 counts) and to trust them (sha256, tokenizer fingerprint) lives here. The manifest is written last and
 atomically, so a directory either has a complete manifest or is not a prepared dataset.
+
+Version 2 adds, per split, where its documents end (``ends``: one little-endian int64 per document,
+the running token count after it) and, for chat and completion data, a loss mask (``mask``: one uint8
+per token, 1 = trained, in shards aligned with the token shards), each under its sha256. A version 1
+folder (tokens only) still loads: it has neither, so it trains as one token stream.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from typing import Any
 from seektrain.data.manifest_shape import check_manifest_shape
 
 FORMAT = "seektrain-tokens"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: tokens only, no document ends and no mask
 MANIFEST_NAME = "manifest.json"
 SPLITS = ("train", "val")
 
@@ -33,6 +39,13 @@ class Split:
     shards: list[Shard] = field(default_factory=list)
     tokens: int = 0
     documents: int = 0
+    mask: list[Shard] = field(default_factory=list)  # uint8 per token, aligned with ``shards``; [] = all trained
+    ends: Shard | None = None  # int64 per document (``tokens`` = documents); None in version 1 folders
+    trained_tokens: int | None = None  # tokens whose mask is 1 (== tokens without a mask)
+
+    @property
+    def trained(self) -> int:
+        return self.tokens if self.trained_tokens is None else self.trained_tokens
 
 
 @dataclass
@@ -52,8 +65,14 @@ class Manifest:
     val: Split
     val_fraction: float
     sources: list[dict[str, Any]] = field(default_factory=list)
+    # chat/completion data: {"template", "train_on", "max_len", "overlong", "dropped", "truncated"}
+    rows: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
     version: int = VERSION
+
+    @property
+    def has_mask(self) -> bool:
+        return bool(self.train.mask or self.val.mask)
 
     @property
     def total_tokens(self) -> int:
@@ -78,7 +97,9 @@ class Manifest:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Manifest:
         def split(s: dict[str, Any]) -> Split:
-            return Split([Shard(**x) for x in s["shards"]], s["tokens"], s["documents"])
+            ends = Shard(**s["ends"]) if s.get("ends") is not None else None
+            return Split([Shard(**x) for x in s["shards"]], s["tokens"], s["documents"],
+                         [Shard(**x) for x in s.get("mask", [])], ends, s.get("trained_tokens"))
 
         return Manifest(
             tokenizer=TokenizerInfo(**d["tokenizer"]),
@@ -87,6 +108,7 @@ class Manifest:
             val=split(d["val"]),
             val_fraction=d["val_fraction"],
             sources=d.get("sources", []),
+            rows=d.get("rows", {}),
             format=d["format"],
             version=d["version"],
         )
@@ -105,9 +127,10 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ValueError(f"{path}: not valid JSON ({str(e).splitlines()[0][:200]}); re-run `seektrain data prepare ... --force`") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(d).__name__}; re-run `seektrain data prepare ... --force`")
-    if d.get("format") != FORMAT or d.get("version") != VERSION:
+    if d.get("format") != FORMAT or d.get("version") not in READABLE_VERSIONS:
         raise ValueError(
-            f"{path}: format {d.get('format')!r} version {d.get('version')!r} is not {FORMAT!r} version {VERSION}; "
+            f"{path}: format {d.get('format')!r} version {d.get('version')!r} is not {FORMAT!r} version "
+            f"{' or '.join(map(str, READABLE_VERSIONS))}; "
             "re-run `seektrain data prepare ... --force` with this seektrain"
         )
     check_manifest_shape(d, path)

@@ -10,6 +10,8 @@ from typing import Any
 
 DTYPES = ("uint16", "uint32")  # what data prepare writes (little-endian, no header)
 _SHARD_NAME = re.compile(r"(shard|val)-\d{5}\.bin")
+_MASK_NAME = re.compile(r"(shard|val)-\d{5}\.mask")
+_ENDS_NAME = re.compile(r"(shard|val)-ends\.bin")
 
 
 class _Bad(ValueError):
@@ -42,19 +44,37 @@ def _check(d: Any) -> None:
         shards = _field(s, "shards", list, f"{split}.")
         total = 0
         for i, shard in enumerate(shards):
-            where = f"{split}.shards[{i}]"
-            _need(isinstance(shard, dict), where, "must be an object with file, tokens, sha256")
-            name = _field(shard, "file", str, where + ".")
-            _need(bool(_SHARD_NAME.fullmatch(name)), where + ".file", f"{name!r} is not a shard file name of this folder")
-            total += _count(shard, "tokens", where + ".")
-            sha = _field(shard, "sha256", str, where + ".")
-            _need(bool(re.fullmatch(r"[0-9a-f]{64}", sha)), where + ".sha256", "is not a sha256 hex digest")
+            total += _shard(shard, f"{split}.shards[{i}]", _SHARD_NAME)
         tokens = _count(s, "tokens", f"{split}.")
         _need(tokens == total, f"{split}.tokens", f"{tokens} is not the sum of its shards' tokens ({total})")
-        _count(s, "documents", f"{split}.")
+        documents = _count(s, "documents", f"{split}.")
+        masks = s.get("mask", [])
+        _need(isinstance(masks, list), f"{split}.mask", "must be a list")
+        _need(masks == [] or [m.get("tokens") if isinstance(m, dict) else None for m in masks]
+              == [x.get("tokens") for x in shards], f"{split}.mask", "does not match its token shards one for one")
+        for i, shard in enumerate(masks):
+            _shard(shard, f"{split}.mask[{i}]", _MASK_NAME)
+        if s.get("ends") is not None:
+            _need(_shard(s["ends"], f"{split}.ends", _ENDS_NAME) == documents, f"{split}.ends.tokens",
+                  f"is not the number of documents ({documents})")
+        trained = s.get("trained_tokens")
+        _need(trained is None or (type(trained) is int and 0 <= trained <= tokens), f"{split}.trained_tokens",
+              f"{trained!r} is not null or a count of at most {tokens}")
     frac = d.get("val_fraction")
     _need(type(frac) in (int, float) and 0 <= frac < 1, "val_fraction", f"{frac!r} is not a number in [0, 1)")
     _need(isinstance(d.get("sources", []), list), "sources", "must be a list")
+    _need(isinstance(d.get("rows", {}), dict), "rows", "must be a JSON object")
+
+
+def _shard(shard: Any, where: str, pattern: re.Pattern) -> int:
+    """Check one {file, tokens, sha256} entry; returns its count."""
+    _need(isinstance(shard, dict), where, "must be an object with file, tokens, sha256")
+    name = _field(shard, "file", str, where + ".")
+    _need(bool(pattern.fullmatch(name)), where + ".file", f"{name!r} is not a file name of this folder")
+    count = _count(shard, "tokens", where + ".")
+    sha = _field(shard, "sha256", str, where + ".")
+    _need(bool(re.fullmatch(r"[0-9a-f]{64}", sha)), where + ".sha256", "is not a sha256 hex digest")
+    return count
 
 
 def _need(ok: bool, field: str, problem: str) -> None:

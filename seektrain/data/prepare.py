@@ -14,16 +14,19 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from seektrain.data.manifest import MANIFEST_NAME, Manifest, Shard, Split, TokenizerInfo, write_manifest
-from seektrain.data.sources import discover, read_documents
+from seektrain.data.chat_template import load_chat_template
+from seektrain.data.manifest import MANIFEST_NAME, SPLITS, Manifest, Shard, Split, TokenizerInfo, write_manifest
+from seektrain.data.rows import RowEncoder
+from seektrain.data.sources import ROW_KINDS, discover, read_documents, read_records, row_kind
 from seektrain.data.tokenizer import Tokenizer, load_tokenizer
 
-_OUR_FILES = re.compile(r"(shard|val)-\d{5}\.bin|\.manifest-.*\.tmp")
+_OUR_FILES = re.compile(r"(shard|val)-(\d{5}\.(bin|mask)|ends\.bin)|\.manifest-.*\.tmp")
 DEFAULT_SHARD_TOKENS = 1 << 28  # 512 MiB per uint16 shard: few files, each well under any filesystem limit
 _BATCH_CHARS = 4 << 20  # documents handed to the tokenizer at once (HF encode_batch runs on Rust threads)
 
@@ -44,8 +47,9 @@ def is_val_document(index: int, val_fraction: float) -> bool:
 class ShardWriter:
     """Streams tokens into ``{prefix}-00000.bin``, ``{prefix}-00001.bin``, ... hashing as it goes."""
 
-    def __init__(self, directory: Path, prefix: str, dtype: np.dtype, shard_tokens: int) -> None:
+    def __init__(self, directory: Path, prefix: str, dtype: np.dtype, shard_tokens: int, suffix: str = ".bin") -> None:
         self.directory, self.prefix, self.dtype, self.shard_tokens = directory, prefix, dtype, shard_tokens
+        self.suffix = suffix
         self.shards: list[Shard] = []
         self._file: BinaryIO | None = None
         self._hash = hashlib.sha256()
@@ -55,7 +59,7 @@ class ShardWriter:
         tokens = tokens.astype(self.dtype, copy=False)
         while tokens.size:
             if self._file is None:
-                name = f"{self.prefix}-{len(self.shards):05d}.bin"
+                name = f"{self.prefix}-{len(self.shards):05d}{self.suffix}"
                 self._file = open(self.directory / name, "wb")
                 self._hash, self._count = hashlib.sha256(), 0
             take = min(tokens.size, self.shard_tokens - self._count)
@@ -92,13 +96,20 @@ def prepare_dataset(
     val_fraction: float = 0.01,
     max_tokens: int | None = None,
     force: bool = False,
+    rows: RowOptions | None = None,
 ) -> Manifest:
     """Tokenize ``inputs`` into ``output`` and return its manifest.
 
-    Each non-empty document is followed by the tokenizer's eos. ``max_tokens`` stops after the first
-    document that reaches the cap (deterministic for the same inputs). ``force`` replaces an existing
-    prepared directory; without it an existing non-empty ``output`` is an error.
+    Each non-empty text document is followed by the tokenizer's eos; chat and completion rows become
+    one document each with a loss mask (``rows.py``). ``max_tokens`` stops after the first document
+    that reaches the cap (deterministic for the same inputs). ``force`` replaces an existing prepared
+    directory; without it an existing non-empty ``output`` is an error.
     """
+    rows = rows or RowOptions()
+    if rows.overlong not in OVERLONG:
+        raise ValueError(f"--overlong {rows.overlong}: unknown; use one of {', '.join(OVERLONG)}")
+    if rows.max_len is not None and rows.max_len < 2:
+        raise ValueError(f"--max-len {rows.max_len}: must be at least 2 tokens")
     if shard_tokens < 1:
         raise ValueError(f"--shard-tokens {shard_tokens}: must be a positive number of tokens")
     if not 0.0 <= val_fraction < 1.0:
@@ -112,7 +123,9 @@ def prepare_dataset(
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
-        manifest = _tokenize_into(tmp, files, tokenizer, dtype, text_field, shard_tokens, val_fraction, max_tokens)
+        forced = fmt if fmt in ROW_KINDS[1:] else None
+        manifest = _tokenize_into(tmp, files, tokenizer, dtype, text_field, shard_tokens, val_fraction, max_tokens,
+                                  forced, rows)
         write_manifest(tmp, manifest)
         _commit(tmp, output, force)
     except BaseException:
@@ -148,7 +161,7 @@ def _check_output(output: Path, force: bool, inputs: list[str | Path]) -> None:
 
 
 def _made_by_prepare(path: Path) -> bool:
-    """manifest.json, shard-NNNNN.bin, val-NNNNN.bin, or a manifest temp file: nothing a user keeps."""
+    """manifest.json, shard/val-NNNNN.bin and .mask, shard/val-ends.bin, or a manifest temp file: nothing a user keeps."""
     return path.is_file() and (path.name == MANIFEST_NAME or bool(_OUR_FILES.fullmatch(path.name)))
 
 
@@ -166,6 +179,76 @@ def _commit(tmp: Path, output: Path, force: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+OVERLONG = ("drop", "truncate")
+
+
+@dataclass
+class RowOptions:
+    """How chat/completion rows become documents (``--chat-template``, ``--train-on``) and what happens
+    to a document longer than ``max_len`` tokens (``--overlong``); counted in the manifest's ``rows``."""
+
+    chat_template: str | None = None
+    train_on: str = "assistant"
+    max_len: int | None = None
+    overlong: str = "drop"
+
+
+class _Splits:
+    """The shard writers of both splits and what they have taken: documents, tokens, trained tokens,
+    where each document ends, and the documents dropped or truncated for length."""
+
+    def __init__(self, directory: Path, dtype: np.dtype, shard_tokens: int, masked: bool, rows: RowOptions,
+                 val_fraction: float) -> None:
+        self.writers = {"train": ShardWriter(directory, "shard", dtype, shard_tokens),
+                        "val": ShardWriter(directory, "val", dtype, shard_tokens)}
+        self.masks = {name: ShardWriter(directory, "shard" if name == "train" else "val", np.dtype("u1"),
+                                        shard_tokens, suffix=".mask") for name in SPLITS} if masked else None
+        self.counts = {name: [0, 0, 0] for name in SPLITS}  # documents, tokens, trained tokens
+        self.ends: dict[str, list[int]] = {name: [] for name in SPLITS}
+        self.rows, self.val_fraction = rows, val_fraction
+        self.dropped = self.truncated = self.index = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.counts["train"][1] + self.counts["val"][1]
+
+    def add(self, ids: list[int], mask: list[int] | None, source: dict[str, Any]) -> None:
+        """Append one document (``mask`` None = all trained) unless it is too long to keep."""
+        limit = self.rows.max_len
+        if limit is not None and len(ids) > limit:
+            if self.rows.overlong == "drop" or (mask is not None and not any(mask[:limit])):
+                self.dropped += 1
+                return
+            ids, mask, self.truncated = ids[:limit], None if mask is None else mask[:limit], self.truncated + 1
+        split = "val" if is_val_document(self.index, self.val_fraction) else "train"
+        self.index += 1
+        self.writers[split].write(np.asarray(ids, dtype=np.int64))
+        trained = len(ids) if mask is None else sum(mask)
+        if self.masks is not None:
+            self.masks[split].write(np.ones(len(ids), np.uint8) if mask is None else np.asarray(mask, np.uint8))
+        count = self.counts[split]
+        count[0], count[1], count[2] = count[0] + 1, count[1] + len(ids), count[2] + trained
+        self.ends[split].append(count[1])
+        source["documents"] += 1
+        source["tokens"] += len(ids)
+
+    def split(self, name: str, directory: Path) -> Split:
+        documents, tokens, trained = self.counts[name]
+        ends = _write_ends(directory / f"{'shard' if name == 'train' else 'val'}-ends.bin", self.ends[name])
+        masks = self.masks[name].close() if self.masks is not None else []
+        return Split(self.writers[name].close(), tokens, documents, masks, ends,
+                     trained if self.masks is not None else None)
+
+
+def _write_ends(path: Path, ends: list[int]) -> Shard:
+    data = np.asarray(ends, dtype="<i8").tobytes()
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return Shard(path.name, len(ends), hashlib.sha256(data).hexdigest())
+
+
 def _tokenize_into(
     directory: Path,
     files: list[tuple[Path, str]],
@@ -175,61 +258,73 @@ def _tokenize_into(
     shard_tokens: int,
     val_fraction: float,
     max_tokens: int | None,
+    forced_rows: str | None,
+    rows: RowOptions,
 ) -> Manifest:
-    writers = {"train": ShardWriter(directory, "shard", dtype, shard_tokens), "val": ShardWriter(directory, "val", dtype, shard_tokens)}
-    counts = {"train": [0, 0], "val": [0, 0]}  # documents, tokens
+    kinds = [row_kind(path, kind, text_field, forced_rows) for path, kind in files]
+    masked = any(k != "text" for k in kinds)
+    template = None
+    if "chat" in kinds:
+        template = load_chat_template(tokenizer.path or tokenizer.spec, rows.chat_template, tokenizer)
+    encoder = RowEncoder(tokenizer, template, rows.train_on)
+    out = _Splits(directory, dtype, shard_tokens, masked, rows, val_fraction)
     sources: list[dict[str, Any]] = []
-    doc_index = 0
-    done = False
+
+    def full() -> bool:
+        return max_tokens is not None and out.tokens >= max_tokens
 
     def flush(batch: list[str], source: dict[str, Any]) -> None:
-        nonlocal doc_index, done
-        flat: dict[str, list[int]] = {"train": [], "val": []}
         for ids in tokenizer.encode_batch(batch):
-            split = "val" if is_val_document(doc_index, val_fraction) else "train"
-            flat[split].extend(ids)
-            flat[split].append(tokenizer.eos_id)
-            counts[split][0] += 1
-            counts[split][1] += len(ids) + 1
-            source["documents"] += 1
-            source["tokens"] += len(ids) + 1
-            doc_index += 1
-            if max_tokens is not None and counts["train"][1] + counts["val"][1] >= max_tokens:
-                done = True
+            out.add(ids + [tokenizer.eos_id], None, source)
+            if full():
                 break
-        for split, ids in flat.items():
-            if ids:
-                writers[split].write(np.asarray(ids, dtype=np.int64))
         batch.clear()
 
-    for path, kind in files:
+    for (path, kind), rows_kind in zip(files, kinds):
         source: dict[str, Any] = {"path": str(path), "format": kind, "documents": 0, "tokens": 0}
+        if rows_kind != "text":
+            source["rows"] = rows_kind
         sources.append(source)
-        batch: list[str] = []
-        chars = 0
-        for text in read_documents(path, kind, text_field):
-            if not text:
-                continue
-            batch.append(text)
-            chars += len(text)
-            if chars >= _BATCH_CHARS:
-                flush(batch, source)
-                chars = 0
-                if done:
+        if rows_kind != "text":
+            for where, record in read_records(path, kind):
+                out.add(*encoder.encode(rows_kind, where, record), source)
+                if full():
                     break
-        if batch and not done:
-            flush(batch, source)
-        if done:
+        else:
+            batch: list[str] = []
+            chars = 0
+            for text in read_documents(path, kind, text_field):
+                if not text:
+                    continue
+                batch.append(text)
+                chars += len(text)
+                if chars >= _BATCH_CHARS:
+                    flush(batch, source)
+                    chars = 0
+                    if full():
+                        break
+            if batch and not full():
+                flush(batch, source)
+        if full():
             break
 
-    if counts["train"][1] == 0:
-        raise ValueError(f"inputs ({len(files)} files) contain no text; pass files with non-empty documents (check --text-field)")
+    if out.counts["train"][1] == 0:
+        dropped = f"; {out.dropped} documents were longer than --max-len {rows.max_len}" if out.dropped else ""
+        raise ValueError(f"inputs ({len(files)} files) contain no text{dropped}; pass files with non-empty "
+                         "documents (check --text-field)")
     info = TokenizerInfo(tokenizer.spec, tokenizer.vocab_size, tokenizer.eos_id, tokenizer.bos_id, tokenizer.fingerprint)
+    row_info: dict[str, Any] = {}
+    if masked or rows.max_len is not None:
+        row_info = {"max_len": rows.max_len, "overlong": rows.overlong, "dropped": out.dropped,
+                    "truncated": out.truncated}
+    if masked:
+        row_info = {"template": template.origin if template else None, "train_on": rows.train_on, **row_info}
     return Manifest(
         tokenizer=info,
         dtype=dtype.name,
-        train=Split(writers["train"].close(), counts["train"][1], counts["train"][0]),
-        val=Split(writers["val"].close(), counts["val"][1], counts["val"][0]),
+        train=out.split("train", directory),
+        val=out.split("val", directory),
         val_fraction=val_fraction,
         sources=sources,
+        rows=row_info,
     )

@@ -2,6 +2,10 @@
 
 A plain-text file is one document; a JSONL line or a Parquet row is one document. Directories are
 walked recursively in sorted order so that the same inputs always give the same token stream.
+
+``--format`` names how files are read (text, jsonl, parquet) or, for JSONL and Parquet files picked by
+extension, what their rows hold (chat: ``messages``; completion: ``prompt``/``completion``). With
+``auto`` a JSONL/Parquet file's first row says which it holds (``row_kind``).
 """
 
 from __future__ import annotations
@@ -10,8 +14,10 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-FORMATS = ("auto", "text", "jsonl", "parquet")
+FORMATS = ("auto", "text", "jsonl", "parquet", "chat", "completion")
+ROW_KINDS = ("text", "chat", "completion")
 
 TEXT_SUFFIXES = frozenset(
     ".txt .text .md .markdown .rst .tex .py .pyi .c .h .cc .cpp .hpp .cu .cuh .rs .go .java .js .ts .tsx "
@@ -43,6 +49,9 @@ def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, st
         raise ValueError(f"--format {fmt}: unknown format; use one of {', '.join(FORMATS)}")
     if not inputs:
         raise ValueError("no --input given; pass one or more files or directories")
+    rows_only = fmt in ROW_KINDS[1:]  # chat/completion rows live in JSONL or Parquet files
+    if rows_only:
+        fmt = "auto"
     found: list[tuple[Path, str]] = []
     seen: set[Path] = set()
     for raw in inputs:
@@ -51,6 +60,9 @@ def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, st
             raise ValueError(f"--input {raw}: no such file or directory; check the path")
         if path.is_file():
             kind = fmt if fmt != "auto" else _format_of(path)
+            if rows_only and kind not in ("jsonl", "parquet"):
+                raise ValueError(f"--input {raw}: chat and completion rows are read from .jsonl or .parquet files; "
+                                 "rename the file or pass --format jsonl")
             if kind is None:
                 raise ValueError(f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); pass --format text|jsonl|parquet")
             candidates = [(path, kind)]
@@ -58,7 +70,7 @@ def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, st
             candidates = []
             for f in _walk(path):
                 kind = fmt if fmt != "auto" else _format_of(f)
-                if kind is not None:
+                if kind is not None and not (rows_only and kind == "text"):
                     candidates.append((f, kind))
             if not candidates:
                 raise ValueError(f"--input {raw}: no readable files found (format {fmt}); pass files with known extensions or --format text")
@@ -107,16 +119,21 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
             yield text
 
 
-def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
+def _open_parquet(path: Path) -> Any:
     try:
-        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise ValueError(f"{path}: reading Parquet needs pyarrow; pip install 'seektrain[parquet]'") from None
     try:
-        pf = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except Exception as e:
         raise ValueError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]}); check the file") from None
+
+
+def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
+    pf = _open_parquet(path)
+    import pyarrow as pa
+
     if text_field not in pf.schema_arrow.names:
         raise ValueError(f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); pass --text-field")
     kind = pf.schema_arrow.field(text_field).type
@@ -126,3 +143,39 @@ def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
         for text in batch.column(0).to_pylist():
             if text is not None:
                 yield str(text)
+
+
+def row_kind(path: Path, kind: str, text_field: str, forced: str | None = None) -> str:
+    """What the rows of one file hold: ``forced`` (``--format chat|completion``) if given, else what its
+    first row has: ``messages`` (chat), ``prompt`` and ``completion`` (completion), or text."""
+    if forced is not None or kind == "text":
+        return forced or "text"
+    for _, record in read_records(path, kind):
+        if isinstance(record, dict) and "messages" in record:
+            return "chat"
+        if isinstance(record, dict) and "prompt" in record and "completion" in record and text_field not in record:
+            return "completion"
+        break
+    return "text"
+
+
+def read_records(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
+    """``(where, row)`` for every row of a JSONL or Parquet file; ``where`` is ``file:line`` or ``file: row N``."""
+    if kind == "jsonl":
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"{path}:{lineno}", json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it") from None
+    elif kind == "parquet":
+        pf = _open_parquet(path)
+        row = 0
+        for batch in pf.iter_batches(batch_size=256):
+            for record in batch.to_pylist():
+                row += 1
+                yield f"{path}: row {row}", record
+    else:
+        raise ValueError(f"{path}: {kind} files hold no rows; chat and completion rows are read from .jsonl or .parquet")

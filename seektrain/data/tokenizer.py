@@ -25,6 +25,7 @@ _BOS_CANDIDATES = ("<｜begin▁of▁sentence｜>", "<|bos|>", "<s>", "<bos>", "
 
 class Tokenizer(Protocol):
     spec: str
+    path: Path | None
     fingerprint: str
     vocab_size: int
     eos_id: int
@@ -48,6 +49,7 @@ class ByteTokenizer:
 
     def __init__(self) -> None:
         self.spec = BYTE_SPEC
+        self.path: Path | None = None  # no file: the chat template, if any, is a built-in one
         self.fingerprint = hashlib.sha256(b"seektrain-byte-tokenizer-v1").hexdigest()
         self.bos_id = 256
         self.eos_id = 257
@@ -113,6 +115,7 @@ class HFTokenizer:
         except Exception as e:
             raise ValueError(f"tokenizer={path}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
         self.spec = str(path)
+        self.path: Path | None = path  # the tokenizer.json, whose folder may hold the chat template
         self.fingerprint = hashlib.sha256(path.read_bytes()).hexdigest()
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._config_path = path.with_name("tokenizer_config.json")
