@@ -82,7 +82,7 @@ def logits_diff(ours, theirs, vocab: int, device: torch.device | str = "cpu") ->
     ours.eval()
     theirs.eval()
     with torch.no_grad():
-        return (theirs(tokens).logits.float() - ours(tokens).float()).abs().max().item()
+        return (theirs(tokens).logits.float() - ours(tokens).logits.float()).abs().max().item()
 
 
 def check_logits(ours, theirs: dict, vocab: int) -> None:
@@ -103,7 +103,7 @@ def cast_model(model, dtype: torch.dtype):
     return model
 
 
-def _no_attention(q, k, v, scale, kernels=None):
+def _no_attention(q, k, v, scale, kernels=None, mask=None):
     """Stands in for our attention in the "floor" variant: passes the values through (keeps the graph)."""
     return v.transpose(1, 2).flatten(2) * 1.0
 
@@ -116,15 +116,15 @@ def make_step(model, kind: str):
 
     def step(tokens, labels):
         if kind == "fused":
-            loss = model(tokens, labels=labels).main / labels.numel()
+            loss = model(tokens, labels=labels).loss_sum / labels.numel()
         elif kind == "floor":
             saved, attention._attend = attention._attend, _no_attention
             try:
-                loss = model(tokens).sum()
+                loss = model(tokens).logits.sum()
             finally:
                 attention._attend = saved
         elif kind == "logits":
-            loss = F.cross_entropy(model(tokens).float().flatten(0, 1), labels.flatten())
+            loss = F.cross_entropy(model(tokens).logits.float().flatten(0, 1), labels.flatten())
         else:
             loss = model(tokens, labels=labels, shift_labels=labels).loss
         loss.backward()

@@ -4,7 +4,7 @@ Trains our ``Transformer`` (same preset, same deterministic init and seed as ``s
 ``deepspeed.initialize`` and a ZeRO-3 config: bf16 compute, fp32 master weights, AdamW with our
 hyper-parameters and parameter groups (no decay on 1-D tensors), our warmup+cosine schedule, the same
 gradient clipping, the same loss (next-token CE + weighted MTP CE) and the same V3 balancing-bias update
-after every step. The forward is the trainer's: ``model(tokens, mtp_labels=labels, labels=labels)`` with
+after every step. The forward is the trainer's: ``model(tokens, mtp_tokens=tokens, labels=labels)`` with
 the fused head + cross-entropy, which reads ``lm_head.weight`` from the root module's forward, so it is
 registered as a ZeRO-3 external parameter of the root. Other ZeRO settings are DeepSpeed's defaults for
 stage 3 (overlap_comm on, small parameters kept whole below stage3_param_persistence_threshold), except
@@ -127,7 +127,7 @@ def main() -> None:
         for _ in range(accum):
             batch = next(batches)
             tokens, labels = batch.tokens, batch.labels
-            out = engine(tokens, mtp_labels=labels if use_mtp else None, labels=labels)
+            out = engine(tokens, mtp_tokens=tokens if use_mtp else None, labels=labels)
             loss, _parts = model_loss(out, labels, train_defaults.mtp_loss_weight)
             engine.backward(loss)
             engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only

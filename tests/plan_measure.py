@@ -79,7 +79,7 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
             else:
                 kwargs = {"labels": tokens} if plan.fused_loss else {}
                 if plan.use_mtp:
-                    kwargs["mtp_labels"] = tokens
+                    kwargs["mtp_tokens"] = tokens
                 loss, _ = model_loss(model(tokens, **kwargs), tokens, job.train.mtp_loss_weight)
                 loss.backward()
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))

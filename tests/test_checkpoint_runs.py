@@ -170,7 +170,7 @@ def test_export_to_hugging_face_matches_our_model(straight, tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     tokens = torch.randint(0, ours.cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ref = ours(tokens)
+        ref = ours(tokens).logits
         ref = ref[0] if isinstance(ref, tuple) else ref
         assert (hf(tokens).logits - ref).abs().max().item() < 1e-4
 
@@ -197,5 +197,5 @@ def test_start_from_hugging_face_weights_on_two_ranks(straight, tmp_path):
     batch = next(loader)
     tokens, labels = batch.tokens, batch.labels
     with torch.no_grad():
-        expected, _ = model_loss(model(tokens, mtp_labels=labels), labels, cfg.train.mtp_loss_weight)
+        expected, _ = model_loss(model(tokens, mtp_tokens=tokens), labels, cfg.train.mtp_loss_weight)
     assert step_losses(tmp_path / "run")[1] == pytest.approx(float(expected), rel=1e-5)

@@ -56,7 +56,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 if m._get_fsdp_state()._fsdp_param_group is not None]
     expert_units = sum(".experts" in name for name, m in model.named_modules() if isinstance(m, FSDPModule))
     tokens = torch.randint(0, plan.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(rank))
-    loss, _ = model_loss(model(tokens, mtp_labels=tokens), tokens, 0.3)
+    loss, _ = model_loss(model(tokens, mtp_tokens=tokens), tokens, 0.3)
     loss.backward()
     grads_on_host = all(p.grad.to_local().device.type == "cpu" for p in model.parameters() if p.grad is not None)
     before = clip_grad_norm(list(model.parameters()), max_norm=0.01)

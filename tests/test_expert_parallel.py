@@ -52,7 +52,7 @@ def _train(model, cfg: ModelConfig, rows: slice, steps: int, group=None, sync_gr
     losses, grads = [], None
     for step, (tokens, labels) in enumerate(_batches(cfg)):
         tokens, labels = tokens[rows], labels[rows]
-        out = model(tokens, mtp_labels=labels if cfg.num_nextn_predict_layers else None)
+        out = model(tokens, mtp_tokens=tokens if cfg.num_nextn_predict_layers else None)
         loss, _ = model_loss(out, labels, MTP_WEIGHT)
         loss.backward()
         if sync_grads:

@@ -69,7 +69,7 @@ def _one_step_biases(model, plan) -> list[list[float]]:
     gen = torch.Generator().manual_seed(dp.get_local_rank())  # tp peers share a batch
     tokens = torch.randint(0, model.cfg.vocab_size, (2, 32), generator=gen)
     with plan.loss_context():
-        loss, _ = model_loss(model(tokens, mtp_labels=tokens), tokens, 0.3)
+        loss, _ = model_loss(model(tokens, mtp_tokens=tokens), tokens, 0.3)
         loss.backward()
     update_balance_bias(model, collect_expert_load(model, dp.get_group()), 1e-2)
     return [m.gate.e_score_correction_bias.tolist() for m in moe_layers(model)]

@@ -221,7 +221,7 @@ def _train(model: nn.Module, batches) -> list[float]:
     losses = []
     for tokens, labels in batches:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(tokens, labels=labels).main / labels.numel()
+            loss = model(tokens, labels=labels).loss_sum / labels.numel()
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -349,7 +349,7 @@ LAYOUTS = {"tp2": ["parallel.tp=2"], "fsdp2": ["parallel.dp_shard=2"]}
 
 def _loss(model, plan, tokens, labels):
     with plan.autocast(tokens.device):
-        out = model(tokens, mtp_labels=labels if plan.use_mtp else None, labels=labels if plan.fused_loss else None)
+        out = model(tokens, mtp_tokens=tokens if plan.use_mtp else None, labels=labels if plan.fused_loss else None)
     with plan.loss_context():
         from seektrain.train.loss import model_loss
 

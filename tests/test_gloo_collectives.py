@@ -113,7 +113,7 @@ def _fsdp_bf16_worker(rank: int, port: int, out_dir: str) -> None:
         comm = rs._reduce_scatter_comm
         if not narrow:
             comm.wire_dtype = None
-        model(tokens, labels=tokens).main.backward()
+        model(tokens, labels=tokens).loss_sum.backward()
         grads[narrow] = {n: p.grad.to_local().clone() for n, p in model.named_parameters() if p.grad is not None}
         grads[f"sends{narrow}"] = comm.narrow_sends
     torch.save(grads, os.path.join(out_dir, f"grads{rank}.pt"))

@@ -81,11 +81,11 @@ def test_model_training_forward_matches_logits_path(preset):
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab_size, (2, 17), generator=gen)
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    mtp = labels if cfg.num_nextn_predict_layers else None
+    mtp = inputs if cfg.num_nextn_predict_layers else None
     results = []
     for fused in (False, True):
         model.zero_grad(set_to_none=True)
-        out = model(inputs, mtp_labels=mtp, labels=labels if fused else None)
+        out = model(inputs, mtp_tokens=mtp, labels=labels if fused else None)
         loss, parts = model_loss(out, labels, 0.3)
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()

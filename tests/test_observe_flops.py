@@ -38,7 +38,7 @@ def _train_step_flops(name: str, batch: int, seq: int) -> tuple[int, dict]:
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq))
     counter = ModuleFlopCounter(model)
     with counter:
-        out = model(tokens, mtp_labels=tokens) if cfg.num_nextn_predict_layers else model(tokens)
+        out = model(tokens, mtp_tokens=tokens if cfg.num_nextn_predict_layers else None)
         logits, mtp = (out[0], out[1:]) if isinstance(out, tuple) else (out, [])
         loss = logits.float().mean() + sum(x.float().mean() for x in mtp)
         loss.backward()

@@ -18,7 +18,7 @@ def test_profiler_writes_traces_of_chosen_steps(tmp_path):
     profiler = StepProfiler(tmp_path, steps=[2])
     for step in range(1, 4):
         profiler.before_step(step)
-        model(tokens).float().mean().backward()
+        model(tokens).logits.float().mean().backward()
         optim.step()
         optim.zero_grad()
         profiler.after_step(step)

@@ -16,6 +16,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import seektrain.models
 from seektrain.models import build_model, get_preset
+from seektrain.models.flex_attention import document_block_mask, flex_causal_attention
 from seektrain.models.kernels import Kernels
 from seektrain.observe.counting import ModuleFlopCounter
 from seektrain.platform import PlatformPolicy, policy_for
@@ -51,7 +52,10 @@ def test_generic_policy_imports_no_cpu_module():
 
 def test_generic_policy_does_nothing_special():
     policy = policy_for(torch.device("cuda"))
-    assert type(policy) is PlatformPolicy and policy.model_kernels() == Kernels()
+    kernels = policy.model_kernels()
+    assert type(policy) is PlatformPolicy and kernels.expert_row_multiple == Kernels().expert_row_multiple
+    # only packed rows (a document mask) take another kernel: FlexAttention, loaded at its first use
+    assert kernels.document_mask is document_block_mask and kernels.attention is flex_causal_attention
     assert type(policy_for("meta")) is PlatformPolicy
     assert isinstance(policy_for("cpu"), cpu_policy_module.CpuPolicy)
 
@@ -71,8 +75,8 @@ def test_model_code_has_no_device_branch():
 
 
 def _loss_and_grads(model, tokens):
-    losses = model(tokens, mtp_labels=tokens, labels=tokens)
-    (losses.main + sum(losses.mtp)).backward()
+    losses = model(tokens, mtp_tokens=tokens, labels=tokens)
+    (losses.loss_sum + sum(losses.mtp)).backward()
     return losses, {name: p.grad for name, p in model.named_parameters()}
 
 
@@ -88,7 +92,7 @@ def test_cpu_kernels_give_default_outputs_and_gradients():
     with ModuleFlopCounter(padded) as padded_count:
         padded_losses, padded_grads = _loss_and_grads(padded, tokens)
     assert padded_count.total > plain_count.total  # the padded paths did run
-    torch.testing.assert_close(padded_losses.main, plain_losses.main, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(padded_losses.loss_sum, plain_losses.loss_sum, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(padded_losses.mtp, plain_losses.mtp, rtol=1e-5, atol=1e-5)
     for name, grad in plain_grads.items():  # equal up to rounding (measured: within 1.1e-6 of the scale)
         assert grad is not None and grad.abs().max() > 0, name

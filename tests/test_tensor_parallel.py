@@ -47,7 +47,7 @@ def _step(model, tokens, labels, loss_labels, tp: bool) -> float:
     from seektrain.train.loss import model_loss
 
     with loss_parallel() if tp else contextlib.nullcontext():
-        out = model(tokens, mtp_labels=labels if model.cfg.num_nextn_predict_layers else None)
+        out = model(tokens, mtp_tokens=tokens if model.cfg.num_nextn_predict_layers else None)
         loss, _ = model_loss(out, loss_labels, 0.3)
         loss.backward()
     return float(loss)

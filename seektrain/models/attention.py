@@ -1,7 +1,9 @@
 """Causal self-attention: grouped-query attention (DeepSeek-LLM) and multi-head latent attention (V2/V3).
 
 Both run through ``Kernels.attention`` (``F.scaled_dot_product_attention`` by default) so the fastest
-kernel of the platform is used.
+kernel of the platform is used. ``cos``/``sin`` are RoPE's tables, per position or per token of packed
+rows (``layers.rope_cos_sin``); ``mask`` is ``None`` (plain causal) or the document mask the model built
+once per forward with ``Kernels.document_mask`` (causal within each document of a packed row).
 Head counts are read from the weight shapes at run time, so tensor parallelism (which shards the
 projections over heads) needs no change here.
 """
@@ -16,14 +18,14 @@ from seektrain.models.kernels import Kernels
 from seektrain.models.layers import RMSNorm, apply_rope, softmax_scale
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-            kernels: Kernels) -> torch.Tensor:
-    """q [B,H,T,K], k [B,Hkv,T,K], v [B,Hkv,T,Kv] -> [B,T,H*Kv]."""
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, kernels: Kernels,
+            mask) -> torch.Tensor:
+    """q [B,H,T,K], k [B,Hkv,T,K], v [B,Hkv,T,Kv] -> [B,T,H*Kv]; ``mask``: see ``Kernels``."""
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-    return kernels.attention(q, k, v, scale).transpose(1, 2).flatten(2)
+    return kernels.attention(q, k, v, scale, mask).transpose(1, 2).flatten(2)
 
 
 class GQAttention(nn.Module):
@@ -40,13 +42,13 @@ class GQAttention(nn.Module):
         self.v_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_attention_heads * hd, d, bias=cfg.attention_bias)
 
-    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         q = self.q_proj(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin, interleaved=False), apply_rope(k, cos, sin, interleaved=False)
-        return self.o_proj(_attend(q, k, v, self.scale, self.kernels))
+        return self.o_proj(_attend(q, k, v, self.scale, self.kernels, mask))
 
 
 class MLAttention(nn.Module):
@@ -72,7 +74,7 @@ class MLAttention(nn.Module):
         self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (self.nope + self.v_dim), bias=False)
         self.o_proj = nn.Linear(h * self.v_dim, d, bias=cfg.attention_bias)
 
-    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         if hasattr(self, "q_proj"):
             q = self.q_proj(x_BTD)
@@ -90,7 +92,7 @@ class MLAttention(nn.Module):
         k_rot = apply_rope(k_rot.view(B, 1, T, self.rope), cos, sin, interleaved=True)
         q = torch.cat([q_nope, q_rot], dim=-1)
         k = torch.cat([k_nope, k_rot.expand(B, heads, T, self.rope)], dim=-1)
-        return self.o_proj(_attend(q, k, v, self.scale, self.kernels))
+        return self.o_proj(_attend(q, k, v, self.scale, self.kernels, mask))
 
 
 def build_attention(cfg: ModelConfig, kernels: Kernels | None = None) -> nn.Module:

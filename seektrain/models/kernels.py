@@ -15,17 +15,36 @@ import torch
 import torch.nn.functional as F
 
 
-def causal_attention(q_BHTK: torch.Tensor, k_BHTK: torch.Tensor, v_BHTV: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    """Causal softmax attention over heads of equal count, [B, H, T, V] (torch picks the kernel)."""
-    return F.scaled_dot_product_attention(q_BHTK, k_BHTK, v_BHTV, is_causal=True, scale=scale)
+def causal_attention(q_BHTK: torch.Tensor, k_BHTK: torch.Tensor, v_BHTV: torch.Tensor, scale: float,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal softmax attention over heads of equal count, [B, H, T, V] (torch picks the kernel).
+    ``mask``: ``None`` (plain causal, the fast path), or what ``Kernels.document_mask`` built for packed
+    rows; here that of ``document_causal_mask``."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q_BHTK, k_BHTK, v_BHTV, is_causal=True, scale=scale)
+    return F.scaled_dot_product_attention(q_BHTK, k_BHTK, v_BHTV, attn_mask=mask, scale=scale)
+
+
+def document_causal_mask(document_ids_BT: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T], True where query i may attend key j: the same document and j <= i. The diagonal is
+    always allowed, so no row is empty (an empty row would be NaN)."""
+    T = document_ids_BT.shape[1]
+    same_BTT = document_ids_BT[:, :, None] == document_ids_BT[:, None, :]
+    causal_TT = torch.ones(T, T, dtype=torch.bool, device=document_ids_BT.device).tril()
+    return (same_BTT & causal_TT).unsqueeze(1)
 
 
 @dataclass(frozen=True)
 class Kernels:
-    """``attention(q, k, v, scale)``: causal attention with ``causal_attention``'s contract.
+    """``attention(q, k, v, scale, mask)``: causal attention with ``causal_attention``'s contract.
     ``expert_row_multiple``: every expert's group of token rows is padded with zero rows up to a
     multiple of this before the grouped GEMM (1: no padding); the result is the same."""
 
-    attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor] = causal_attention
+    attention: Callable[..., torch.Tensor] = causal_attention
     expert_row_multiple: int = 1
+
+    # Packed rows (data.packing, data.document_mask): attention causal within each document only.
+    # ``document_mask(document_ids [B, T])`` is built once per forward and handed to every attention
+    # call as its ``mask``; the two must agree on what a mask is (a boolean tensor here, a FlexAttention
+    # block mask in ``models/flex_attention.py``).
+    document_mask: Callable[[torch.Tensor], object] = document_causal_mask

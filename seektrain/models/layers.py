@@ -86,10 +86,16 @@ def softmax_scale(cfg: ModelConfig) -> float:
     return scale
 
 
-def rope_cos_sin(cfg: ModelConfig, seq_len: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [T, rope_dim/2]; computed per call (cheap) so no buffer needs re-initialising."""
+def rope_cos_sin(cfg: ModelConfig, seq_len: int, device, dtype,
+                 positions_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [T, rope_dim/2] for positions 0 .. T-1, or [B, 1, T, rope_dim/2] gathered per token
+    from ``positions_BT`` (packed rows, where positions restart at each document; the 1 broadcasts over
+    heads). Computed per call (cheap), so no buffer needs re-initialising."""
     inv_freq, magnitude = rope_inv_freq(cfg, device)
-    freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    if positions_BT is None:
+        freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    else:
+        freqs = (positions_BT.to(torch.float32)[..., None] * inv_freq).unsqueeze(1)
     return (freqs.cos() * magnitude).to(dtype), (freqs.sin() * magnitude).to(dtype)
 
 

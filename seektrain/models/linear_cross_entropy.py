@@ -71,8 +71,13 @@ def linear_cross_entropy(h_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: 
         return _LinearCrossEntropy.apply(h_ND, weight_VD, labels_N)
 
 
-def shift_labels(labels_BT: torch.Tensor, depth: int) -> torch.Tensor:
-    """Targets of MTP depth ``depth`` (1-based): the label ``depth`` positions ahead; the tail is ignored."""
+def shift_labels(labels_BT: torch.Tensor, depth: int, document_ids_BT: torch.Tensor | None = None) -> torch.Tensor:
+    """Targets of MTP depth ``depth`` (1-based): the label ``depth`` positions ahead; the tail is ignored,
+    and so is every position whose target lies in another document of a packed row."""
     shifted = torch.full_like(labels_BT, IGNORE)
     shifted[:, :-depth] = labels_BT[:, depth:]
+    if document_ids_BT is not None:
+        crosses = torch.zeros_like(document_ids_BT, dtype=torch.bool)
+        crosses[:, :-depth] = document_ids_BT[:, :-depth] != document_ids_BT[:, depth:]
+        shifted = shifted.masked_fill(crosses, IGNORE)
     return shifted

@@ -33,8 +33,8 @@ class DecoderLayer(nn.Module):
         self.mlp = (MoE(cfg, kernels) if cfg.is_moe_layer(layer_idx)
                     else SwiGLU(cfg.hidden_size, cfg.intermediate_size))
 
-    def forward(self, h_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h_BTD = h_BTD + self.self_attn(self.input_layernorm(h_BTD), cos, sin)
+    def forward(self, h_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
+        h_BTD = h_BTD + self.self_attn(self.input_layernorm(h_BTD), cos, sin, mask)
         return h_BTD + self.mlp(self.post_attention_layernorm(h_BTD))
 
 
@@ -50,28 +50,45 @@ class MTPModule(nn.Module):
         self.block = DecoderLayer(cfg, layer_idx, kernels)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h_BTD, emb_BTD, cos, sin) -> torch.Tensor:
+    def forward(self, h_BTD, emb_BTD, cos, sin, mask=None) -> torch.Tensor:
         x = self.eh_proj(torch.cat([self.enorm(emb_BTD), self.hnorm(h_BTD)], dim=-1))
-        return self.block(x, cos, sin)
+        return self.block(x, cos, sin, mask)
 
 
-class HeadLosses(NamedTuple):
-    """Cross-entropy summed over labelled tokens: the next-token head, then each MTP depth."""
+class ModelOutput(NamedTuple):
+    """What ``Transformer.forward`` returns, whatever it was asked; the parts it was not asked for are
+    ``None`` or empty.
 
-    main: torch.Tensor
-    mtp: list[torch.Tensor]
+    * ``logits`` [B, T, V]: the next-token logits (no ``labels`` given).
+    * ``loss_sum``: the next-token cross-entropy summed over the trained tokens (``labels`` given; the
+      fused head, models/linear_cross_entropy.py).
+    * ``mtp``: per MTP depth, its logits or (with ``labels``) its summed cross-entropy.
+    * ``hidden``: a pipeline stage without the head: the hidden states [B, T, D], and the embeddings of
+      the MTP tokens when MTP needs them downstream. They are the next stage's positional inputs; the
+      pipeline sends this tuple of tensors (``parallel/pipeline.py``).
+
+    A ``NamedTuple`` so that the pipeline schedule can merge its tensors across micro-batches.
+    """
+
+    logits: torch.Tensor | None = None
+    loss_sum: torch.Tensor | None = None
+    mtp: tuple[torch.Tensor, ...] = ()
+    hidden: tuple[torch.Tensor, ...] = ()
 
 
 class Transformer(nn.Module):
-    """``model(tokens)`` -> logits [B, T, V]; ``model(tokens, mtp_labels=labels)`` -> (logits, MTP depth 1
-    logits, ...): a flat tuple of tensors, so a pipeline's last stage can return it as it is.
+    """``model(tokens)`` -> ``ModelOutput(logits=...)``; with ``mtp_tokens=tokens`` also each MTP depth's
+    logits. MTP depth k at position i reads token i+k (``mtp_tokens`` shifted by k) and predicts token
+    i+k+1.
 
-    ``mtp_labels`` are the next-token labels of ``tokens`` (labels[:, i] == tokens[:, i+1]); MTP depth k
-    reads labels shifted by k-1 as its input tokens and is trained on labels shifted by k.
+    ``model(tokens, labels=labels[, mtp_tokens=tokens])`` -> ``ModelOutput(loss_sum=..., mtp=...)``: the
+    training path. The head and its cross-entropy run fused (models/linear_cross_entropy.py), so the
+    [B, T, V] logits are never returned; it needs the plain (not vocabulary-sharded) head.
 
-    ``model(tokens, labels=labels[, mtp_labels=labels])`` -> ``HeadLosses``: the training path. The head
-    and its cross-entropy run fused (models/linear_cross_entropy.py), so the [B, T, V] logits are never
-    returned; it needs the plain (not vocabulary-sharded) head.
+    Packed rows (``data/batch.py``): ``positions`` [B, T] drive RoPE (restarting at each document) and
+    ``document_ids`` [B, T] make attention causal within each document only; MTP is trained only where
+    the token it predicts is in the same document (``shift_labels``). Both ``None`` (the default) is
+    one document per row at positions 0 .. T-1: the plain causal path, unchanged.
 
     ``kernels``: the attention and expert computations to use (``models/kernels.py``; default: plain).
     """
@@ -79,6 +96,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, kernels: Kernels | None = None):
         super().__init__()
         self.cfg = cfg
+        self.kernels = kernels or Kernels()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg, i, kernels)
                                      for i in range(cfg.num_hidden_layers)})
@@ -89,49 +107,45 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, tokens: torch.Tensor, mtp_labels: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None):
+    def forward(self, tokens: torch.Tensor, mtp_tokens: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                document_ids: torch.Tensor | None = None) -> ModelOutput:
         """``tokens`` are token ids, or the hidden states [B, T, D] of the previous pipeline stage when this
-        model has no embedding; likewise ``mtp_labels`` are label ids or, past the first stage, their
-        embeddings. Without a final norm (not the last stage) the result is the hidden states, and the
-        label embeddings too when MTP needs them downstream: ``h`` or ``(h, label embeddings)``."""
+        model has no embedding; likewise ``mtp_tokens`` are token ids or, past the first stage, their
+        embeddings. Without a final norm (not the last stage) only ``hidden`` is filled."""
         h = self.embed_tokens(tokens) if self.embed_tokens is not None else tokens
-        label_emb = None
-        if mtp_labels is not None and self.cfg.num_nextn_predict_layers > 0:
-            label_emb = self.embed_tokens(mtp_labels) if self.embed_tokens is not None else mtp_labels
-        cos, sin = rope_cos_sin(self.cfg, h.shape[1], h.device, h.dtype)
+        mtp_emb = None
+        if mtp_tokens is not None and self.cfg.num_nextn_predict_layers > 0:
+            mtp_emb = self.embed_tokens(mtp_tokens) if self.embed_tokens is not None else mtp_tokens
+        cos, sin = rope_cos_sin(self.cfg, h.shape[1], h.device, h.dtype, positions)
+        mask = None if document_ids is None else self.kernels.document_mask(document_ids)
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, mask)
         if self.norm is None:
-            return h if label_emb is None else (h, label_emb)
-        if labels is not None:
-            main = self._head_loss(self.norm(h), labels)
-            mtp = self.mtp_logits(h, label_emb, cos, sin, labels) if label_emb is not None else []
-            return HeadLosses(main, mtp)
-        logits = self.lm_head(self.norm(h))
-        if label_emb is None:
-            return logits
-        return (logits, *self.mtp_logits(h, label_emb, cos, sin))
+            return ModelOutput(hidden=(h,) if mtp_emb is None else (h, mtp_emb))
+        mtp = self._mtp(h, mtp_emb, cos, sin, mask, labels, document_ids) if mtp_emb is not None else ()
+        if labels is None:
+            return ModelOutput(logits=self.lm_head(self.norm(h)), mtp=mtp)
+        return ModelOutput(loss_sum=self._head_loss(self.norm(h), labels), mtp=mtp)
 
     def _head_loss(self, h_BTD: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
         return linear_cross_entropy(h_BTD.flatten(0, 1), self.lm_head.weight, labels_BT.flatten())
 
-    def mtp_logits(self, h_BTD: torch.Tensor, label_emb_BTD: torch.Tensor, cos, sin,
-                   labels_BT: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """Logits of every MTP depth from the main model's last hidden state and the embeddings of the
-        next-token labels (computed once; depth k+1 reads them shifted left by k). With ``labels_BT``
-        each depth's summed cross-entropy instead of its logits."""
+    def _mtp(self, h_BTD: torch.Tensor, emb_BTD: torch.Tensor, cos, sin, mask,
+             labels_BT: torch.Tensor | None, document_ids_BT: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """Each MTP depth's logits from the main model's last hidden state and the embeddings of the MTP
+        tokens (computed once; depth k reads them shifted left by k); with ``labels_BT`` its summed
+        cross-entropy instead."""
         out = []
-        for k, module in enumerate(self.mtp):
-            # Depth k+1 sees token i+k+1 == label i+k; positions past the end repeat the last label
-            # and are masked out of the loss.
-            shifted = torch.cat([label_emb_BTD[:, k:], label_emb_BTD[:, -1:].expand(-1, k, -1)], dim=1)
-            h_BTD = module(h_BTD, shifted, cos, sin)
+        for depth, module in enumerate(self.mtp, start=1):
+            # positions past the end repeat the last token; their targets are past the end: ignored
+            shifted = torch.cat([emb_BTD[:, depth:], emb_BTD[:, -1:].expand(-1, depth, -1)], dim=1)
+            h_BTD = module(h_BTD, shifted, cos, sin, mask)
             if labels_BT is None:
                 out.append(self.lm_head(module.norm(h_BTD)))
             else:
-                out.append(self._head_loss(module.norm(h_BTD), shift_labels(labels_BT, k + 1)))
-        return out
+                out.append(self._head_loss(module.norm(h_BTD), shift_labels(labels_BT, depth, document_ids_BT)))
+        return tuple(out)
 
     def init_weights(self, seed: int = 0) -> None:
         """(Re)initialise every parameter, identically whatever the sharding (see models/init.py);

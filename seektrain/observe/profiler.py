@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -88,8 +87,8 @@ def flops_breakdown(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor
     try:
         with counter:
             use_mtp = labels is not None and len(getattr(model, "mtp", ()) or ())
-            out: Any = model(tokens, mtp_labels=labels) if use_mtp else model(tokens)
-            logits, extra = (out[0], list(out[1:])) if isinstance(out, tuple) else (out, [])
+            out = model(tokens, mtp_tokens=tokens if use_mtp else None)
+            logits, extra = out.logits, list(out.mtp)
             if labels is None:
                 loss = logits.float().mean()
             else:

@@ -6,7 +6,8 @@ stage only) or the final norm, head and MTP modules (last stage only) set to ``N
 forward skips what is missing. Parameter names — and so checkpoints — are those of the whole model.
 With MTP, the first stage also embeds the labels and the pipeline carries those embeddings to the last
 stage, where the MTP modules need them; their gradient flows back through the pipeline to the one
-embedding table. Which layers each stage holds is decided by the run plan (seektrain/plan/pipeline_split.py).
+embedding table. Positions and document ids of packed rows are keyword arguments of every stage
+(``train/pipeline_step.py``). Which layers each stage holds is decided by the run plan (seektrain/plan/pipeline_split.py).
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ def build_stage_model(model: Transformer, layers: list[int] | tuple[int, ...], f
         stage.embed_tokens = None
     if not last:
         stage.norm, stage.lm_head, stage.mtp = None, None, None
+        stage.register_forward_hook(_send_hidden)
     return stage
+
+
+def _send_hidden(_module, _args, output):
+    """A stage before the last sends a tuple of tensors: its ``ModelOutput.hidden``."""
+    return output.hidden
 
 
 def rank_stages(model: Transformer, plan, pp_rank: int) -> tuple[list[Transformer], list[int]]:

@@ -52,8 +52,10 @@ def _norm_style(sp: bool) -> ParallelStyle:
 
 
 def _attention_plan(attn: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: DeviceMesh) -> dict:
-    plan = {prefix: PrepareModuleInput(input_layouts=(seq, None, None),
-                                       desired_input_layouts=(Replicate(), None, None), use_local_output=True),
+    # inputs (x, cos, sin, mask): RoPE's tables and the document mask cover the whole sequence
+    plan = {prefix: PrepareModuleInput(input_layouts=(seq, None, None, None),
+                                       desired_input_layouts=(Replicate(), None, None, None),
+                                       use_local_output=True),
             f"{prefix}.o_proj": RowwiseParallel(output_layouts=seq, use_local_output=not sp)}
     if not hasattr(attn, "kv_b_proj"):  # grouped-query attention: whole heads per rank
         for name in ("q_proj", "k_proj", "v_proj"):

@@ -30,12 +30,14 @@ CPU_GROUP_ROWS = 16
 
 
 def value_padded_attention(q_BHTK: torch.Tensor, k_BHTK: torch.Tensor, v_BHTV: torch.Tensor,
-                           scale: float) -> torch.Tensor:
-    """``causal_attention`` with v zero-padded to q's head size when it is smaller (see above)."""
+                           scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``causal_attention`` with v zero-padded to q's head size when it is smaller (see above). Packed
+    rows keep the boolean document mask (``Kernels.document_mask``'s default): FlexAttention has no
+    backward on the CPU."""
     v_dim, qk_dim = v_BHTV.shape[-1], q_BHTK.shape[-1]
     if v_dim >= qk_dim:
-        return causal_attention(q_BHTK, k_BHTK, v_BHTV, scale)
-    return causal_attention(q_BHTK, k_BHTK, F.pad(v_BHTV, (0, qk_dim - v_dim)), scale)[..., :v_dim]
+        return causal_attention(q_BHTK, k_BHTK, v_BHTV, scale, mask)
+    return causal_attention(q_BHTK, k_BHTK, F.pad(v_BHTV, (0, qk_dim - v_dim)), scale, mask)[..., :v_dim]
 
 
 def cpu_kernels() -> Kernels:

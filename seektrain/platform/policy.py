@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from seektrain.models.flex_attention import document_block_mask, flex_causal_attention
 from seektrain.models.kernels import Kernels
 
 if TYPE_CHECKING:
@@ -33,8 +34,10 @@ class PlatformPolicy:
         """Call once per model part, after every ``fully_shard`` on it (``mp_policy``: the one it used)."""
 
     def model_kernels(self) -> Kernels:
-        """The kernels to build the training model with (``build_model(..., kernels=...)``)."""
-        return Kernels()
+        """The kernels to build the training model with (``build_model(..., kernels=...)``). Packed rows
+        attend through FlexAttention block masks (``models/flex_attention.py``, loaded at their first
+        use)."""
+        return Kernels(attention=flex_causal_attention, document_mask=document_block_mask)
 
     def pin_host_memory(self) -> bool:
         """Whether host copies that travel to or from the device (prefetched batches, checkpoint staging)

@@ -3,7 +3,8 @@
 Each evaluation reads the same ``train.eval_steps`` micro-batches per data-parallel rank from the start
 of the split (a fresh loader with the run's seed), so successive ``val_loss`` values differ only
 because the model changed. The value is the next-token cross-entropy (MTP excluded), averaged over the
-micro-batches and the data-parallel ranks, like ``lm_loss`` in training.
+trained tokens (labels not ``IGNORE``) of all the micro-batches on all data-parallel ranks, like
+``lm_loss`` in training (``train/loss.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch.distributed as dist
 
 from seektrain.data.dataset import TokenDataset
 from seektrain.data.loader import DistributedBatchLoader
-from seektrain.train.loss import model_loss
+from seektrain.train.loss import global_denominators, model_loss, trained_counts
+from seektrain.train.pipeline_step import pipeline_inputs, pipeline_target
 
 log = logging.getLogger("seektrain.train")
 
@@ -47,22 +49,25 @@ class Evaluator:
 
     @torch.no_grad()
     def val_loss(self, ctx) -> float:
-        """Mean validation loss of ``ctx`` (a ``StepContext``) over ``eval_steps`` micro-batches per rank."""
+        """Validation loss of ``ctx`` (a ``StepContext``): the next-token cross-entropy summed over the
+        trained tokens of ``eval_steps`` micro-batches per rank, over their count on all ranks."""
         plan = self.plan
         ctx.model.eval()
         try:
+            batches = [b.to(self.device) for b in itertools.islice(iter(self.loader), self.steps)]
+            counts = sum(trained_counts(b.labels, 0, b.document_ids) for b in batches)
+            denominators = global_denominators(counts, plan.dp, plan.meshes.dp.get_group() if plan.dp > 1 else None)
             total = torch.zeros((), device=self.device)
-            batches = list(itertools.islice(iter(self.loader), self.steps))
             if plan.pp > 1:
-                total += self._pipeline_losses(ctx, batches)
+                total += self._pipeline_losses(ctx, batches, denominators)
             else:
                 for batch in batches:
-                    tokens, labels = batch.tokens.to(self.device), batch.labels.to(self.device)
                     with ctx.autocast:
-                        out = ctx.model(tokens, labels=labels if plan.fused_loss else None)
+                        out = ctx.model(batch.tokens, labels=batch.labels if plan.fused_loss else None,
+                                        positions=batch.positions, document_ids=batch.document_ids)
                     with plan.loss_context():
-                        total += model_loss(out, labels, 0.0)[1]["lm_loss"].float()
-            total /= len(batches)
+                        parts = model_loss(out, batch.labels, 0.0, batch.document_ids, denominators)[1]
+                    total += parts["lm_loss"].float()
             if plan.dp > 1:
                 dist.all_reduce(total, group=plan.meshes.dp.get_group())
                 total /= plan.dp
@@ -70,21 +75,20 @@ class Evaluator:
         finally:
             ctx.model.train()
 
-    def _pipeline_losses(self, ctx, batches) -> torch.Tensor:
-        """Sum over ``batches`` of the lm loss, through the pipeline schedule's forward-only pass, one
-        step's worth (``accum_steps`` micro-batches) at a time."""
+    def _pipeline_losses(self, ctx, batches, denominators: torch.Tensor) -> torch.Tensor:
+        """Sum over ``batches`` of their lm loss shares, through the pipeline schedule's forward-only pass,
+        one step's worth (``accum_steps`` micro-batches) at a time."""
         pm, loss_fn, accum = ctx.parallel, ctx.pipeline_loss, self.plan.accum_steps
         lm = torch.zeros((), device=self.device)
         for i in range(0, len(batches), accum):
-            tokens = torch.cat([b.tokens for b in batches[i:i + accum]]).to(self.device)
-            labels = torch.cat([b.labels for b in batches[i:i + accum]]).to(self.device)
-            args = ((tokens, labels) if self.plan.use_mtp else (tokens,)) if pm.has_first_stage else ()
+            args, kwargs, cat = pipeline_inputs(self.plan, pm, batches[i:i + accum], self.device)
             loss_fn.records.clear()
+            loss_fn.denominators = denominators
             with ctx.autocast, self.plan.loss_context():
                 if pm.has_last_stage:
-                    pm.schedule.eval(*args, target=labels, losses=[])
-                    lm += torch.stack(loss_fn.records)[:, 1].mean() * accum
+                    pm.schedule.eval(*args, target=pipeline_target(cat), losses=[], **kwargs)
+                    lm += torch.stack(loss_fn.records)[:, 1].sum()
                 else:
-                    pm.schedule.eval(*args)
+                    pm.schedule.eval(*args, **kwargs)
         dist.all_reduce(lm, group=self.plan.meshes.pp.get_group())  # the last stage's sum, on every rank
         return lm

@@ -55,7 +55,7 @@ def stream_tokens(model: Transformer, prompt_ids: list[int], max_new_tokens: int
     ids = torch.tensor([prompt_ids], dtype=torch.long)
     limit = model.cfg.max_position_embeddings
     for _ in range(max_new_tokens):
-        logits = model(ids[:, -limit:])[0, -1].float()
+        logits = model(ids[:, -limit:]).logits[0, -1].float()
         nxt = _pick(logits, temperature, top_k, top_p, gen)
         ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
         yield int(nxt)

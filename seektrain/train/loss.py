@@ -1,51 +1,77 @@
-"""Next-token cross-entropy, summed per token so accumulation and data parallelism average correctly,
-plus the multi-token-prediction loss of DeepSeek-V3."""
+"""Next-token cross-entropy and DeepSeek-V3's multi-token-prediction loss, normalised over the trained
+tokens of the whole global batch.
+
+Why not a mean per micro-batch: with loss masks (chat data, packing) micro-batches hold very different
+numbers of trained tokens, and a mean of per-micro-batch means weighs a token of a short one more than a
+token of a long one (the gradient-accumulation pitfall). So every micro-batch's cross-entropy *sum* is
+divided by ``denominators``: the step's trained-token count over all its micro-batches and all
+data-parallel ranks (``global_denominators``), divided by the data-parallel degree, because FSDP and DDP
+average gradients over the ranks. Summed over the micro-batches and averaged over the ranks, the losses
+are then the per-token mean of the step, and so are the gradients. MTP depths are normalised the same
+way, each by its own count (a depth has fewer targets: the row's tail and document boundaries).
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from seektrain.models.linear_cross_entropy import IGNORE, shift_labels
-from seektrain.models.transformer import HeadLosses
+from seektrain.models.transformer import ModelOutput
 
 
-def token_ce_sum(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of fp32 cross-entropy over labelled tokens, and how many tokens were labelled (at least 1)."""
+def token_ce_sum(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
+    """Sum of fp32 cross-entropy over labelled tokens."""
     loss = F.cross_entropy(logits_BTV.flatten(0, 1).float(), labels_BT.flatten(), ignore_index=IGNORE,
                            reduction="sum")
     if isinstance(loss, DTensor):  # vocabulary-sharded logits under loss_parallel (tensor parallelism)
         loss = loss.full_tensor()
-    return loss, _labelled(labels_BT)
+    return loss
 
 
-def _labelled(labels_BT: torch.Tensor) -> torch.Tensor:
-    """How many tokens carry a label (are not IGNORE), at least 1 (the divisor of a mean), as a tensor on
-    the labels' device: an ``int`` would wait for the device every micro-batch. Dividing by it gives the
-    same fp32 value as dividing by the Python int (on CUDA up to the last bit, where torch multiplies by
-    the reciprocal of a host scalar)."""
-    return (labels_BT != IGNORE).sum().clamp_min(1)
+def head_labels(labels_BT: torch.Tensor, mtp_depths: int,
+                document_ids_BT: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """The targets of the next-token head, then of each MTP depth."""
+    return [labels_BT] + [shift_labels(labels_BT, d, document_ids_BT) for d in range(1, mtp_depths + 1)]
 
 
-def model_loss(output, labels_BT: torch.Tensor, mtp_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """Mean next-token loss (+ weighted mean MTP loss) of one micro-batch and its parts for logging.
+def trained_counts(labels_BT: torch.Tensor, mtp_depths: int,
+                   document_ids_BT: torch.Tensor | None = None) -> torch.Tensor:
+    """[1 + mtp_depths] int64 on the labels' device: how many targets each head is trained on. A device
+    tensor: an ``int`` would wait for the device every micro-batch."""
+    return torch.stack([(t != IGNORE).sum() for t in head_labels(labels_BT, mtp_depths, document_ids_BT)])
 
-    ``output`` is what the model returned: logits, (logits, *MTP logits), or the fused path's
-    ``HeadLosses`` of cross-entropy sums."""
-    if isinstance(output, HeadLosses):
-        main = output.main / _labelled(labels_BT)
-        mtp_sums = [(s, _labelled(shift_labels(labels_BT, d))) for d, s in enumerate(output.mtp, start=1)]
+
+def global_denominators(counts: torch.Tensor, dp: int, dp_group=None) -> torch.Tensor:
+    """``denominators`` of ``model_loss`` from this rank's ``trained_counts`` summed over the step's
+    micro-batches: summed over the data-parallel ranks (one all-reduce per step, on the device), at
+    least 1, divided by ``dp`` (gradients are averaged over the ranks)."""
+    counts = counts.to(torch.float64)
+    if dp > 1:
+        dist.all_reduce(counts, group=dp_group)
+    return (counts.clamp_min(1) / dp).float()
+
+
+def model_loss(output: ModelOutput, labels_BT: torch.Tensor, mtp_weight: float,
+               document_ids_BT: torch.Tensor | None = None,
+               denominators: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """This micro-batch's share of the step's loss (next-token + ``mtp_weight`` x mean over MTP depths),
+    and its parts for logging: each head's cross-entropy sum over ``denominators`` (see the module
+    docstring; ``None``: this micro-batch's own counts, its per-token mean)."""
+    targets = head_labels(labels_BT, len(output.mtp), document_ids_BT)
+    if output.loss_sum is not None:  # the fused head: cross-entropy sums already
+        sums = [output.loss_sum, *output.mtp]
     else:
-        logits, *mtp_logits = output if isinstance(output, tuple) else (output,)
-        ce_sum, n = token_ce_sum(logits, labels_BT)
-        main = ce_sum / n
-        mtp_sums = [token_ce_sum(lg, shift_labels(labels_BT, d)) for d, lg in enumerate(mtp_logits, start=1)]
+        sums = [token_ce_sum(lg, t) for lg, t in zip((output.logits, *output.mtp), targets, strict=True)]
+    if denominators is None:
+        denominators = torch.stack([(t != IGNORE).sum() for t in targets]).clamp_min(1)
+    main = sums[0] / denominators[0]
     parts = {"lm_loss": main.detach()}
     total = main
-    if mtp_sums:
-        mtp_losses = [s / m for s, m in mtp_sums]
-        mtp = torch.stack(mtp_losses).mean()
+    if output.mtp:
+        mtp = torch.stack([s / n for s, n in zip(sums[1:], denominators[1:], strict=True)]).mean()
         parts["mtp_loss"] = mtp.detach()
         total = total + mtp_weight * mtp
     return total, parts

@@ -2,8 +2,11 @@
 
 The step's micro-batches (the same ones, in the same order, as gradient accumulation would use) are
 concatenated and handed to the schedule, which splits them again into ``n_microbatches`` and runs its
-forward/backward order (GPipe, 1F1B, interleaved, zero-bubble). The schedule divides gradients by the
-number of micro-batches, so the result equals accumulation exactly.
+forward/backward order (GPipe, 1F1B, interleaved, zero-bubble). Positions and document ids of packed
+rows go to every stage as keyword arguments (the schedule splits them like the tokens); the hidden
+states travel between stages. Every micro-batch's loss is its cross-entropy sum over the step's
+trained-token count (``train/loss.py``), times the schedule's micro-batch count, which the schedule
+divides the gradients by again; so the result equals accumulation.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from seektrain.data.batch import Batch
+from seektrain.models.transformer import ModelOutput
 from seektrain.train.balance import moe_layers
 from seektrain.train.loss import model_loss
 from seektrain.train.precision import DynamicLossScaler
@@ -18,46 +23,68 @@ from seektrain.train.precision import DynamicLossScaler
 
 class PipelineLoss:
     """``loss_fn`` of the schedule (runs on the last stage): our loss of one micro-batch, scaled for
-    fp16, with the unscaled parts recorded for logging."""
+    fp16, with the unscaled parts recorded for logging. ``denominators`` are the step's (set before each
+    step). The target is the labels [B, T], or for packed rows labels and document ids stacked [B, T, 2]
+    (``pipeline_target``): the schedule splits it like the inputs, and MTP needs the document ids."""
 
     def __init__(self, scaler: DynamicLossScaler, mtp_weight: float):
         self.scaler, self.mtp_weight = scaler, mtp_weight
         self.records: list[torch.Tensor] = []
+        self.denominators: torch.Tensor | None = None
 
-    def __call__(self, output, labels: torch.Tensor) -> torch.Tensor:
-        loss, parts = model_loss(output, labels, self.mtp_weight)
+    def __call__(self, output, target: torch.Tensor) -> torch.Tensor:
+        labels, document_ids = target.unbind(-1) if target.dim() == 3 else (target, None)
+        loss, parts = model_loss(ModelOutput(*output), labels, self.mtp_weight, document_ids, self.denominators)
         mtp = parts.get("mtp_loss", torch.zeros((), device=loss.device))
         self.records.append(torch.stack([loss.detach().float(), parts["lm_loss"].float(), mtp.float()]))
         return self.scaler.scale_loss(loss)
 
 
-def pipeline_forward_backward(ctx, spans: dict) -> torch.Tensor:
-    """[loss, lm loss, mtp loss] summed as over the step's ``accum_steps`` accumulation micro-batches, for
-    a ``seektrain.train.step.StepContext``; the data wait and forward+backward go to ``spans``. The
-    pipeline's own micro-batch count may differ (``parallel.pp_microbatches``): its mean loss is scaled
-    back to ``accum_steps`` of them, which the step then divides out again."""
+def pipeline_target(batch: Batch) -> torch.Tensor:
+    """The schedule's target for ``batch`` (see ``PipelineLoss``)."""
+    if batch.document_ids is None:
+        return batch.labels
+    return torch.stack([batch.labels, batch.document_ids], dim=-1)
+
+
+def pipeline_inputs(plan, pm, batches: list[Batch], device: torch.device) -> tuple[tuple, dict, Batch]:
+    """(positional arguments, keyword arguments, the concatenated batch) of one schedule call."""
+    cat = Batch(**{name: None if getattr(batches[0], name) is None
+                   else torch.cat([getattr(b, name) for b in batches]) for name in ("tokens", "labels",
+                                                                                    "positions", "document_ids")})
+    # non_blocking: a blocking copy to the device waits for the stream (the prefetched batches are pinned)
+    cat = cat.to(device, non_blocking=True)
+    args = ((cat.tokens, cat.tokens) if plan.use_mtp else (cat.tokens,)) if pm.has_first_stage else ()
+    kwargs = {name: t for name, t in (("positions", cat.positions), ("document_ids", cat.document_ids))
+              if t is not None}
+    return args, kwargs, cat
+
+
+def pipeline_forward_backward(ctx, spans: dict, denominators_of) -> torch.Tensor:
+    """[loss, lm loss, mtp loss] summed over the step's micro-batches (each normalised by the step's
+    trained tokens), for a ``seektrain.train.step.StepContext``; ``denominators_of(batches)``: the step's
+    ``model_loss`` denominators. The data wait and forward+backward go to ``spans``."""
     plan, pm, loss_fn = ctx.plan, ctx.parallel, ctx.pipeline_loss
     t0 = ctx.clock.mark()
     batches = [next(ctx.batches) for _ in range(plan.accum_steps)]
-    # non_blocking: a blocking copy to the device waits for the stream (the prefetched batches are pinned)
-    tokens = torch.cat([b.tokens for b in batches]).to(ctx.device, non_blocking=True)
-    labels = torch.cat([b.labels for b in batches]).to(ctx.device, non_blocking=True)
+    args, kwargs, cat = pipeline_inputs(plan, pm, batches, ctx.device)
+    n_micro = plan.pp_microbatches
+    # the schedule divides the gradients by its micro-batch count: multiply it back into the loss
+    loss_fn.records.clear()
+    loss_fn.denominators = denominators_of([cat]) / n_micro
     t1 = ctx.clock.mark()
     last = pm.has_last_stage
-    args = ((tokens, labels) if plan.use_mtp else (tokens,)) if pm.has_first_stage else ()
-    loss_fn.records.clear()
     with ctx.autocast, plan.loss_context():
         if last:
-            pm.schedule.step(*args, target=labels, losses=[])
+            pm.schedule.step(*args, target=pipeline_target(cat), losses=[], **kwargs)
         else:
-            pm.schedule.step(*args)
+            pm.schedule.step(*args, **kwargs)
     # The schedule's first step also runs each stage once to infer shapes (on placeholder inputs):
     # keep only this step's micro-batches in the losses and the expert-load counts.
-    n_micro = plan.pp_microbatches
     for moe in moe_layers(pm.model):
         del moe.expert_counts[:-n_micro]
-    if last:
-        loss_sum = torch.stack(loss_fn.records[-n_micro:]).mean(0) * plan.accum_steps
+    if last:  # the records hold each micro-batch's share x n_micro
+        loss_sum = torch.stack(loss_fn.records[-n_micro:]).sum(0) / n_micro
     else:
         loss_sum = torch.zeros(3, device=ctx.device)
     dist.all_reduce(loss_sum, group=plan.meshes.pp.get_group())  # every rank learns the last stage's loss

@@ -28,7 +28,7 @@ from seektrain.plan.run_plan import RunPlan
 from seektrain.train import faults
 from seektrain.train.balance import collect_expert_load, expert_imbalance, update_balance_bias
 from seektrain.train.grad import clip_grad_norm
-from seektrain.train.loss import model_loss
+from seektrain.train.loss import global_denominators, model_loss, trained_counts
 from seektrain.train.pipeline_step import PipelineLoss, pipeline_forward_backward
 from seektrain.train.precision import DynamicLossScaler
 
@@ -73,27 +73,43 @@ def _no_sync(model: nn.Module, last: bool):
     return contextlib.nullcontext()
 
 
+def step_denominators(plan: RunPlan, batches: list[Batch]) -> torch.Tensor:
+    """``model_loss``'s denominators for the step's micro-batches on this rank (``train/loss.py``)."""
+    depths = plan.model.num_nextn_predict_layers if plan.use_mtp else 0
+    counts = sum(trained_counts(b.labels, depths, b.document_ids) for b in batches)
+    return global_denominators(counts, plan.dp, plan.meshes.dp.get_group() if plan.dp > 1 else None)
+
+
+def model_inputs(plan: RunPlan, batch: Batch) -> dict:
+    """The keyword arguments of the model's training forward for ``batch``."""
+    return {"mtp_tokens": batch.tokens if plan.use_mtp else None,
+            "labels": batch.labels if plan.fused_loss else None,
+            "positions": batch.positions, "document_ids": batch.document_ids}
+
+
 def accumulate(ctx: StepContext, step: int, spans: dict[str, Spans]) -> torch.Tensor:
     """Forward + backward of the step's micro-batches one after the other (gradient accumulation): the
-    sum of [loss, lm loss, mtp loss] over micro-batches; the data wait and forward+backward go to ``spans``."""
+    sum of [loss, lm loss, mtp loss] over micro-batches, each normalised by the step's trained tokens
+    (``train/loss.py``); the data wait and forward+backward go to ``spans``. The micro-batches are read
+    first, since the normalisation counts all of their trained tokens."""
     plan, accum, clock = ctx.plan, ctx.plan.accum_steps, ctx.clock
     loss_sum = torch.zeros(3, device=ctx.device)  # total, lm, mtp (summed over micro-batches)
-    for micro in range(accum):
-        t0 = clock.mark()
-        batch = next(ctx.batches).to(ctx.device, non_blocking=True)
-        tokens, labels = batch.tokens, batch.labels
+    t0 = clock.mark()
+    batches = [next(ctx.batches).to(ctx.device, non_blocking=True) for _ in range(accum)]
+    denominators = step_denominators(plan, batches)
+    spans["data_wait_s"].append((t0, clock.mark()))
+    for micro, batch in enumerate(batches):
         t1 = clock.mark()
         with _no_sync(ctx.model, micro == accum - 1):
             with ctx.autocast:
-                out = ctx.model(tokens, mtp_labels=labels if plan.use_mtp else None,
-                                labels=labels if plan.fused_loss else None)
+                out = ctx.model(batch.tokens, **model_inputs(plan, batch))
             with plan.loss_context():
-                loss, parts = model_loss(out, labels, plan.job.train.mtp_loss_weight)
+                loss, parts = model_loss(out, batch.labels, plan.job.train.mtp_loss_weight,
+                                         batch.document_ids, denominators)
                 loss = faults.inject_nan(loss, step)  # [faults] test hook, inert unless SEEKTRAIN_TEST_NAN is set
-                ctx.scaler.scale_loss(loss / accum).backward()
+                ctx.scaler.scale_loss(loss).backward()
         loss_sum += torch.stack([loss.detach().float(), parts["lm_loss"].float(),
                                  parts.get("mtp_loss", torch.zeros((), device=ctx.device)).float()])
-        spans["data_wait_s"].append((t0, t1))
         spans["fwd_bwd_s"].append((t1, clock.mark()))
     return loss_sum
 
@@ -103,7 +119,7 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
     spans = {name: Spans() for name in ("step_time_s", "data_wait_s", "fwd_bwd_s", "optim_s", "comm_s")}
     t_start = clock.mark()
     if plan.pp > 1:
-        loss_sum = pipeline_forward_backward(ctx, spans)
+        loss_sum = pipeline_forward_backward(ctx, spans, lambda batches: step_denominators(plan, batches))
     else:
         loss_sum = accumulate(ctx, step, spans)
 
@@ -114,10 +130,9 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
     # (FSDP's and TP's collectives overlap compute inside fwd_bwd and are not separable there).
     dp_group = plan.meshes.dp.get_group()
     t_comm = clock.mark()
-    if plan.dp > 1:
+    if plan.dp > 1:  # each rank's sum is its share of the step's mean x dp (train/loss.py)
         dist.all_reduce(loss_sum, group=dp_group)
         loss_sum /= plan.dp
-    loss_sum /= plan.accum_steps
     t_opt = clock.mark()
     spans["comm_s"].append((t_comm, t_opt))
     verdict = ctx.loss_guard.judge(loss_sum[0])
