@@ -8,11 +8,8 @@ from pathlib import Path
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 SPECIALS = [BOS, EOS, "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"]
-# DeepSeek-V3's template, cut to what the tests need: BOS, the system prompt, user and assistant turns.
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}{% endif %}"
-            "{% endfor %}{% for m in messages %}{% if m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}"
-            "{% elif m['role'] == 'assistant' %}{{ '<｜Assistant｜>' + m['content'] + '<｜end▁of▁sentence｜>' }}"
-            "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}")
+# DeepSeek-V3's released template (the built-in copy chat_template.py ships), as the folder's own.
+TEMPLATE = (Path(__file__).resolve().parent.parent / "seektrain/data/templates/deepseek-v3.jinja").read_text()
 QUESTIONS = ["what is two plus two", "name a colour", "say hello", "what is the capital of france",
              "count to three", "what do cats say"]
 ANSWERS = ["four", "blue", "hello there", "paris", "one two three", "meow"]

@@ -12,11 +12,13 @@ import json
 import shutil
 from pathlib import Path
 
+from seektrain.data.chat_template import load_chat_template
 from seektrain.data.tokenizer import BYTE_SPEC
 from seektrain.models.hub import resolve_local_path
 
 RUN_TOKENIZER_DIR = "tokenizer"  # inside a run folder
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+_BUILTIN = "built-in "  # how a manifest's rows.template names a built-in template (chat_template.py)
 
 
 def tokenizer_folder(spec: str) -> Path | None:
@@ -27,16 +29,25 @@ def tokenizer_folder(spec: str) -> Path | None:
     return path if path.is_dir() else path.parent
 
 
+def data_template(manifest) -> str | None:
+    """The name of the built-in template a prepared dataset was rendered with (``--chat-template``),
+    None when it used its tokenizer folder's own template or is plain text."""
+    origin = (manifest.rows or {}).get("template") or ""
+    return origin.removeprefix(_BUILTIN) if origin.startswith(_BUILTIN) else None
+
+
 def write_tokenizer_files(source: Path, dest: Path, chat_template: str | None = None) -> list[str]:
     """Copy the tokenizer files of folder ``source`` into folder ``dest`` (which exists); returns the
-    names written. ``chat_template`` (the one the data was rendered with, when the folder has none)
-    goes into the copied ``tokenizer_config.json``, so the copy renders as the training data did."""
+    names written. ``chat_template`` (the text of the built-in template the data was rendered with)
+    replaces the folder's own in the copied ``tokenizer_config.json``, so the copy renders as the
+    training data did."""
     written = []
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copyfile(source / name, dest / name)
             written.append(name)
     if chat_template is not None:
+        (dest / "chat_template.jinja").unlink(missing_ok=True)  # it would win over the config's
         path = dest / "tokenizer_config.json"
         config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         if config.get("chat_template") != chat_template:
@@ -65,7 +76,9 @@ def copy_to_run(manifest, run_dir: Path) -> str:
         return (f"tokenizer not copied into the run folder: {tokenizer_json} is not the tokenizer.json the data "
                 "was prepared with (missing or changed since)")
     dest = run_dir / RUN_TOKENIZER_DIR
-    write_swapped(dest, lambda tmp: write_tokenizer_files(source, tmp, getattr(manifest, "chat_template", None)))
+    builtin = data_template(manifest)
+    template = load_chat_template(spec, builtin).source if builtin else None
+    write_swapped(dest, lambda tmp: write_tokenizer_files(source, tmp, template))
     return f"tokenizer {spec} copied to {dest}"
 
 

@@ -89,10 +89,13 @@ class Conversation:
 def load_run_chat(run_dir: Path, builtin_template: str | None = None) -> ChatModel:
     """The newest checkpoint of a run, with the tokenizer and chat template it trained with (its run
     folder's ``tokenizer/``), or the named built-in template."""
-    from seektrain.data.tokenizer import load_tokenizer
-    from seektrain.train.generate import load_run_weights, run_tokenizer_spec
+    from seektrain.data.tokenizer import BYTE_SPEC, load_tokenizer
+    from seektrain.data.tokenizer_files import data_template
+    from seektrain.train.generate import load_run_weights, run_manifest, run_tokenizer_spec
 
     spec = run_tokenizer_spec(run_dir)
+    if builtin_template is None and spec == BYTE_SPEC:  # no files to carry a template: the data names it
+        builtin_template = data_template(run_manifest(run_dir))
     tokenizer = load_tokenizer(spec)
     template = load_chat_template(spec, builtin_template, tokenizer)  # before the (long) weight load
     model, ckpt = load_run_weights(run_dir)

@@ -35,15 +35,21 @@ def load_run_weights(run_dir: Path) -> tuple[Transformer, Path]:
 def run_tokenizer_spec(run_dir: Path) -> str:
     """The tokenizer a run trained with: the copy in its run folder (``tokenizer/``, written at start-up),
     else (a run from before that copy, or the byte tokenizer) the spec its dataset's manifest records."""
-    from seektrain.checkpoint.run_files import read_run_config
-    from seektrain.data.dataset import TokenDataset
     from seektrain.data.tokenizer_files import RUN_TOKENIZER_DIR
-    from seektrain.train.setup_data import data_dir
 
-    cfg = read_run_config(run_dir)  # first: a folder that is no run dir gets the message that says so
+    manifest = run_manifest(run_dir)  # first: a folder that is no run dir gets the message that says so
     if (Path(run_dir) / RUN_TOKENIZER_DIR / "tokenizer.json").is_file():
         return str(Path(run_dir) / RUN_TOKENIZER_DIR)
-    return TokenDataset(data_dir(cfg, is_main=True)).manifest.tokenizer.spec
+    return manifest.tokenizer.spec
+
+
+def run_manifest(run_dir: Path):
+    """The manifest of the dataset a run trained on."""
+    from seektrain.checkpoint.run_files import read_run_config
+    from seektrain.data.dataset import TokenDataset
+    from seektrain.train.setup_data import data_dir
+
+    return TokenDataset(data_dir(read_run_config(run_dir), is_main=True)).manifest
 
 
 @torch.no_grad()
