@@ -107,6 +107,9 @@ def load_hf_chat(folder: Path, builtin_template: str | None = None) -> ChatModel
     from seektrain.data.tokenizer import load_tokenizer
     from seektrain.models.hf_io import from_pretrained
 
+    if not folder.is_dir():
+        raise ValueError(f"--hf {folder}: no such folder; name a Hugging Face model folder (`seektrain convert "
+                         "--from-checkpoint RUN --to-hf DIR` writes one)")
     if not (folder / "tokenizer.json").is_file():
         raise ValueError(f"--hf {folder}: no tokenizer.json; export with `seektrain convert ... --to-hf "
                          f"{folder} --tokenizer TOKENIZER_DIR`")
