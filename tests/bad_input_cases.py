@@ -324,6 +324,44 @@ DATA_ROWS += [
 DATA_ROWS[-4].setup = both(copy("data"), write("data/manifest.json", "{not json"))  # the not-json row
 
 
+def _chat_row(name: str, lines: list, names: list[str], extra: list[str] | None = None) -> Case:
+    """``data prepare`` of a chat JSONL file (byte tokenizer, DeepSeek-V3's template) holding ``lines``."""
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    return Case(f"chat-{name}", ["data", "prepare", "--input", "{ws}/a.jsonl", "--output", "{ws}/o", "--chat-template",
+                                 "deepseek-v3", *(extra or [])], names, write("a.jsonl", text))
+
+
+_USER, _ANSWER = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
+DATA_ROWS += [
+    _chat_row("unknown-role", [{"messages": [_USER, _ANSWER]}, {"messages": [{"role": "robot", "content": "x"}, _ANSWER]}],
+              ["a.jsonl:2", "robot"]),
+    _chat_row("missing-content", [{"messages": [{"role": "user"}, _ANSWER]}], ["a.jsonl:1", "no content"]),
+    _chat_row("content-a-list", [{"messages": [_USER, {"role": "assistant", "content": [1]}]}], ["a.jsonl:1", "string"]),
+    _chat_row("no-assistant", [{"messages": [_USER]}], ["a.jsonl:1", "no assistant turn"]),
+    _chat_row("messages-not-a-list", [{"messages": "hi"}], ["a.jsonl:1", "'messages'", "not a non-empty list"]),
+    _chat_row("message-a-string", [{"messages": ["hi", _ANSWER]}], ["a.jsonl:1", "message 1"]),
+    _chat_row("row-without-messages", [{"messages": [_USER, _ANSWER]}, {"text": "x"}], ["a.jsonl:2", "'messages'"]),
+    _chat_row("reasoning-on-user", [{"messages": [dict(_USER, reasoning_content="x"), _ANSWER]}],
+              ["a.jsonl:1", "reasoning_content"]),
+    _chat_row("completion-int-prompt", [{"prompt": 1, "completion": "x"}], ["a.jsonl:1", "'prompt'"],
+              ["--format", "completion"]),
+    _chat_row("unknown-template", [{"messages": [_USER, _ANSWER]}], ["--chat-template"], ["--chat-template", "llama"]),
+    Case("chat-no-template", ["data", "prepare", "--input", "{ws}/a.jsonl", "--output", "{ws}/o", "--tokenizer", "{tok}"],
+         ["chat template", "--chat-template"], write("a.jsonl", json.dumps({"messages": [_USER, _ANSWER]}) + "\n")),
+    Case("chat-parquet-bad-row", ["data", "prepare", "--input", "{ws}/a.parquet", "--output", "{ws}/o", "--chat-template",
+                                  "deepseek-v3"], ["a.parquet: row 2", "role"],
+         lambda ws, fx: _parquet(ws / "a.parquet", {"messages": [[_USER, _ANSWER], [dict(_USER, role="bot"), _ANSWER]]})),
+    Case("chat-max-len-0", ["data", "prepare", "--input", "{ws}/a.jsonl", "--output", "{ws}/o", "--max-len", "0"],
+         ["--max-len"]),
+    Case("show-index-beyond", ["data", "show", "{data}", "--index", "5"], ["--index", "1 documents"]),
+    Case("show-val-empty", ["data", "show", "{data}", "--split", "val"], ["val", "empty"]),
+    _manifest_row("mask-not-aligned", nested_set(["train", "mask"], [{"file": "shard-00000.mask", "tokens": 1,
+                                                                       "sha256": "0" * 64}]), ["train.mask"]),
+    _manifest_row("ends-bad-name", nested_set(["train", "ends"], {"file": "../x.bin", "tokens": 1, "sha256": "0" * 64}),
+                  ["train.ends.file"]),
+]
+
+
 def _parquet(path: Path, columns: dict) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq

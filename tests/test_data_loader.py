@@ -47,7 +47,7 @@ def rank_loaders(directory: Path, dp: int, mb: int, seed: int = 0) -> list[Distr
 
 def test_dataset_reads_across_shards(arange_dir: Path) -> None:
     ds = TokenDataset(arange_dir)
-    assert len(ds) == 403 and all(isinstance(m, np.memmap) for m in ds._maps)
+    assert len(ds) == 403 and all(isinstance(m, np.memmap) for m in ds._tokens._maps)
     assert ds.read(145, 160).tolist() == list(range(145, 305))
     assert TokenDataset(arange_dir, "val").read(0, 40).tolist() == list(range(40))
 

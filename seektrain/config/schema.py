@@ -114,6 +114,8 @@ class DataSection:
     path: str = _key("builtin", "a folder made by `seektrain data prepare`, or builtin", nonempty=True)
     tokenizer: str = _key("byte", "built-in corpus tokenizer: byte, a tokenizer.json path or a hub id (org/name)", nonempty=True)
     prefetch: int = _key(2, "training batches read ahead in a background thread (pinned on GPUs); 0 = read in the step", min=0, max=64)
+    packing: bool = _key(False, "pack whole documents into each train.seq_len row (attention and RoPE restart per document)")
+    document_mask: bool = _key(False, "plain windows, but attention and RoPE restart at each stored document start")
 
 
 @dataclass

@@ -25,6 +25,7 @@ import torch
 
 from seektrain.data.batch import Batch
 from seektrain.data.dataset import TokenDataset, verify_dataset
+from seektrain.data.packing import cuts_in, row_fields, rows_of, window_fields
 
 __all__ = ["DistributedBatchLoader", "TokenDataset", "verify_dataset"]
 
@@ -32,7 +33,7 @@ STATE_VERSION = 1
 
 
 class DistributedBatchLoader:
-    """Iterator over ``Batch(tokens, labels)`` (``data/batch.py``) of LongTensors of shape ``[micro_batch_size, seq_len]`` for one rank.
+    """Iterator over ``Batch`` (``data/batch.py``) of LongTensors of shape ``[micro_batch_size, seq_len]`` for one rank.
 
     Iteration never ends: epochs roll over automatically. For one pass (validation) take
     ``itertools.islice(loader, loader.steps_per_epoch)`` from a fresh loader.
@@ -46,6 +47,8 @@ class DistributedBatchLoader:
         dp_rank: int = 0,
         dp_size: int = 1,
         seed: int = 0,
+        packing: bool = False,
+        document_mask: bool = False,
     ) -> None:
         if seq_len < 1 or micro_batch_size < 1:
             raise ValueError(f"seq_len={seq_len}, micro_batch_size={micro_batch_size}: both must be >= 1")
@@ -56,14 +59,26 @@ class DistributedBatchLoader:
         self.dataset = dataset
         self.seq_len, self.micro_batch_size = seq_len, micro_batch_size
         self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
-        self.num_windows = (len(dataset) - 1) // seq_len
+        # windows of the stream, rows of packed documents, or one (chat) document per row
+        self.layout = "packed" if packing else "documents" if dataset.has_mask else "windows"
+        self.document_mask = packing or document_mask  # fill positions and document ids
+        self._ends = dataset.document_ends() if self.document_mask or self.layout != "windows" else None
+        self._rows: np.ndarray | None = None
+        where = f"data.path={dataset.directory} ({dataset.split})"
+        if self.layout == "windows":
+            self.num_windows = (len(dataset) - 1) // seq_len
+            units = f"{len(dataset)} tokens give {self.num_windows} windows of seq_len+1={seq_len + 1}"
+        else:
+            self._rows = rows_of(self._ends, seq_len, self.layout, dataset.has_mask, where)
+            self.num_windows = len(self._rows)
+            units = f"{len(self._ends)} documents give {self.num_windows} rows of seq_len={seq_len}"
         self.global_batch = micro_batch_size * dp_size
         if self.num_windows < self.global_batch:
             raise ValueError(
-                f"data.path={dataset.directory} ({dataset.split}): {len(dataset)} tokens give {self.num_windows} windows of "
-                f"seq_len+1={seq_len + 1}, fewer than one global batch of {self.global_batch} (micro_batch × dp); "
+                f"{where}: {units}, fewer than one global batch of {self.global_batch} (micro_batch × dp); "
                 "use a shorter seq_len, a smaller batch or more data"
             )
+        self.pad_id = dataset.manifest.tokenizer.eos_id
         self.epoch = 0
         self.offset = 0  # global windows consumed in the current epoch
         self.consumed_windows = 0  # global windows consumed over all epochs
@@ -91,14 +106,30 @@ class DistributedBatchLoader:
             self.offset = 0
         order = self._epoch_order()
         mine = order[self.offset + self.dp_rank : self.offset + self.global_batch : self.dp_size]
-        width = self.seq_len + 1
-        batch = np.empty((self.micro_batch_size, width), dtype=np.int64)
-        for row, window in enumerate(mine):
-            batch[row] = self.dataset.read(int(window) * self.seq_len, width)
         self.offset += self.global_batch
         self.consumed_windows += self.global_batch
-        t = torch.from_numpy(batch)
-        return Batch(t[:, :-1].contiguous(), t[:, 1:].contiguous())
+        if self.layout == "windows" and not self.document_mask:
+            width = self.seq_len + 1
+            batch = np.empty((self.micro_batch_size, width), dtype=np.int64)
+            for row, window in enumerate(mine):
+                batch[row] = self.dataset.read(int(window) * self.seq_len, width)
+            t = torch.from_numpy(batch)
+            return Batch(t[:, :-1].contiguous(), t[:, 1:].contiguous())
+        fields = np.stack([np.stack(self._fields(int(unit))) for unit in mine], axis=1)  # [4, B, T]
+        tokens, labels, positions, document_ids = (torch.from_numpy(f) for f in fields)
+        if not self.document_mask:  # one document per row, padded at the end: plain causal attention is exact
+            return Batch(tokens, labels)
+        return Batch(tokens, labels, positions, document_ids)
+
+    def _fields(self, unit: int) -> tuple[np.ndarray, ...]:
+        """(tokens, labels, positions, document_ids) of window or row ``unit``."""
+        if self._rows is None:
+            start, stop = unit * self.seq_len, unit * self.seq_len + self.seq_len + 1
+            window, mask = self.dataset.read(start, stop - start), self.dataset.read_mask(start, stop - start)
+            return window_fields(window, mask, cuts_in(self._ends, start, stop))
+        start, stop = (int(x) for x in self._rows[unit])
+        tokens, mask = self.dataset.read(start, stop - start), self.dataset.read_mask(start, stop - start)
+        return row_fields(tokens, mask, cuts_in(self._ends, start, stop), self.seq_len, self.pad_id)
 
     def tokens_consumed(self) -> int:
         """Input tokens this rank has been served: its equal share of the global count (exact per rank)."""
@@ -114,12 +145,17 @@ class DistributedBatchLoader:
             "seq_len": self.seq_len,
             "num_windows": self.num_windows,
             "global_batch": self.global_batch,
+            "layout": self.layout,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position; dp_size and micro_batch_size may differ from the saving run."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"data loader state version {state.get('version')!r} is not {STATE_VERSION}; resume with the seektrain that saved it")
+        if state.get("layout", "windows") != self.layout:
+            raise ValueError(f"data loader state is of {state.get('layout', 'windows')} rows but this run reads "
+                             f"{self.layout} rows (data.packing or the data changed); resume with the same data and "
+                             "data.packing (or start a fresh run)")
         for key in ("seed", "seq_len", "num_windows"):
             if state[key] != getattr(self, key):
                 raise ValueError(

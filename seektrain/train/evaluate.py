@@ -39,7 +39,8 @@ class Evaluator:
             t = plan.job.train
             try:
                 val = TokenDataset(data_path, split="val")
-                self.loader = DistributedBatchLoader(val, t.seq_len, t.micro_batch_size, dp_rank, plan.dp, t.seed)
+                self.loader = DistributedBatchLoader(val, t.seq_len, t.micro_batch_size, dp_rank, plan.dp, t.seed,
+                                                     plan.job.data.packing, plan.job.data.document_mask)
             except ValueError as err:  # no or too small a val split: train on, say why once
                 log.warning("no validation loss: %s", err)
 

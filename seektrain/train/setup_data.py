@@ -53,5 +53,5 @@ def open_training_data(cfg: JobConfig, model_cfg: ModelConfig, dp_rank: int, dp_
         raise ValueError(f"data.path={path}: its tokenizer has {dataset.vocab_size} tokens but model "
                          f"{model_cfg.name} has vocab_size {model_cfg.vocab_size}; use a matching tokenizer")
     loader = DistributedBatchLoader(dataset, cfg.train.seq_len, cfg.train.micro_batch_size, dp_rank, dp_size,
-                                    cfg.train.seed)
+                                    cfg.train.seed, cfg.data.packing, cfg.data.document_mask)
     return TrainingData(path, dataset, loader, PrefetchingLoader(loader, cfg.data.prefetch, pin_device))
