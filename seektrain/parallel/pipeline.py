@@ -20,7 +20,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                                     ScheduleZBVZeroBubble)
 
-from seektrain.models.transformer import Transformer
+from seektrain.models.transformer import ModelOutput, Transformer
 from seektrain.plan.pipeline_split import MULTI_STAGE, stage_ids
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B,
@@ -39,13 +39,20 @@ def build_stage_model(model: Transformer, layers: list[int] | tuple[int, ...], f
         stage.embed_tokens = None
     if not last:
         stage.norm, stage.lm_head, stage.mtp = None, None, None
-        stage.register_forward_hook(_send_hidden)
+    stage.register_forward_hook(_to_wire)
     return stage
 
 
-def _send_hidden(_module, _args, output):
-    """A stage before the last sends a tuple of tensors: its ``ModelOutput.hidden``."""
-    return output.hidden
+def _to_wire(_module, _args, output: ModelOutput) -> tuple[torch.Tensor, ...]:
+    """The schedule takes tuples of tensors only (it sends them, and checks the last stage's too): a
+    stage before the last returns its ``ModelOutput.hidden``, the last its logits then each MTP depth's."""
+    return output.hidden or (output.logits, *output.mtp)
+
+
+def from_wire(output: tuple[torch.Tensor, ...]) -> ModelOutput:
+    """The last stage's ``ModelOutput`` from what ``_to_wire`` made of it (for the schedule's loss)."""
+    logits, *mtp = output
+    return ModelOutput(logits=logits, mtp=tuple(mtp))
 
 
 def rank_stages(model: Transformer, plan, pp_rank: int) -> tuple[list[Transformer], list[int]]:

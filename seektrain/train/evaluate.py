@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from seektrain.data.dataset import TokenDataset
 from seektrain.data.loader import DistributedBatchLoader
-from seektrain.train.loss import global_denominators, model_loss, trained_counts
+from seektrain.train.loss import model_loss, step_denominators
 from seektrain.train.pipeline_step import pipeline_inputs, pipeline_target
 
 log = logging.getLogger("seektrain.train")
@@ -56,8 +56,7 @@ class Evaluator:
         ctx.model.eval()
         try:
             batches = [b.to(self.device) for b in itertools.islice(iter(self.loader), self.steps)]
-            counts = sum(trained_counts(b.labels, 0, b.document_ids) for b in batches)
-            denominators = global_denominators(counts, plan.dp, plan.meshes.dp.get_group() if plan.dp > 1 else None)
+            denominators = step_denominators(plan, batches)
             total = torch.zeros((), device=self.device)
             if plan.pp > 1:
                 total += self._pipeline_losses(ctx, batches, denominators)

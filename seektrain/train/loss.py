@@ -54,6 +54,14 @@ def global_denominators(counts: torch.Tensor, dp: int, dp_group=None) -> torch.T
     return (counts.clamp_min(1) / dp).float()
 
 
+def step_denominators(plan, batches) -> torch.Tensor:
+    """``model_loss``'s denominators for a step's (or an evaluation's) micro-batches ``batches`` on
+    this rank under the run plan ``plan``."""
+    depths = plan.model.num_nextn_predict_layers if plan.use_mtp else 0
+    counts = sum(trained_counts(b.labels, depths, b.document_ids) for b in batches)
+    return global_denominators(counts, plan.dp, plan.meshes.dp.get_group() if plan.dp > 1 else None)
+
+
 def model_loss(output: ModelOutput, labels_BT: torch.Tensor, mtp_weight: float,
                document_ids_BT: torch.Tensor | None = None,
                denominators: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from seektrain.data.batch import Batch
-from seektrain.models.transformer import ModelOutput
+from seektrain.parallel.pipeline import from_wire
 from seektrain.train.balance import moe_layers
-from seektrain.train.loss import model_loss
+from seektrain.train.loss import model_loss, step_denominators
 from seektrain.train.precision import DynamicLossScaler
 
 
@@ -34,7 +34,7 @@ class PipelineLoss:
 
     def __call__(self, output, target: torch.Tensor) -> torch.Tensor:
         labels, document_ids = target.unbind(-1) if target.dim() == 3 else (target, None)
-        loss, parts = model_loss(ModelOutput(*output), labels, self.mtp_weight, document_ids, self.denominators)
+        loss, parts = model_loss(from_wire(output), labels, self.mtp_weight, document_ids, self.denominators)
         mtp = parts.get("mtp_loss", torch.zeros((), device=loss.device))
         self.records.append(torch.stack([loss.detach().float(), parts["lm_loss"].float(), mtp.float()]))
         return self.scaler.scale_loss(loss)
@@ -60,10 +60,10 @@ def pipeline_inputs(plan, pm, batches: list[Batch], device: torch.device) -> tup
     return args, kwargs, cat
 
 
-def pipeline_forward_backward(ctx, spans: dict, denominators_of) -> torch.Tensor:
+def pipeline_forward_backward(ctx, spans: dict) -> torch.Tensor:
     """[loss, lm loss, mtp loss] summed over the step's micro-batches (each normalised by the step's
-    trained tokens), for a ``seektrain.train.step.StepContext``; ``denominators_of(batches)``: the step's
-    ``model_loss`` denominators. The data wait and forward+backward go to ``spans``."""
+    trained tokens), for a ``seektrain.train.step.StepContext``; the data wait and forward+backward go
+    to ``spans``."""
     plan, pm, loss_fn = ctx.plan, ctx.parallel, ctx.pipeline_loss
     t0 = ctx.clock.mark()
     batches = [next(ctx.batches) for _ in range(plan.accum_steps)]
@@ -71,7 +71,7 @@ def pipeline_forward_backward(ctx, spans: dict, denominators_of) -> torch.Tensor
     n_micro = plan.pp_microbatches
     # the schedule divides the gradients by its micro-batch count: multiply it back into the loss
     loss_fn.records.clear()
-    loss_fn.denominators = denominators_of([cat]) / n_micro
+    loss_fn.denominators = step_denominators(plan, [cat]) / n_micro
     t1 = ctx.clock.mark()
     last = pm.has_last_stage
     with ctx.autocast, plan.loss_context():

@@ -28,7 +28,7 @@ from seektrain.plan.run_plan import RunPlan
 from seektrain.train import faults
 from seektrain.train.balance import collect_expert_load, expert_imbalance, update_balance_bias
 from seektrain.train.grad import clip_grad_norm
-from seektrain.train.loss import global_denominators, model_loss, trained_counts
+from seektrain.train.loss import model_loss, step_denominators
 from seektrain.train.pipeline_step import PipelineLoss, pipeline_forward_backward
 from seektrain.train.precision import DynamicLossScaler
 
@@ -73,13 +73,6 @@ def _no_sync(model: nn.Module, last: bool):
     return contextlib.nullcontext()
 
 
-def step_denominators(plan: RunPlan, batches: list[Batch]) -> torch.Tensor:
-    """``model_loss``'s denominators for the step's micro-batches on this rank (``train/loss.py``)."""
-    depths = plan.model.num_nextn_predict_layers if plan.use_mtp else 0
-    counts = sum(trained_counts(b.labels, depths, b.document_ids) for b in batches)
-    return global_denominators(counts, plan.dp, plan.meshes.dp.get_group() if plan.dp > 1 else None)
-
-
 def model_inputs(plan: RunPlan, batch: Batch) -> dict:
     """The keyword arguments of the model's training forward for ``batch``."""
     return {"mtp_tokens": batch.tokens if plan.use_mtp else None,
@@ -119,7 +112,7 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
     spans = {name: Spans() for name in ("step_time_s", "data_wait_s", "fwd_bwd_s", "optim_s", "comm_s")}
     t_start = clock.mark()
     if plan.pp > 1:
-        loss_sum = pipeline_forward_backward(ctx, spans, lambda batches: step_denominators(plan, batches))
+        loss_sum = pipeline_forward_backward(ctx, spans)
     else:
         loss_sum = accumulate(ctx, step, spans)
 
