@@ -44,7 +44,7 @@ def build_chat_tokenizer(folder: Path, template: str | None = TEMPLATE) -> Path:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(QUESTIONS + ANSWERS + ["be brief"], trainer)
+    tok.train_from_iterator(QUESTIONS + ANSWERS + ["be brief"] + ["one\n\n"] * 20, trainer)  # a \n\n token
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     config = {"bos_token": BOS, "eos_token": EOS, "tokenizer_class": "PreTrainedTokenizerFast"}

@@ -110,6 +110,7 @@ def test_end_of_turn_is_eos_for_deepseek_and_the_template_marker_for_chatml(tok_
                           "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}", "chatml-like", chatml.special_tokens)
     assert stop_token_ids(tok, chatml) == [tok.eos_id, tok.encode_chat("</think>")[0][0]]
     blank = type(chatml)("{% for m in messages %}{{ m['content'] }}\n\n{% endfor %}", "blank", {})
+    assert len(tok.encode_chat("\n\n")[0]) == 1  # one token, but blank: no end marker
     assert stop_token_ids(tok, blank) == [tok.eos_id]
 
 

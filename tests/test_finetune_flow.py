@@ -49,6 +49,7 @@ def test_chat_jsonl_to_a_chat_with_the_fine_tuned_run(tmp_path):
     assert (run / "tokenizer" / "tokenizer.json").read_bytes() == (tok_dir / "tokenizer.json").read_bytes()
     assert json.loads((run / "tokenizer" / "tokenizer_config.json").read_text())["chat_template"] == TEMPLATE
 
+    tok_dir.rename(tmp_path / "tok-moved")  # from here on only the run folder's copy holds the tokenizer
     one = seektrain("chat", "--run", str(run), "--prompt", QUESTIONS[2], "--temperature", "0", "--max-new-tokens", "12")
     answer = one.stdout.strip()
     assert answer in ANSWERS and "end of turn" in one.stderr and "step-00000020" in one.stderr

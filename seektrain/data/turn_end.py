@@ -28,6 +28,6 @@ def stop_token_ids(tokenizer, template: ChatTemplate | None) -> list[int]:
     ids = tokenizer.encode_chat(after)[0] if after else []
     if ids:
         marker = tokenizer.decode(ids[:1])
-        if len(marker) > 1 and marker.strip() == marker and after.startswith(marker) and ids[0] not in stop:
+        if marker.strip() == marker and after.startswith(marker) and ids[0] not in stop:
             stop.append(ids[0])
     return stop

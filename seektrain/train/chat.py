@@ -68,9 +68,8 @@ class Conversation:
         decoder = IncrementalDecoder(self.chat.tokenizer)
         splitter = ThinkSplitter(thinking=prompt.rstrip().endswith(THINK_OPEN))
         start = time.perf_counter()
-        seed = self.sampling.seed + len(self.messages)  # each turn its own draw, the same on every run
         for token in stream_tokens(self.chat.model, ids, self.sampling.max_new_tokens, self.sampling.temperature,
-                                   top_p=self.sampling.top_p, seed=seed, stop_ids=self.chat.stop_ids):
+                                   top_p=self.sampling.top_p, seed=self.sampling.seed, stop_ids=self.chat.stop_ids):
             stats.new_tokens += 1
             if token in self.chat.stop_ids:
                 stats.stopped = True
