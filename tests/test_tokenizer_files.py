@@ -70,3 +70,16 @@ def test_a_tokenizer_bigger_than_the_model_is_refused(tmp_path):
     tok = build_chat_tokenizer(tmp_path / "tok")
     with pytest.raises(ValueError, match="has 300 tokens but the model has vocab_size 256"):
         write_hf_tokenizer(tok, tmp_path, vocab_size=256)
+
+
+def test_a_re_export_replaces_the_tokenizer_files_it_wrote(tmp_path):
+    from seektrain.cli.main import main
+
+    tok = build_chat_tokenizer(tmp_path / "tok")
+    out = tmp_path / "out"
+    for _ in range(2):  # the second time the folder holds tokenizer files convert wrote: replaced
+        assert main(["convert", "--preset", "tiny-v3", "--to-hf", str(out), "--tokenizer", str(tok)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
+                                                     "tokenizer.json", "tokenizer_config.json"]
+    assert main(["convert", "--preset", "tiny-v3", "--to-hf", str(out)]) == 0  # no tokenizer now: none left over
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
