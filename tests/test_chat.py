@@ -5,7 +5,12 @@ answers through a pipe (`--prompt`, and lines on stdin)."""
 
 from __future__ import annotations
 
+import os
 import re
+import select
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -79,6 +84,15 @@ def test_history_grows_and_reset_clears_it(tok_dir):
     assert conv.last.prompt_tokens == first
 
 
+def test_a_conversation_past_the_context_is_refused_and_left_as_it_was(tok_dir):
+    conv = _conversation(tok_dir, f"four{EOS}")
+    conv.chat.model.cfg.max_position_embeddings = 12
+    list(conv.reply("hi"))
+    with pytest.raises(ValueError, match=r"the conversation is \d+ tokens, over the model's context of 12"):
+        list(conv.reply("what is two plus two"))
+    assert len(conv.messages) == 2
+
+
 def test_the_terminal_view_marks_the_thinking_block(tok_dir, capsys):
     conv = _conversation(tok_dir, f"<think>\nhmm\n</think>\n\nfour{EOS}")
     _answer(conv, "what is two plus two", terminal=False)
@@ -128,9 +142,14 @@ def test_a_stop_token_ends_the_stream():
     assert list(stream_tokens(model, [1, 2], 10, temperature=0, stop_ids=[7])) == [5, 6, 7]
 
 
-def test_chat_cli_answers_a_prompt_and_stdin_turns_from_an_hf_folder(tok_dir, tmp_path):
-    hf = tmp_path / "hf"
-    seektrain("convert", "--preset", "tiny-v3", "--to-hf", str(hf), "--tokenizer", str(tok_dir))
+@pytest.fixture(scope="module")
+def hf(tok_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hf") / "hf"
+    seektrain("convert", "--preset", "tiny-v3", "--to-hf", str(out), "--tokenizer", str(tok_dir))
+    return out
+
+
+def test_chat_cli_answers_a_prompt_and_stdin_turns_from_an_hf_folder(hf):
     one = seektrain("chat", "--hf", str(hf), "--prompt", "say hello", "--max-new-tokens", "6", "--temperature", "0")
     assert one.stderr.startswith(f"# {hf}\n") and re.search(r"# \d+ prompt tokens, \d generated", one.stderr)
     piped = seektrain("chat", "--hf", str(hf), "--max-new-tokens", "3", "--temperature", "0", "--system", "be brief",
@@ -138,3 +157,33 @@ def test_chat_cli_answers_a_prompt_and_stdin_turns_from_an_hf_folder(tok_dir, tm
     prompts = [int(n) for n in re.findall(r"# (\d+) prompt tokens", piped.stderr)]
     assert len(prompts) == 3 and prompts[0] == prompts[1] < prompts[2]  # /reset, then history grows
     assert "# new conversation" in piped.stderr
+
+
+def test_chat_cli_on_a_terminal_prompts_for_each_turn(hf):
+    """The interactive mode on a pseudo-terminal, as a user types: a `you>` prompt per turn, the reply,
+    the statistics line; /exit ends it."""
+    main, side = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "seektrain.cli.main", "chat", "--hf", str(hf), "--max-new-tokens",
+                             "3", "--temperature", "0"], stdin=side, stdout=side, stderr=side,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    os.close(side)
+    seen = bytearray()
+
+    def read_until(text: bytes, count: int, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while seen.count(text) < count and time.monotonic() < deadline:
+            if select.select([main], [], [], 1)[0]:
+                seen.extend(os.read(main, 4096))
+        assert seen.count(text) >= count, seen.decode(errors="replace")
+
+    try:
+        read_until(b"you> ", 1)
+        os.write(main, b"say hello\r")
+        read_until(b"generated", 1)
+        read_until(b"you> ", 2)
+        os.write(main, b"/exit\r")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        os.close(main)
+    assert re.search(rb"say hello\r?\n.*\r?\n# \d+ prompt tokens, 3 generated", bytes(seen)), bytes(seen)

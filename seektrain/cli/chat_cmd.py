@@ -56,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
             conversation.reset()
             print("# new conversation", file=sys.stderr)
         elif line:
-            _answer(conversation, line, terminal)
+            try:
+                _answer(conversation, line, terminal)
+            except ValueError as err:  # a conversation grown past the context: say so, keep chatting
+                print(f"seektrain chat: {err}", file=sys.stderr)
     return 0
 
 
