@@ -23,7 +23,13 @@ from seektrain.cli.chat_cmd import _answer
 from seektrain.data.chat_template import load_chat_template
 from seektrain.data.tokenizer import load_tokenizer
 from seektrain.data.turn_end import stop_token_ids
-from seektrain.train.chat import ChatModel, Conversation, IncrementalDecoder, Sampling, ThinkSplitter
+from seektrain.train.chat import (
+    ChatModel,
+    Conversation,
+    IncrementalDecoder,
+    Sampling,
+    ThinkSplitter,
+)
 from seektrain.train.generate import _pick, stream_tokens
 
 

@@ -9,7 +9,15 @@ from __future__ import annotations
 import json
 
 import torch
-from chat_fixture import ANSWERS, EOS, QUESTIONS, TEMPLATE, build_chat_tokenizer, conversations, write_chat_jsonl
+from chat_fixture import (
+    ANSWERS,
+    EOS,
+    QUESTIONS,
+    TEMPLATE,
+    build_chat_tokenizer,
+    conversations,
+    write_chat_jsonl,
+)
 from run_cli import losses, seektrain, train
 
 from seektrain.data.chat_template import load_chat_template

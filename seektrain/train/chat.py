@@ -8,9 +8,9 @@ knows nothing of terminals, so a test can hold a conversation without one.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from seektrain.data.chat_template import ChatTemplate, load_chat_template
 from seektrain.data.turn_end import stop_token_ids
@@ -90,7 +90,11 @@ def load_run_chat(run_dir: Path, builtin_template: str | None = None) -> ChatMod
     folder's ``tokenizer/``), or the named built-in template."""
     from seektrain.data.tokenizer import BYTE_SPEC, load_tokenizer
     from seektrain.data.tokenizer_files import data_template
-    from seektrain.train.generate import load_run_weights, run_manifest, run_tokenizer_spec
+    from seektrain.train.generate import (
+        load_run_weights,
+        run_manifest,
+        run_tokenizer_spec,
+    )
 
     spec = run_tokenizer_spec(run_dir)
     if builtin_template is None and spec == BYTE_SPEC:  # no files to carry a template: the data names it

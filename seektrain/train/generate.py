@@ -4,8 +4,8 @@ a prompt token by token (no KV cache: this is a check that training worked, not 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import torch
 
