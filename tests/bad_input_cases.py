@@ -353,6 +353,9 @@ DATA_ROWS += [
          lambda ws, fx: _parquet(ws / "a.parquet", {"messages": [[_USER, _ANSWER], [dict(_USER, role="bot"), _ANSWER]]})),
     Case("chat-max-len-0", ["data", "prepare", "--input", "{ws}/a.jsonl", "--output", "{ws}/o", "--max-len", "0"],
          ["--max-len"]),
+    Case("train-chat-longer-than-seq-len", ["train", "--set", "data.path={ws}/chat", "--set", "data.packing=true", "--set",
+                                            "train.seq_len=16", "--set", "model.preset=tiny-dense"],
+         ["train.seq_len=16", "--max-len 16"], lambda ws, fx: _chat_data(ws / "chat")),
     Case("show-index-beyond", ["data", "show", "{data}", "--index", "5"], ["--index", "1 documents"]),
     Case("show-val-empty", ["data", "show", "{data}", "--split", "val"], ["val", "empty"]),
     _manifest_row("mask-not-aligned", nested_set(["train", "mask"], [{"file": "shard-00000.mask", "tokens": 1,
@@ -360,6 +363,16 @@ DATA_ROWS += [
     _manifest_row("ends-bad-name", nested_set(["train", "ends"], {"file": "../x.bin", "tokens": 1, "sha256": "0" * 64}),
                   ["train.ends.file"]),
 ]
+
+
+def _chat_data(out: Path) -> None:
+    """A prepared chat folder (byte tokenizer, DeepSeek-LLM's template) of 30-token conversations."""
+    from seektrain.data import prepare_dataset
+    from seektrain.data.prepare import RowOptions
+
+    rows = out.parent / "chat.jsonl"
+    rows.write_text(json.dumps({"messages": [_USER, _ANSWER]}) + "\n")
+    prepare_dataset([rows], out, "byte", val_fraction=0.0, rows=RowOptions("deepseek-llm"))
 
 
 def _parquet(path: Path, columns: dict) -> None:

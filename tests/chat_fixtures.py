@@ -37,8 +37,10 @@ def make_tokenizer_folder(folder: Path, template: str | None = "deepseek-v3") ->
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_CORPUS * 20, trainer)
     tok.save(str(folder / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
-              "pad_token": "<｜▁pad▁｜>", "add_bos_token": False, "add_eos_token": False,
+    # the fields of DeepSeek-V3's own tokenizer_config.json (its class name included: transformers 5 reads a
+    # byte-level tokenizer.json as it is whatever the class says)
+    config = {"tokenizer_class": "LlamaTokenizerFast", "legacy": True, "bos_token": BOS, "eos_token": EOS,
+              "pad_token": "<｜▁pad▁｜>", "unk_token": None, "add_bos_token": False, "add_eos_token": False,
               "model_max_length": 16384, "clean_up_tokenization_spaces": False}
     if template is not None:
         config["chat_template"] = builtin_template(template)

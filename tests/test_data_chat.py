@@ -22,11 +22,16 @@ READS_REASONING = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'user'
                    "{% elif m.role == 'assistant' %}<｜Assistant｜>{% if m.reasoning_content %}<think>"
                    "{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
                    "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}")
-IDIOMS = ("{%- for m in messages -%}\n  {%- if m.role == 'system' -%}{%- continue -%}{%- endif -%}\n"
-          "  {%- if m.role not in ['user', 'assistant', 'tool'] -%}{{ raise_exception('bad role') }}{%- endif -%}\n"
-          "  {{ m.role }}: {% if m.role == 'assistant' %}{% generation %}{{ m.content | tojson }}{{ eos_token }}"
-          "{% endgeneration %}{% else %}{{ m.content }}\n{% endif %}\n{%- endfor -%}\n"
-          "{%- if add_generation_prompt %}assistant: {% endif %}")
+IDIOMS = """{% if messages[0].role == 'system' %}
+    {{ messages[0].content }}
+{% endif %}
+{% for m in messages %}
+    {% if m.role == 'system' %}{% continue %}{% endif %}
+    {% if m.role not in ['user', 'assistant', 'tool'] %}{{ raise_exception('bad role') }}{% endif %}
+    {{ m.role }}: {% if m.role == 'assistant' %}{% generation %}{{ m.content | tojson }}{{ eos_token }}{% endgeneration %}{% else %}{{ m.content }}
+{% endif %}
+{% endfor %}
+{% if add_generation_prompt %}assistant: {% endif %}"""
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +212,14 @@ def test_overlong_rows_are_dropped_or_truncated_and_counted(folders, tmp_path, c
         assert m.train.documents == len(rows) - m.rows["dropped"]
         assert np.diff(TokenDataset(out).document_ends(), prepend=0).max() <= limit
         assert f"max-len   {limit} tokens: {m.rows['dropped']} documents dropped" in capsys.readouterr().out
+    # --force replaces a chat dataset (its mask and ends files are ours), and only with --force
+    capsys.readouterr()
+    assert main(["data", "prepare", "--input", str(tmp_path / "chat.jsonl"), "--output", str(tmp_path / "drop"),
+                 "--tokenizer", str(folder)]) == 2
+    assert "already a prepared dataset; pass --force" in capsys.readouterr().err
+    _prepare("--input", str(tmp_path / "chat.jsonl"), "--output", str(tmp_path / "drop"), "--tokenizer", str(folder),
+             "--force", "--val-fraction", "0")
+    assert read_manifest(tmp_path / "drop").train.documents == len(rows)
 
 
 def test_byte_tokenizer_with_a_builtin_template(tmp_path):

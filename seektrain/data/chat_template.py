@@ -77,6 +77,7 @@ def load_chat_template(tokenizer: str | Path, builtin: str | None = None,
     """
     folder = _folder_of(str(tokenizer))
     config = _read_config(folder) if folder else None
+    source: str | None
     if builtin is not None:
         if builtin not in BUILTIN_TEMPLATES:
             raise ValueError(f"--chat-template {builtin}: unknown; use one of {', '.join(BUILTIN_TEMPLATES)}")
@@ -276,7 +277,7 @@ def _environment() -> Any:
     class Generation(jinja2.ext.Extension):
         """``{% generation %}…{% endgeneration %}`` (transformers' assistant-mask tags) render their body."""
 
-        tags = {"generation"}
+        tags = {"generation"}  # noqa: RUF012 (jinja reads it as a class attribute)
 
         def parse(self, parser):
             lineno = next(parser.stream).lineno

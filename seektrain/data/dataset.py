@@ -66,8 +66,8 @@ class TokenDataset:
         """Where each document ends; ValueError for a folder prepared before they were stored."""
         if self.ends is None:
             raise ValueError(f"data.path={self.directory}: prepared by an older seektrain, without document "
-                             "boundaries; re-run `seektrain data prepare ... --force` to use data.packing or "
-                             "data.document_mask")
+                             "boundaries; re-run `seektrain data prepare ... --force` (data.packing, "
+                             "data.document_mask and `data show` need them)")
         return self.ends
 
     def verify(self) -> None:

@@ -62,7 +62,9 @@ class DistributedBatchLoader:
         # windows of the stream, rows of packed documents, or one (chat) document per row
         self.layout = "packed" if packing else "documents" if dataset.has_mask else "windows"
         self.document_mask = packing or document_mask  # fill positions and document ids
-        self._ends = dataset.document_ends() if self.document_mask or self.layout != "windows" else None
+        self._ends = np.empty(0, dtype=np.int64)  # document ends, read where positions or rows need them
+        if self.document_mask or self.layout != "windows":
+            self._ends = dataset.document_ends()
         self._rows: np.ndarray | None = None
         where = f"data.path={dataset.directory} ({dataset.split})"
         if self.layout == "windows":

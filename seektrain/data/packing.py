@@ -24,8 +24,6 @@ import numpy as np
 
 from seektrain.models.linear_cross_entropy import IGNORE
 
-ROW_LAYOUTS = ("packed", "documents")
-
 
 def rows_of(ends: np.ndarray, seq_len: int, layout: str, masked: bool, where: str) -> np.ndarray:
     """``[R, 2]`` int64 (start, end) of each row, in stream order; ValueError for a masked document

@@ -150,7 +150,7 @@ class HFTokenizer:
     def encode_chat(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and character spans, exactly as transformers tokenizes a rendered chat (no specials added)."""
         enc = self._tok.encode(text, add_special_tokens=False)
-        return enc.ids, [tuple(o) for o in enc.offsets]
+        return enc.ids, [(start, end) for start, end in enc.offsets]
 
     def token_name(self, token_id: int) -> str | None:
         return self._tok.id_to_token(int(token_id))
