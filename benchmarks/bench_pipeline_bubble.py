@@ -127,7 +127,7 @@ def worker(args: argparse.Namespace) -> None:
                 part.to_empty(device=device)
                 part.init_weights(1234)
             timer = Timer()
-            loss_fn = timer.wrap("loss", lambda out, labels: model_loss(out, labels, 0.0)[0])
+            loss_fn = timer.wrap("loss", lambda out, labels: model_loss(pipeline.from_wire(out), labels, 0.0)[0])
             sched = pipeline.build_schedule(parts, ids, plan, device, loss_fn)
             stages = getattr(sched, "_stages", None) or [sched._stage]
             for st in stages:

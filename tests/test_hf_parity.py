@@ -48,7 +48,7 @@ def _logits_diff(hf_model, ours, vocab: int, seed: int = 0) -> float:
     tokens = torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(seed))
     hf_model.eval()
     with torch.no_grad():
-        return (hf_model(tokens).logits.float() - ours(tokens).float()).abs().max().item()
+        return (hf_model(tokens).logits.float() - ours(tokens).logits.float()).abs().max().item()
 
 
 def _hf_to_ours(hf_cfg, tmp_path, seed=0):

@@ -39,7 +39,7 @@ def _train_step_flops(name: str, batch: int, seq: int) -> tuple[int, dict]:
     counter = ModuleFlopCounter(model)
     with counter:
         out = model(tokens, mtp_tokens=tokens if cfg.num_nextn_predict_layers else None)
-        logits, mtp = (out[0], out[1:]) if isinstance(out, tuple) else (out, [])
+        logits, mtp = out.logits, out.mtp
         loss = logits.float().mean() + sum(x.float().mean() for x in mtp)
         loss.backward()
     return counter.total, dict(counter.flops)

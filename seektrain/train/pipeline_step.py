@@ -33,7 +33,7 @@ class PipelineLoss:
         self.denominators: torch.Tensor | None = None
 
     def __call__(self, output, target: torch.Tensor) -> torch.Tensor:
-        labels, document_ids = target.unbind(-1) if target.dim() == 3 else (target, None)
+        labels, document_ids = (t.contiguous() for t in target.unbind(-1)) if target.dim() == 3 else (target, None)
         loss, parts = model_loss(from_wire(output), labels, self.mtp_weight, document_ids, self.denominators)
         mtp = parts.get("mtp_loss", torch.zeros((), device=loss.device))
         self.records.append(torch.stack([loss.detach().float(), parts["lm_loss"].float(), mtp.float()]))
