@@ -14,11 +14,12 @@ TINY = ["train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size
 
 
 def seektrain(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None,
-              check: bool = True) -> subprocess.CompletedProcess:
+              check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    """``input``: text piped to the command's stdin."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("LOCAL_RANK", None)
     proc = subprocess.run([sys.executable, "-m", "seektrain.cli.main", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, input=input)
     if check and proc.returncode != 0:
         raise AssertionError(f"seektrain {' '.join(args)} exited {proc.returncode}\n"
                              f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")

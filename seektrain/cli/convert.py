@@ -8,6 +8,7 @@ itself does not change. Today:
     seektrain convert --from-hf HF_DIR --to-hf OUT_DIR [--dtype bf16]      # e.g. dequantise FP8 V3
     seektrain convert --preset tiny-v3 --to-hf OUT_DIR --seed 0             # random init of a preset
     seektrain convert --from-checkpoint RUN_DIR[/checkpoints/step-N] --to-hf OUT_DIR   # export a run
+    seektrain convert --preset tiny-v3 --to-hf OUT_DIR --tokenizer TOKENIZER_DIR       # ... with a tokenizer
     seektrain convert --from-hf HF_DIR --to-checkpoint RUN_DIR              # start a run from released weights
 
 User errors (a missing file, a wrong shape...) print one line on stderr and exit with status 2,
@@ -24,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from seektrain.checkpoint.hf_tokenizer import write_hf_tokenizer
 from seektrain.cli.arg_types import SEED
 from seektrain.config.dtypes import dtype_from_name
 from seektrain.errors import UserError, user_path
@@ -61,9 +63,37 @@ def _save_hf(model, args: argparse.Namespace) -> str:
     from seektrain.models.hf_replace import write_swapped
 
     out = _check_hf_target(args, config_to_hf(model.cfg, "float32"))
-    files = write_swapped(out, lambda tmp: save_pretrained(model, tmp, dtype=args.dtype,
-                                                           max_shard_bytes=args.max_shard_size))
-    return f"wrote {args.to_hf} ({len(files)} weight file{'s' * (len(files) > 1)})"
+    tokenizer = _tokenizer_source(args)
+
+    def write(tmp: Path) -> tuple[list[str], list[str]]:
+        weights = save_pretrained(model, tmp, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
+        return weights, (write_hf_tokenizer(tokenizer, tmp, model.cfg.vocab_size) if tokenizer else [])
+
+    weights, extra = write_swapped(out, write)
+    also = f"; {', '.join(extra)}" if extra else "; no tokenizer (pass --tokenizer to add one)"
+    return f"wrote {args.to_hf} ({len(weights)} weight file{'s' * (len(weights) > 1)}{also})"
+
+
+def _tokenizer_source(args: argparse.Namespace) -> Path | None:
+    """The tokenizer folder the --to-hf folder gets: --tokenizer, else the source's own (a run folder's
+    ``tokenizer/`` copy, a Hugging Face folder's files); None when there is none."""
+    from seektrain.checkpoint.finder import resolve_checkpoint
+    from seektrain.data.tokenizer_files import RUN_TOKENIZER_DIR, tokenizer_folder
+    from seektrain.models.hub import resolve_local_path
+
+    if args.tokenizer:
+        folder = tokenizer_folder(args.tokenizer)
+        if folder is None or not (folder / "tokenizer.json").is_file():
+            raise UserError(f"--tokenizer {args.tokenizer}: no tokenizer.json there; name a Hugging Face "
+                             "tokenizer folder or its tokenizer.json")
+        return folder
+    if args.from_checkpoint:  # RUN/checkpoints/step-N (or RUN/checkpoints.before-*/step-N) -> RUN
+        folder = resolve_checkpoint(args.from_checkpoint).parent.parent / RUN_TOKENIZER_DIR
+    elif args.from_hf:
+        folder = resolve_local_path(args.from_hf, "--from-hf")
+    else:
+        return None
+    return folder if (folder / "tokenizer.json").is_file() else None
 
 
 def _check_hf_target(args: argparse.Namespace, new_config: dict | None) -> Path:
@@ -137,6 +167,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opts.add_argument("--force", action="store_true",
                       help="--to-hf: replace a different model in OUT_DIR (only a folder of config.json and "
                            "safetensors; any other file there is never replaced)")
+    opts.add_argument("--tokenizer", metavar="TOKENIZER",
+                      help="--to-hf: the tokenizer folder (or tokenizer.json) to write beside the weights, with "
+                           "generation_config.json (default: the source's own: a run's tokenizer/, a Hugging "
+                           "Face folder's files)")
     opts.add_argument("--max-shard-size", type=parse_size, default="5GB",
                       help="split the safetensors above this size (default 5GB)")
 

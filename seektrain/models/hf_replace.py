@@ -1,5 +1,6 @@
 """Where ``convert --to-hf`` may write: a new or empty folder, or one holding only a Hugging Face model
-we could have written (config.json + safetensors [+ index]). The same model there is replaced (a
+we could have written (config.json + safetensors [+ index], and the tokenizer files and generation config
+``checkpoint/hf_tokenizer.py`` adds). The same model there is replaced (a
 re-export); a different model only with ``--force``; a folder holding anything else, or the model being
 read, never. The new folder is written beside the old one and swapped in by rename, so a write that
 fails midway (disk full) leaves the old folder as it was.
@@ -17,7 +18,9 @@ from typing import Callable
 
 from seektrain.errors import UserError
 
-_HF_FILES = re.compile(r"config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json")
+_HF_FILES = re.compile(r"config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json|"
+                       r"generation_config\.json|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|"
+                       r"chat_template\.jinja")  # the tokenizer half: checkpoint/hf_tokenizer.py
 # config.json fields that name the model (not its dtype or library versions)
 _IDENTITY = ("architectures", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "intermediate_size", "n_routed_experts", "kv_lora_rank", "q_lora_rank", "moe_intermediate_size")

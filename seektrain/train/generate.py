@@ -1,8 +1,10 @@
 """Sampling from a trained run: load the newest checkpoint's weights into a plain model and continue
-a prompt token by token (no KV cache: this is a check that training worked, not a serving engine)."""
+a prompt token by token (no KV cache: this is a check that training worked, not a serving engine).
+``seektrain sample`` takes the whole continuation; ``seektrain chat`` streams it as it comes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -13,35 +15,76 @@ from seektrain.models.transformer import Transformer
 def load_run_model(run_dir: Path) -> tuple[Transformer, object, Path]:
     """(model with the newest valid checkpoint's weights, its tokenizer, the checkpoint path).
     Only reads the run dir: a training job may be writing into it right now."""
+    from seektrain.data.tokenizer import load_tokenizer
+
+    spec = run_tokenizer_spec(run_dir)
+    model, path = load_run_weights(run_dir)
+    return model, load_tokenizer(spec), path
+
+
+def load_run_weights(run_dir: Path) -> tuple[Transformer, Path]:
+    """(plain model with the newest valid checkpoint's weights, the checkpoint path)."""
     from seektrain.checkpoint.export import load_checkpoint_model
     from seektrain.checkpoint.finder import resolve_checkpoint
-    from seektrain.checkpoint.run_files import checkpoint_model_config, read_run_config
+    from seektrain.checkpoint.run_files import checkpoint_model_config
+
+    path = resolve_checkpoint(run_dir)
+    return load_checkpoint_model(path, checkpoint_model_config(path)), path
+
+
+def run_tokenizer_spec(run_dir: Path) -> str:
+    """The tokenizer a run trained with: the copy in its run folder (``tokenizer/``, written at start-up),
+    else (a run from before that copy, or the byte tokenizer) the spec its dataset's manifest records."""
+    from seektrain.data.tokenizer_files import RUN_TOKENIZER_DIR
+
+    manifest = run_manifest(run_dir)  # first: a folder that is no run dir gets the message that says so
+    if (Path(run_dir) / RUN_TOKENIZER_DIR / "tokenizer.json").is_file():
+        return str(Path(run_dir) / RUN_TOKENIZER_DIR)
+    return manifest.tokenizer.spec
+
+
+def run_manifest(run_dir: Path):
+    """The manifest of the dataset a run trained on."""
+    from seektrain.checkpoint.run_files import read_run_config
     from seektrain.data.dataset import TokenDataset
-    from seektrain.data.tokenizer import load_tokenizer
     from seektrain.train.setup_data import data_dir
 
-    cfg = read_run_config(run_dir)
-    path = resolve_checkpoint(run_dir)
-    model = load_checkpoint_model(path, checkpoint_model_config(path))
-    tokenizer = load_tokenizer(TokenDataset(data_dir(cfg, is_main=True)).manifest.tokenizer.spec)
-    return model, tokenizer, path
+    return TokenDataset(data_dir(read_run_config(run_dir), is_main=True)).manifest
 
 
 @torch.no_grad()
-def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.8,
-             top_k: int = 40, seed: int = 0) -> list[int]:
+def stream_tokens(model: Transformer, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.8,
+                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_ids: Iterable[int] = ()) -> Iterator[int]:
+    """Yield sampled token ids one at a time; a stop id is yielded, then the stream ends."""
     gen = torch.Generator().manual_seed(seed)
+    stop = set(stop_ids)
     ids = torch.tensor([prompt_ids], dtype=torch.long)
     limit = model.cfg.max_position_embeddings
     for _ in range(max_new_tokens):
         logits = model(ids[:, -limit:]).logits[0, -1].float()
-        if temperature <= 0:
-            nxt = logits.argmax()
-        else:
-            logits = logits / temperature
-            if top_k:
-                kth = logits.topk(min(top_k, logits.numel())).values[-1]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(logits.softmax(-1), 1, generator=gen)[0]
+        nxt = _pick(logits, temperature, top_k, top_p, gen)
         ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-    return ids[0, len(prompt_ids):].tolist()
+        yield int(nxt)
+        if int(nxt) in stop:
+            return
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gen: torch.Generator) -> torch.Tensor:
+    """Greedy at temperature 0; else sample among the top_k likeliest tokens, then the smallest set of
+    them whose probability reaches top_p (nucleus sampling)."""
+    if temperature <= 0:
+        return logits.argmax()
+    logits = logits / temperature
+    if top_k:
+        kth = logits.topk(min(top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        probs, order = logits.softmax(-1).sort(descending=True)
+        outside = probs.cumsum(-1) - probs >= top_p  # the likeliest token always stays
+        logits = logits.index_fill(0, order[outside], float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=gen)[0]
+
+
+def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.8,
+             top_k: int = 40, seed: int = 0) -> list[int]:
+    return list(stream_tokens(model, prompt_ids, max_new_tokens, temperature, top_k, seed=seed))

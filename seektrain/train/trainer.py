@@ -22,6 +22,7 @@ from seektrain.checkpoint.resume import restore_trainer_state
 from seektrain.checkpoint.run_files import MODEL_CONFIG
 from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
+from seektrain.data.tokenizer_files import copy_to_run
 from seektrain.errors import user_path
 from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
@@ -70,6 +71,8 @@ def train(cfg: JobConfig) -> dict:
 
     data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main,
                               env.device if plan.platform.pin_host_memory() else None)
+    if env.is_main:  # the tokenizer and its chat template travel with the run (data/tokenizer_files.py)
+        log.info(copy_to_run(data.dataset.manifest, run_dir))
     guard = FaultGuard(cfg.train, cfg.checkpoint, env.rank, env.device,  # [faults] SIGTERM, bad loss, hangs
                        cfg.dist.collective_timeout_s)
     install_from_env(guard, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
