@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from seektrain.config.loader import ConfigError
+from seektrain.config.schema import MetricsSection
+
 log = logging.getLogger(__name__)
 
 TRACKERS = ("wandb", "mlflow")
@@ -49,6 +52,15 @@ def missing_packages(trackers: list[str] | tuple[str, ...], mlflow_tracking_uri:
         elif _uses_sqlite(mlflow_tracking_uri) and not (_installed("sqlalchemy") and _installed("alembic")):
             missing += ["sqlalchemy", "alembic"]  # mlflow-skinny lacks the SQL store the default URI uses
     return missing
+
+
+def check_installed(metrics: MetricsSection) -> None:
+    """A ConfigError of one line when a tracker in ``metrics.trackers`` lacks its package; asked by
+    ``RunPlan.resolve``, in the launcher before any worker starts and in every worker."""
+    missing = missing_packages(metrics.trackers, metrics.mlflow_tracking_uri)
+    if missing:
+        raise ConfigError(f"metrics.trackers={metrics.trackers} needs packages that are not installed; "
+                          f"pip install {' '.join(missing)} (or drop the tracker)")
 
 
 def _uses_sqlite(uri: str) -> bool:

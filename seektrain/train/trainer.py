@@ -26,6 +26,7 @@ from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.float8 import check_float8_environment
 from seektrain.parallel.distributed import DistEnv, init_distributed
+from seektrain.parallel.mesh import build_meshes
 from seektrain.parallel.parallelize import parallelize_model, unwrap
 from seektrain.plan.auto import auto_layout
 from seektrain.plan.run_plan import RunPlan
@@ -56,6 +57,7 @@ def train(cfg: JobConfig) -> dict:
     start = ckpt.resume_choice(cfg.checkpoint.resume, configured_model_config(cfg))
     cfg, auto_why = auto_layout(cfg, start.model, env.world_size, env.device.type)  # parallel.auto
     plan = RunPlan.resolve(cfg, start.model, env.world_size, env.device.type)
+    build_meshes(plan)  # every DeviceMesh of the run, held by the plan (plan.meshes)
     check_float8_environment(cfg.precision.fp8, env.device.type)  # [precision] precision.fp8 on this device
     plan.platform.prepare_process(cfg.train.deterministic, cfg.cpu.keep_freed_memory)
     write_run_files(plan, run_dir, env)
