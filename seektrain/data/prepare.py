@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -82,7 +83,7 @@ class ShardWriter:
 
 
 def prepare_dataset(
-    inputs: list[str | Path],
+    inputs: Sequence[str | Path],
     output: str | Path,
     tokenizer_spec: str = "byte",
     *,
@@ -121,7 +122,7 @@ def prepare_dataset(
     return manifest
 
 
-def _check_output(output: Path, force: bool, inputs: list[str | Path]) -> None:
+def _check_output(output: Path, force: bool, inputs: Sequence[str | Path]) -> None:
     """``--force`` replaces only a folder this command made: our manifest and shards, nothing else, and
     never one holding (or inside) an input. Anything else in the way is refused, whatever the flags."""
     if output.exists() and not output.is_dir():

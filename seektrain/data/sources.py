@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 FORMATS = ("auto", "text", "jsonl", "parquet")
@@ -32,7 +32,7 @@ def _format_of(path: Path) -> str | None:
     return None
 
 
-def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, str]]:
+def discover(inputs: Sequence[str | Path], fmt: str = "auto") -> list[tuple[Path, str]]:
     """Resolve inputs into a sorted, de-duplicated list of (file, format).
 
     With ``fmt="auto"`` files inside directories are picked by extension and others are skipped; a file
@@ -52,7 +52,8 @@ def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, st
         if path.is_file():
             kind = fmt if fmt != "auto" else _format_of(path)
             if kind is None:
-                raise ValueError(f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); pass --format text|jsonl|parquet")
+                raise ValueError(f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); "
+                                 "pass --format text|jsonl|parquet")
             candidates = [(path, kind)]
         else:
             candidates = []
@@ -61,7 +62,8 @@ def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, st
                 if kind is not None:
                     candidates.append((f, kind))
             if not candidates:
-                raise ValueError(f"--input {raw}: no readable files found (format {fmt}); pass files with known extensions or --format text")
+                raise ValueError(f"--input {raw}: no readable files found (format {fmt}); "
+                                 "pass files with known extensions or --format text")
         for f, kind in candidates:
             resolved = f.resolve()
             if resolved not in seen:
@@ -103,7 +105,8 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
                 raise ValueError(f"{path}:{lineno}: no field {text_field!r}; pass --text-field with the name of the text field")
             text = record[text_field]
             if not isinstance(text, str):
-                raise ValueError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string; pass the right --text-field")
+                raise ValueError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string; "
+                                 "pass the right --text-field")
             yield text
 
 

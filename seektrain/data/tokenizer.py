@@ -26,8 +26,11 @@ class Tokenizer(Protocol):
     spec: str
     fingerprint: str
     vocab_size: int
-    eos_id: int
-    bos_id: int | None
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def bos_id(self) -> int | None: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -88,13 +91,14 @@ class HFTokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._config_path = path.with_name("tokenizer_config.json")
         eos, bos = _configured_specials(path)
-        self.eos_id = self._find(eos, _EOS_CANDIDATES)  # type: ignore[assignment]
+        eos_id = self._find(eos, _EOS_CANDIDATES)
         self.bos_id = self._find(bos, _BOS_CANDIDATES)
-        if self.eos_id is None:
+        if eos_id is None:
             raise ValueError(
                 f"tokenizer={path}: no end-of-sequence token found; add one of {', '.join(_EOS_CANDIDATES[1:4])} "
                 "as a special token or set eos_token in a tokenizer_config.json beside it"
             )
+        self.eos_id = eos_id
 
     def _find(self, configured: str | None, candidates: tuple[str, ...]) -> int | None:
         if configured and self._tok.token_to_id(configured) is None:  # a typo must not pick another token

@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from seektrain.models.config import ModelConfig
 from seektrain.models.hf_config import (
     HFConfigError, config_from_hf, config_to_hf, quant_block_size, read_config_json,
 )
@@ -199,7 +200,7 @@ def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         model.to_empty(device=device)
         if cfg.tie_word_embeddings:  # to_empty re-creates parameters one module at a time: re-tie
             model.lm_head.weight = model.embed_tokens.weight
-        targets = dict(model.named_parameters())
+        targets: dict[str, torch.Tensor] = dict(model.named_parameters())
         targets.update(model.named_buffers())
         with torch.no_grad():
             for key, entry in sorted(plan, key=lambda item: (weight_map[item[0]], item[0])):

@@ -9,6 +9,7 @@ stage) or the final norm, head and MTP modules (not the last stage) (seektrain/p
 
 from __future__ import annotations
 
+import typing
 from typing import NamedTuple
 
 import torch
@@ -122,7 +123,7 @@ class Transformer(nn.Module):
         next-token labels (computed once; depth k+1 reads them shifted left by k). With ``labels_BT``
         each depth's summed cross-entropy instead of its logits."""
         out = []
-        for k, module in enumerate(self.mtp):
+        for k, module in enumerate(typing.cast(list[MTPModule], self.mtp)):
             # Depth k+1 sees token i+k+1 == label i+k; positions past the end repeat the last label
             # and are masked out of the loss.
             shifted = torch.cat([label_emb_BTD[:, k:], label_emb_BTD[:, -1:].expand(-1, k, -1)], dim=1)
