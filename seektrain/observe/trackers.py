@@ -1,6 +1,6 @@
 """Experiment trackers (Weights & Biases, MLflow) fed by the metrics sink, optional and on rank 0 only.
 
-Neither package is a dependency: ``missing_packages`` lets config validation refuse a tracker that is
+Neither package is a dependency: ``check_installed`` lets ``RunPlan.resolve`` refuse a tracker that is
 not installed with one line before any worker starts, and the packages are imported only when a
 tracker is opened. A tracker gets the run config once as parameters and then every step's numeric
 metrics under the names of ``metrics.jsonl``.
