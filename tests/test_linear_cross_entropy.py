@@ -61,7 +61,7 @@ def test_all_labels_ignored_gives_zero_loss_and_grads():
 def test_autocast_computes_in_bf16_and_returns_fp32_loss():
     h, w, labels = _inputs(torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, _, _ = _grads(lce.linear_cross_entropy, h, w, labels)
+        loss, gh, gw = _grads(lce.linear_cross_entropy, h, w, labels)
         ref = _grads(lambda *a: _plain(a[0].bfloat16(), a[1].bfloat16(), a[2]), h, w, labels)
     assert loss.dtype == torch.float32 and h.grad.dtype == torch.float32
     torch.testing.assert_close(loss, ref[0], rtol=1e-4, atol=1e-3)
@@ -86,7 +86,7 @@ def test_model_training_forward_matches_logits_path(preset):
     for fused in (False, True):
         model.zero_grad(set_to_none=True)
         out = model(inputs, mtp_labels=mtp, labels=labels if fused else None)
-        loss, _ = model_loss(out, labels, 0.3)
+        loss, parts = model_loss(out, labels, 0.3)
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
                                         if p.grad is not None}))

@@ -37,8 +37,7 @@ def builtin_files(root: Path | None = None) -> list[Path]:
         dirnames[:] = sorted(d for d in dirnames if d not in _EXCLUDED_DIRS and not d.startswith("."))
         files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
     if not files:
-        raise ValueError(f"no Python source files under {root} (stdlib shipped as bytecode only?); "
-                         "set data.path to a prepared dataset instead")
+        raise ValueError(f"no Python source files under {root} (stdlib shipped as bytecode only?); set data.path to a prepared dataset instead")
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 

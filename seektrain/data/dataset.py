@@ -23,8 +23,7 @@ class TokenDataset:
         info = self.manifest.split(split)
         if info.tokens == 0:
             raise ValueError(
-                f"data.path={self.directory}: split {split!r} is empty; "
-                "re-prepare with more documents or a larger --val-fraction"
+                f"data.path={self.directory}: split {split!r} is empty; re-prepare with more documents or a larger --val-fraction"
             )
         self.dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
         self.shards: list[Shard] = info.shards
@@ -43,8 +42,7 @@ class TokenDataset:
         counts = np.array([s.tokens for s in self.shards], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         if int(self._starts[-1]) != info.tokens:
-            raise ValueError(f"{self.directory}/manifest.json: shard token counts do not add up to {info.tokens}; "
-                             "re-prepare the data")
+            raise ValueError(f"{self.directory}/manifest.json: shard token counts do not add up to {info.tokens}; re-prepare the data")
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -78,8 +76,7 @@ def _check_sha256(directory: Path, shard: Shard) -> None:
         while chunk := f.read(8 << 20):
             h.update(chunk)
     if h.hexdigest() != shard.sha256:
-        raise ValueError(f"{directory / shard.file}: sha256 mismatch, the shard is corrupt or modified; "
-                         "re-run `seektrain data prepare ... --force`")
+        raise ValueError(f"{directory / shard.file}: sha256 mismatch, the shard is corrupt or modified; re-run `seektrain data prepare ... --force`")
 
 
 def verify_dataset(directory: str | Path) -> Manifest:

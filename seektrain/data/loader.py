@@ -32,8 +32,7 @@ STATE_VERSION = 1
 
 
 class DistributedBatchLoader:
-    """Iterator over ``Batch(tokens, labels)`` (``data/batch.py``) of LongTensors of shape
-    ``[micro_batch_size, seq_len]`` for one rank.
+    """Iterator over ``Batch(tokens, labels)`` (``data/batch.py``) of LongTensors of shape ``[micro_batch_size, seq_len]`` for one rank.
 
     Iteration never ends: epochs roll over automatically. For one pass (validation) take
     ``itertools.islice(loader, loader.steps_per_epoch)`` from a fresh loader.
@@ -61,8 +60,7 @@ class DistributedBatchLoader:
         self.global_batch = micro_batch_size * dp_size
         if self.num_windows < self.global_batch:
             raise ValueError(
-                f"data.path={dataset.directory} ({dataset.split}): {len(dataset)} tokens give "
-                f"{self.num_windows} windows of "
+                f"data.path={dataset.directory} ({dataset.split}): {len(dataset)} tokens give {self.num_windows} windows of "
                 f"seq_len+1={seq_len + 1}, fewer than one global batch of {self.global_batch} (micro_batch × dp); "
                 "use a shorter seq_len, a smaller batch or more data"
             )
@@ -121,8 +119,7 @@ class DistributedBatchLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position; dp_size and micro_batch_size may differ from the saving run."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"data loader state version {state.get('version')!r} is not {STATE_VERSION}; "
-                             "resume with the seektrain that saved it")
+            raise ValueError(f"data loader state version {state.get('version')!r} is not {STATE_VERSION}; resume with the seektrain that saved it")
         for key in ("seed", "seq_len", "num_windows"):
             if state[key] != getattr(self, key):
                 raise ValueError(

@@ -96,11 +96,9 @@ def read_manifest(directory: str | Path) -> Manifest:
     directory = Path(directory)
     path = directory / MANIFEST_NAME
     if not directory.is_dir():
-        raise ValueError(f"data.path={directory}: no such directory; "
-                         f"run `seektrain data prepare --input ... --output {directory}` first")
+        raise ValueError(f"data.path={directory}: no such directory; run `seektrain data prepare --input ... --output {directory}` first")
     if not path.is_file():
-        raise ValueError(f"data.path={directory}: no manifest.json found; "
-                         f"run `seektrain data prepare --input ... --output {directory}` first")
+        raise ValueError(f"data.path={directory}: no manifest.json found; run `seektrain data prepare --input ... --output {directory}` first")
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:

@@ -52,8 +52,7 @@ def discover(inputs: Sequence[str | Path], fmt: str = "auto") -> list[tuple[Path
         if path.is_file():
             kind = fmt if fmt != "auto" else _format_of(path)
             if kind is None:
-                raise ValueError(f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); "
-                                 "pass --format text|jsonl|parquet")
+                raise ValueError(f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); pass --format text|jsonl|parquet")
             candidates = [(path, kind)]
         else:
             candidates = []
@@ -62,8 +61,7 @@ def discover(inputs: Sequence[str | Path], fmt: str = "auto") -> list[tuple[Path
                 if kind is not None:
                     candidates.append((f, kind))
             if not candidates:
-                raise ValueError(f"--input {raw}: no readable files found (format {fmt}); "
-                                 "pass files with known extensions or --format text")
+                raise ValueError(f"--input {raw}: no readable files found (format {fmt}); pass files with known extensions or --format text")
         for f, kind in candidates:
             resolved = f.resolve()
             if resolved not in seen:
@@ -105,8 +103,7 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
                 raise ValueError(f"{path}:{lineno}: no field {text_field!r}; pass --text-field with the name of the text field")
             text = record[text_field]
             if not isinstance(text, str):
-                raise ValueError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string; "
-                                 "pass the right --text-field")
+                raise ValueError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string; pass the right --text-field")
             yield text
 
 

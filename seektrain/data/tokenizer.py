@@ -77,6 +77,8 @@ class ByteTokenizer:
 class HFTokenizer:
     """A Hugging Face ``tokenizer.json``; ``encode_batch`` runs on the library's own Rust threads."""
 
+    eos_id: int  # found in __init__, which refuses a tokenizer without one
+
     def __init__(self, path: Path) -> None:
         try:
             from tokenizers import Tokenizer as _RustTokenizer
@@ -91,14 +93,13 @@ class HFTokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._config_path = path.with_name("tokenizer_config.json")
         eos, bos = _configured_specials(path)
-        eos_id = self._find(eos, _EOS_CANDIDATES)
+        self.eos_id = self._find(eos, _EOS_CANDIDATES)  # type: ignore[assignment]
         self.bos_id = self._find(bos, _BOS_CANDIDATES)
-        if eos_id is None:
+        if self.eos_id is None:
             raise ValueError(
                 f"tokenizer={path}: no end-of-sequence token found; add one of {', '.join(_EOS_CANDIDATES[1:4])} "
                 "as a special token or set eos_token in a tokenizer_config.json beside it"
             )
-        self.eos_id = eos_id
 
     def _find(self, configured: str | None, candidates: tuple[str, ...]) -> int | None:
         if configured and self._tok.token_to_id(configured) is None:  # a typo must not pick another token

@@ -22,7 +22,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from seektrain.models.config import ModelConfig
 from seektrain.models.hf_config import (
     HFConfigError, config_from_hf, config_to_hf, quant_block_size, read_config_json,
 )
@@ -30,6 +29,7 @@ from seektrain.models.hf_weights import (
     FP8_DTYPES, Entry, dequantize_fp8, dtype_name, fused_alternatives, hf_layout, is_ignored, part_shape,
     part_view, scale_shape, shard_plan,
 )
+from seektrain.models.config import ModelConfig
 from seektrain.models.kernels import Kernels
 from seektrain.models.hub import resolve_local_path
 from seektrain.models.transformer import Transformer, build_model

@@ -13,15 +13,14 @@ switched off: losing a dashboard must not stop a training job.
 
 from __future__ import annotations
 
+from seektrain.config.loader import ConfigError
+from seektrain.config.schema import MetricsSection
 import importlib.util
 import json
 import logging
 import time
 from pathlib import Path
 from typing import Any, Protocol
-
-from seektrain.config.loader import ConfigError
-from seektrain.config.schema import MetricsSection
 
 log = logging.getLogger(__name__)
 
