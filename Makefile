@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CONSTRAINT := $(shell command -v nvidia-smi >/dev/null 2>&1 || echo "-c constraints/cpu.txt")
 RUN ?= runs/default
 
-.PHONY: setup train test test-slow clean
+.PHONY: setup train test test-slow lint clean
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	python3 -m venv $(VENV)
@@ -21,6 +21,9 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	VENV=$(VENV) bash .ci/static
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow

@@ -217,7 +217,8 @@ def main(argv=None) -> int:
 
     print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}; {args.nproc} ranks (gloo, CPU), "
           f"{args.threads} thread(s) per rank, cpu cores {os.cpu_count()}, load avg {os.getloadavg()}")
-    print(f"model {args.preset} (MTP on in both), bf16 compute, {args.reduce_dtype} gradient reduction, global batch {args.global_batch} (micro {args.micro_batch}) "
+    print(f"model {args.preset} (MTP on in both), bf16 compute, {args.reduce_dtype} gradient reduction, "
+          f"global batch {args.global_batch} (micro {args.micro_batch}) "
           f"x seq {args.seq} = {args.global_batch * args.seq} tokens/step, {args.steps} steps "
           f"(medians over steps > {args.warmup})")
     ctx = tempfile.TemporaryDirectory() if not args.keep else None

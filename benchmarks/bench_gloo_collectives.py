@@ -11,6 +11,7 @@ may differ in the last bit: another summation order).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -48,10 +49,10 @@ def worker(mb: float, iters: int) -> None:
         outs = {k: torch.empty(n, dtype=dtype) for k, n in
                 (("rs_gloo", numel // world), ("rs_p2p", numel // world), ("ag_gloo", numel), ("ag_p2p", numel))}
         t = {
-            "rs_gloo": _best(lambda: dist.reduce_scatter_tensor(outs["rs_gloo"], inp, op=avg), iters),
-            "rs_p2p": _best(lambda: reduce_scatter(outs["rs_p2p"], inp, group, avg), iters),
-            "ag_gloo": _best(lambda: dist.all_gather_into_tensor(outs["ag_gloo"], shard), iters),
-            "ag_p2p": _best(lambda: all_gather(outs["ag_p2p"], shard, group), iters),
+            "rs_gloo": _best(functools.partial(dist.reduce_scatter_tensor, outs["rs_gloo"], inp, op=avg), iters),
+            "rs_p2p": _best(functools.partial(reduce_scatter, outs["rs_p2p"], inp, group, avg), iters),
+            "ag_gloo": _best(functools.partial(dist.all_gather_into_tensor, outs["ag_gloo"], shard), iters),
+            "ag_p2p": _best(functools.partial(all_gather, outs["ag_p2p"], shard, group), iters),
         }
         if rank == 0:
             for what, key in (("reduce-scatter", "rs"), ("all-gather", "ag")):

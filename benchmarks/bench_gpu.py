@@ -251,7 +251,7 @@ def bare_rows(results: Results, key: str, cfg: ModelConfig, hf_dir: Path, args, 
         run_row(results, key, "transformers", selected, theirs_row, device)
         run_row(results, key, "compiled", selected, compiled, device)  # last: compiles ours in place
     finally:
-        del ours, batches
+        ours = batches = None  # frees them: the row functions above hold them too
         torch._dynamo.reset()
         free_memory(device)
 

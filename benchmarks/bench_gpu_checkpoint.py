@@ -109,7 +109,7 @@ def checkpoint_rows(results: Results, cfg, work: Path, device: torch.device, sel
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
     finally:
-        del model, optimizer
+        model = optimizer = None  # frees them: the row function above holds them too
         import torch.distributed as dist
 
         if dist.is_initialized():

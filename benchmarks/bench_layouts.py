@@ -87,7 +87,7 @@ def run_layout(name: str, nproc: int, overrides: list[str], args, root: Path) ->
         rc, out, err = "timeout", str(e.stdout or ""), str(e.stderr or "")
     wall = time.perf_counter() - t0
     result = {"name": name, "nproc": nproc, "threads_per_rank": threads, "overrides": overrides,
-              "command": "seektrain train --nproc-per-node %d %s" % (nproc, " ".join(f"--set {s}" for s in settings)),
+              "command": f"seektrain train --nproc-per-node {nproc} {' '.join(f'--set {s}' for s in settings)}",
               "rc": rc, "wall_s": wall, "load_before": load_before, "load_after": os.getloadavg()[0]}
     metrics = run_dir / "metrics.jsonl"
     if rc != 0 or not metrics.is_file():

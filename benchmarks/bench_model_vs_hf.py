@@ -111,8 +111,9 @@ def _no_attention(q, k, v, scale, kernels=None, mask=None):
 
 def make_step(model, kind: str):
     """A function of (tokens, labels) that runs one training step and returns the loss. kind: "fused"
-    (our training forward), "logits" (our logits + fp32 CE), "hf" (transformers' loss), "floor" (ours with attention and the loss's softmax left out: the work both models do with the same
-    ops, i.e. every projection, the experts, the head matmul, norms and routing)."""
+    (our training forward), "logits" (our logits + fp32 CE), "hf" (transformers' loss), "floor" (ours with
+    attention and the loss's softmax left out: the work both models do with the same ops, i.e. every
+    projection, the experts, the head matmul, norms and routing)."""
     import seektrain.models.attention as attention
 
     def step(tokens, labels):

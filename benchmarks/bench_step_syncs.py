@@ -15,6 +15,7 @@ device idle time each read causes (the host stops queueing work until the device
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -42,7 +43,7 @@ def run(run_dir: Path, log_interval: int, args) -> dict:
     subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steady = records[args.warmup:]
-    gaps = [b["time"] - a["time"] for a, b in zip(steady, steady[1:])]
+    gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(steady)]
     return {"gaps": gaps, "step_time": [r["step_time_s"] for r in steady]}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -27,7 +28,7 @@ class _NoModuleHooks:
     pipeline schedule's ``autograd.grad``), so every allocation, gradients included, is filed as ACT."""
 
     is_bw = False
-    parents: set = set()
+    parents: ClassVar[set] = set()
 
     def register_user_hooks(self, *hooks) -> None:
         pass

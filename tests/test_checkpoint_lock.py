@@ -91,7 +91,7 @@ def test_the_lock_lives_as_long_as_its_writer(tmp_path, writers):
     writer.stop()
     assert not write_lock.in_use(tmp)
     assert write_lock.remove_if_stale(tmp) and not tmp.exists()
-    assert not [p for p in tmp_path.iterdir()]  # no staging folder left behind either
+    assert not list(tmp_path.iterdir())  # no staging folder left behind either
 
 
 def test_only_the_trainers_rank_0_tidies_and_never_a_live_tmp(tmp_path, writers):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from run_cli import metrics, seektrain
 
-from seektrain.cli.train_cmd import check_layout
+from seektrain.launch.preflight import check_layout
 from seektrain.config.loader import config_to_toml, load_config
 from seektrain.config.schema import JobConfig
 

@@ -62,11 +62,11 @@ def test_image_pins_the_tested_torch_runs_seektrain_as_non_root():
     assert pinned.group(1) == cpu_torch  # the GPU image runs the torch the CPU tests ran
     users = [arg for op, arg in steps if op == "USER"]
     assert users[-1] == f"{IMAGE_UID}:{IMAGE_UID}" and IMAGE_UID != 0
-    assert f"--uid {IMAGE_UID}" in dict((op, arg) for op, arg in steps if "useradd" in arg)["RUN"]
+    assert f"--uid {IMAGE_UID}" in {op: arg for op, arg in steps if "useradd" in arg}["RUN"]
     assert ("ENTRYPOINT", '["seektrain"]') in steps
     assert any(op == "RUN" and "pip install" in arg and " ." in arg for op, arg in steps)  # from this tree
     copied = [arg.split()[:-1] for op, arg in steps if op == "COPY"]
-    assert sorted(sum(copied, [])) == ["README.md", "pyproject.toml", "seektrain"]
+    assert sorted(name for names in copied for name in names) == ["README.md", "pyproject.toml", "seektrain"]
 
 
 def test_dockerignore_keeps_what_the_image_copies():

@@ -47,7 +47,8 @@ def test_cache_root_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_concurrent_callers_share_one_preparation(tmp_path: Path) -> None:
-    code = "import sys; from seektrain.data import ensure_builtin_corpus; print(ensure_builtin_corpus(sys.argv[1], max_tokens=300_000))"
+    code = ("import sys; from seektrain.data import ensure_builtin_corpus; "
+            "print(ensure_builtin_corpus(sys.argv[1], max_tokens=300_000))")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, env=env, text=True) for _ in range(3)]
     outs = [p.communicate(timeout=60)[0].strip() for p in procs]

@@ -87,7 +87,7 @@ def test_unshared_run_dir_is_a_blocker(tmp_path):
     check = shared_storage_check(tmp_path, 0, 2, lambda: None, gather)
     assert check.status == "blocker"
     assert "rank 0 (" in check.detail and "does not see the files of rank(s) 1 (other-host)" in check.detail
-    assert not [p for p in tmp_path.iterdir()]  # its own probe file is removed
+    assert not list(tmp_path.iterdir())  # its own probe file is removed
 
 
 COMM = ("--comm", "--sizes", "4K,64K", "--iters", "2")

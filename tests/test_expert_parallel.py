@@ -183,7 +183,7 @@ def _assert_grads_match(got: dict, want: dict) -> None:
     assert got.keys() == want.keys()
     for name, grad in want.items():
         assert got[name].shape == grad.shape, name
-        torch.testing.assert_close(got[name], grad, rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(got[name], grad, rtol=0, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -215,7 +215,7 @@ def test_training_with_fsdp_matches_one_process(ranks, reference, preset):
         # Adam turns last-bit gradient differences on near-zero gradients into up to ~lr-sized steps on
         # single elements; gradient scaling errors (to which Adam is blind) are caught by the test above.
         assert state[key].shape == value.shape, key
-        torch.testing.assert_close(state[key], value, rtol=0, atol=OPTIM.lr / 6, msg=lambda m: f"{key}: {m}")
+        torch.testing.assert_close(state[key], value, rtol=0, atol=OPTIM.lr / 6, msg=lambda m, key=key: f"{key}: {m}")
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -24,7 +24,8 @@ from seektrain.models import build_model
 from seektrain.models.layers import RMSNorm
 from seektrain.models.moe import GroupedExperts, Router
 from seektrain.models.presets import get_preset
-from seektrain.parallel.float8 import apply_float8, float8_targets, fp8_matmul_params
+from seektrain.parallel.float8 import apply_float8, float8_targets
+from seektrain.plan.fp8_flops import fp8_matmul_params
 from seektrain.plan.hardware import hardware
 from seektrain.plan.run_plan import RunPlan
 from seektrain.plan.speed import step_time

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 
@@ -164,7 +165,7 @@ def test_parse_size():
     assert convert.parse_size("5GB") == 5 * 10**9
     assert convert.parse_size("2GiB") == 2 * 1024**3
     assert convert.parse_size("123") == 123
-    with pytest.raises(Exception):
+    with pytest.raises(argparse.ArgumentTypeError):
         convert.parse_size("lots")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import ClassVar
 
 import pytest
 
@@ -139,14 +140,20 @@ def test_wandb_offline_writes_config_and_metrics_under_the_run_dir(tmp_path, wan
 
 # ----------------------------------------------------------------------------------------- errors
 def test_missing_package_is_one_config_error_naming_pip_install(monkeypatch):
+    from seektrain.models.presets import get_preset
+    from seektrain.plan.run_plan import RunPlan
+
+    def resolve(*overrides):  # the launcher and every worker ask here, before training
+        return RunPlan.resolve(load_config(overrides=list(overrides)), get_preset("tiny-v3"), 1, "cpu")
+
     monkeypatch.setattr(trackers_mod, "_installed", lambda module: module not in ("wandb", "sqlalchemy"))
     with pytest.raises(ConfigError) as err:
-        load_config(overrides=["metrics.trackers=wandb"])
+        resolve("metrics.trackers=wandb")
     assert "pip install wandb" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="pip install sqlalchemy alembic"):
-        load_config(overrides=["metrics.trackers=mlflow"])
-    cfg = load_config(overrides=["metrics.trackers=mlflow", "metrics.mlflow_tracking_uri=http://127.0.0.1:5000"])
-    assert cfg.metrics.trackers == ["mlflow"]  # a tracking server needs no SQL packages here
+        resolve("metrics.trackers=mlflow")
+    plan = resolve("metrics.trackers=mlflow", "metrics.mlflow_tracking_uri=http://127.0.0.1:5000")
+    assert plan.job.metrics.trackers == ["mlflow"]  # a tracking server needs no SQL packages here
 
 
 @pytest.mark.parametrize("overrides, needle", [
@@ -171,7 +178,7 @@ def test_a_failing_tracker_is_dropped_and_training_goes_on(caplog):
 
     class Good:
         name = "good"
-        logged: list = []
+        logged: ClassVar[list] = []
 
         def log(self, step, metrics):
             self.logged.append(step)

@@ -4,10 +4,10 @@ and the peak activation bytes ``MemTracker`` sees in one forward + backward (its
 include FSDP's gathered parameters and unsharded gradients) are within ±15% of the prediction.
 
 Layouts: FSDP=2, TP=2, EP=2 (with FSDP=2) and PP=2 (1F1B), on tiny-dense, tiny-v3 and small-v3, with and
-without activation checkpointing (full, every:2, selective). Under PP, MemTracker runs without its module hooks (they fail inside
-the schedule's ``autograd.grad``) and cannot tell gradients from activations; in 1F1B the first
-micro-batch's gradients exist while later micro-batches' activations are held, so there the prediction
-compared is the transient peak plus the stage's gradients.
+without activation checkpointing (full, every:2, selective). Under PP, MemTracker runs without its
+module hooks (they fail inside the schedule's ``autograd.grad``) and cannot tell gradients from
+activations; in 1F1B the first micro-batch's gradients exist while later micro-batches' activations are
+held, so there the prediction compared is the transient peak plus the stage's gradients.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ works, and bad input is refused with one line."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -48,7 +49,7 @@ def test_fp16_overflow_steps_are_skipped(tmp_path):
     skipped = [r for r in recs if r["skipped"]]
     assert skipped and recs[0]["skipped"] == 1
     scales = [r["loss_scale"] for r in recs]
-    assert scales[0] == 1048576 / 2 and all(b <= a for a, b in zip(scales, scales[1:len(skipped)]))
+    assert scales[0] == 1048576 / 2 and all(b <= a for a, b in itertools.pairwise(scales[:len(skipped)]))
     assert recs[-1]["skipped"] == 0 and math.isfinite(recs[-1]["grad_norm"])
 
 

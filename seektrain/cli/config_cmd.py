@@ -36,7 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    print(config_to_toml(load_config(args.config, args.overrides), comments=args.comments), end="")
+    from seektrain.train.setup_model import check_preset
+
+    cfg = load_config(args.config, args.overrides)
+    check_preset(cfg)
+    print(config_to_toml(cfg, comments=args.comments), end="")
     return 0
 
 

@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    header = f"{'preset':<18} {'arch':<12} {'layers':>6} {'hidden':>6} {'experts':>9} {'total':>9} {'active':>9} {'mtp':>8}"
+    header = (f"{'preset':<18} {'arch':<12} {'layers':>6} {'hidden':>6} {'experts':>9} "
+              f"{'total':>9} {'active':>9} {'mtp':>8}")
     print(header)
     print("-" * len(header))
     for r in rows:

@@ -8,6 +8,7 @@ import sys
 
 from seektrain.cli.arg_types import int_in
 from seektrain.launch.elastic import LaunchOptions, launch
+from seektrain.launch.preflight import check_layout
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,17 +40,6 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     for item in args.overrides:
         argv += ["--set", item]
     return argv
-
-
-def check_layout(cfg, world_size: int, ranks_per_node: int | None = None) -> None:
-    """Resolve the run plan before any worker starts (``seektrain.train.startup``), so a layout that
-    cannot work is refused here with one line; every worker resolves the same plan again. Reads the run
-    dir, changes nothing."""
-    import torch
-
-    from seektrain.train.startup import resolve_start
-
-    resolve_start(cfg, world_size, "cuda" if torch.cuda.is_available() else "cpu", ranks_per_node=ranks_per_node)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -373,6 +373,7 @@ class _Mapper:
                       f"accumulation {batch.accumulation} × data-parallel size {dp} ({where})")
             megatron = any(k in self.ds for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size"))
             if tp * pp > 1 and megatron and train is None:
+                assert self.world_size is not None and batch.accumulation is not None  # dp is known
                 ds_train = batch.micro_batch_size * batch.accumulation * self.world_size
                 self.note(f"DeepSpeed, which ignores tensor_model_parallel_size and pipeline_model_parallel_size, "
                           f"would instead run {self.world_size}-way data parallel with train_batch_size "

@@ -62,6 +62,7 @@ def resolve_batch(train: int | None, micro: int | None, accum: int | None, dp: i
                                           f"size = {accum}×{dp}; fix one of them")
         micro = train // (accum * dp)
     else:
+        assert micro is not None  # not both None (refused above)
         accum = accum or 1
         train = micro * accum * dp
     return Batch(train, micro, accum)

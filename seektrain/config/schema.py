@@ -45,7 +45,8 @@ class TrainSection:
     seq_len: int = _key(256, "tokens per training sequence", min=1)
     seed: int = _key(1234, "seed of model init and data order", min=0)
     grad_clip: float = _key(1.0, "max global grad norm; 0 disables clipping (the norm is still logged)", min=0)
-    activation_checkpoint: str = _key("none", "recompute activations in backward: none | full | every:K layers | selective (keep matmul and attention outputs)", nonempty=True)
+    activation_checkpoint: str = _key("none", "recompute activations in backward: none | full | every:K layers | "
+                                      "selective (keep matmul and attention outputs)", nonempty=True)
     mtp_loss_weight: float = _key(0.3, "weight of the multi-token-prediction loss (models with MTP layers)", min=0)
     aux_loss_alpha: float = _key(0.0, "sequence-wise expert balance loss weight (0 = off)", min=0)
     bias_update_speed: float = _key(0.01, "V3 aux-loss-free balancing bias step (DeepSeek-V3: 0.001); 0 = off", min=0)
@@ -75,7 +76,8 @@ class PrecisionSection:
     reduce_dtype: str = _key("fp32", "dtype of FSDP's gradient reduce-scatter: fp32 | bf16 (halves its bytes)", choices=("fp32", "bf16"))
     loss_scale_init: float = _key(2.0**16, "fp16: initial dynamic loss scale", above=0)
     loss_scale_growth_interval: int = _key(200, "fp16: double the loss scale after this many good steps", min=1)
-    fp8: str = _key("none", "FP8 matmuls via torchao on H100-class GPUs: none | rowwise | blockwise (DeepSeek-V3's 128x128 / 1x128 scaling)",
+    fp8: str = _key("none", "FP8 matmuls via torchao on H100-class GPUs: none | rowwise | blockwise "
+                    "(DeepSeek-V3's 128x128 / 1x128 scaling)",
                     choices=("none", "rowwise", "blockwise"))
 
 
@@ -94,7 +96,8 @@ class ParallelSection:
     pp_microbatches: int = _key(0, "pipeline micro-batches per step; 0 = one per micro batch of the accumulation", min=0)
     pp_stages_per_rank: int = _key(2, "stages each rank runs under interleaved-1f1b (zbv always uses 2)", min=1)
     pp_split: list[int] = _key([], "decoder layers per pipeline stage; empty = balanced automatically", min=1)
-    auto: bool = _key(False, "replace the degrees and micro_batch_size by the planner's best layout for the world size and device (seektrain plan)")
+    auto: bool = _key(False, "replace the degrees and micro_batch_size by the planner's best layout for the world "
+                             "size and device (seektrain plan)")
 
 
 @dataclass

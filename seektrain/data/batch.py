@@ -39,7 +39,8 @@ class Batch:
         return self.document_ids is not None
 
     def _map(self, fn) -> Batch:
-        return Batch(**{f.name: None if (t := getattr(self, f.name)) is None else fn(t) for f in fields(self)})
+        return Batch(**{f.name: None if (t := getattr(self, f.name)) is None else fn(t)  # type: ignore[arg-type]
+                        for f in fields(self)})  # (tokens and labels are never None)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))

@@ -33,7 +33,7 @@ def stdlib_dir() -> Path:
 def builtin_files(root: Path | None = None) -> list[Path]:
     """All ``*.py`` under the stdlib, minus third-party packages and test suites, in sorted order."""
     root = root or stdlib_dir()
-    files = []
+    files: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _EXCLUDED_DIRS and not d.startswith("."))
         files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))

@@ -97,7 +97,7 @@ class PrefetchingLoader:
             try:
                 return self._queue.get(timeout=POLL_S)
             except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
+                if not (self._thread and self._thread.is_alive()) and self._queue.empty():
                     raise RuntimeError("the data prefetch thread stopped without a batch or an error") from None
 
     def _run(self) -> None:

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -87,7 +88,7 @@ class ShardWriter:
 
 
 def prepare_dataset(
-    inputs: list[str | Path],
+    inputs: Sequence[str | Path],
     output: str | Path,
     tokenizer_spec: str = "byte",
     *,
@@ -136,7 +137,7 @@ def prepare_dataset(
     return manifest
 
 
-def _check_output(output: Path, force: bool, inputs: list[str | Path]) -> None:
+def _check_output(output: Path, force: bool, inputs: Sequence[str | Path]) -> None:
     """``--force`` replaces only a folder this command made: our manifest and shards, nothing else, and
     never one holding (or inside) an input. Anything else in the way is refused, whatever the flags."""
     if output.exists() and not output.is_dir():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ def _format_of(path: Path) -> str | None:
     return None
 
 
-def discover(inputs: list[str | Path], fmt: str = "auto") -> list[tuple[Path, str]]:
+def discover(inputs: Sequence[str | Path], fmt: str = "auto") -> list[tuple[Path, str]]:
     """Resolve inputs into a sorted, de-duplicated list of (file, format).
 
     With ``fmt="auto"`` files inside directories are picked by extension and others are skipped; a file

@@ -29,8 +29,11 @@ class Tokenizer(Protocol):
     path: Path | None
     fingerprint: str
     vocab_size: int
-    eos_id: int
-    bos_id: int | None
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def bos_id(self) -> int | None: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -105,6 +108,8 @@ class ByteTokenizer:
 
 class HFTokenizer:
     """A Hugging Face ``tokenizer.json``; ``encode_batch`` runs on the library's own Rust threads."""
+
+    eos_id: int  # found in __init__, which refuses a tokenizer without one
 
     def __init__(self, path: Path) -> None:
         try:

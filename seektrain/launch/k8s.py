@@ -103,7 +103,7 @@ def cluster_config(config_path: str | None, overrides: list[str], world_size: in
 
     The volume is the pods' working directory, so every relative path of the config (run.dir, a prepared
     data.path, a tokenizer file) lies on it; an absolute run.dir elsewhere would lose the checkpoints."""
-    from seektrain.cli.train_cmd import check_layout
+    from seektrain.launch.preflight import check_layout
     from seektrain.config.loader import load_config
 
     cfg = load_config(config_path, overrides)

@@ -86,7 +86,7 @@ def plan_slurm_job(config: str, overrides: list[str], nodes: int, gpus_per_node:
     """Validate the config and the layout for ``nodes`` × workers now, before anything is queued.
     ``python`` is the interpreter the nodes run (default: this one; ignored with ``image``).
     Raises ValueError (one line)."""
-    from seektrain.cli.train_cmd import check_layout
+    from seektrain.launch.preflight import check_layout
     from seektrain.config.loader import load_config
 
     if nodes < 1:

@@ -15,7 +15,12 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from seektrain.cli.errors import ERROR_DIR_ENV, EXIT_FAILED, EXIT_USER_ERROR, QUIET_WORKERS_ENV
+EXIT_USER_ERROR = 2  # bad input: a config key, a flag, a file
+EXIT_FAILED = 1  # the input was fine and the run failed (internal errors included)
+# Set by our launcher for its workers: the folder where each worker leaves its error line (rank-N.txt,
+# written by cli/errors.py), and whether the worker should leave the printing to the launcher.
+ERROR_DIR_ENV = "SEEKTRAIN_WORKER_ERRORS"
+QUIET_WORKERS_ENV = "SEEKTRAIN_QUIET_WORKERS"
 
 
 @contextlib.contextmanager

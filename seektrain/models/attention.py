@@ -60,6 +60,7 @@ class MLAttention(nn.Module):
         self.kernels = kernels or Kernels()
         d, h = cfg.hidden_size, cfg.num_attention_heads
         self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        assert cfg.kv_lora_rank is not None  # an MLA config (cfg.is_mla)
         self.kv_lora_rank = cfg.kv_lora_rank
         self.scale = softmax_scale(cfg)
         qk = self.nope + self.rope

@@ -87,8 +87,8 @@ def hf_arch(raw: dict, where: str = "config.json") -> str:
 
 def _rope(raw: dict, where: str) -> tuple[float, RopeScaling | None]:
     """rope_theta and YaRN settings from either dialect."""
-    params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
-    scaling = raw.get("rope_scaling") if isinstance(raw.get("rope_scaling"), dict) else params
+    params: dict = raw["rope_parameters"] if isinstance(raw.get("rope_parameters"), dict) else {}
+    scaling: dict = raw["rope_scaling"] if isinstance(raw.get("rope_scaling"), dict) else params
     theta = raw.get("rope_theta", params.get("rope_theta", 10000.0))
     kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
     if kind in (None, "default"):

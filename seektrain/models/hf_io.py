@@ -30,6 +30,7 @@ from seektrain.models.hf_weights import (
     FP8_DTYPES, Entry, dequantize_fp8, dtype_name, fused_alternatives, hf_layout, is_ignored, part_shape,
     part_view, scale_shape, shard_plan,
 )
+from seektrain.models.config import ModelConfig
 from seektrain.models.kernels import Kernels
 from seektrain.models.hub import resolve_local_path
 from seektrain.models.transformer import Transformer, build_model
@@ -200,7 +201,7 @@ def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         model.to_empty(device=device)
         if cfg.tie_word_embeddings:  # to_empty re-creates parameters one module at a time: re-tie
             model.lm_head.weight = model.embed_tokens.weight
-        targets = dict(model.named_parameters())
+        targets: dict[str, torch.Tensor] = dict(model.named_parameters())
         targets.update(model.named_buffers())
         with torch.no_grad():
             for key, entry in sorted(plan, key=lambda item: (weight_map[item[0]], item[0])):

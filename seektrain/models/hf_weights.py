@@ -77,8 +77,8 @@ def hf_layout(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> list[Entr
         if m:
             by_layer.setdefault(m.group(1), []).append(m.group(2))
         elif name.startswith("mtp."):
-            k, rest = name.split(".", 2)[1:]
-            mtp_own.setdefault(int(k), []).append(rest)
+            depth, rest = name.split(".", 2)[1:]
+            mtp_own.setdefault(int(depth), []).append(rest)
     entries = [Entry("model.embed_tokens.weight", "embed_tokens.weight")]
     for i in range(cfg.num_hidden_layers):
         entries += _layer_entries(f"model.layers.{i}.", f"layers.{i}.", by_layer.get(f"layers.{i}", []), shapes)

@@ -65,7 +65,7 @@ def rope_inv_freq(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, float]:
         return dim * math.log(rs.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
     low = max(math.floor(correction_dim(rs.beta_fast)), 0)
-    high = min(math.ceil(correction_dim(rs.beta_slow)), dim - 1)
+    high: float = min(math.ceil(correction_dim(rs.beta_slow)), dim - 1)
     if low == high:
         high += 0.001
     ramp = ((torch.arange(dim // 2, device=device, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)

@@ -120,10 +120,13 @@ def grouped_swiglu(x_ND: torch.Tensor, counts_E: torch.Tensor, gate_up_proj: tor
         x_ND, gate_up_proj, down_proj = x_ND.to(dtype), gate_up_proj.to(dtype), down_proj.to(dtype)
     covered = _grouped_mm is not None and kernels.grouped_mm_covers(x_ND, *gate_up_proj.shape[1:])
     if x_ND.shape[0] and covered:
+        grouped_mm = _grouped_mm
+        assert grouped_mm is not None  # covered says so
+
         def swiglu(x, counts):
             offs = counts.cumsum(0).to(torch.int32)
-            gate, up = _ContiguousGrad.apply(_grouped_mm(x, gate_up_proj.transpose(-2, -1), offs=offs)).chunk(2, -1)
-            return _ContiguousGrad.apply(_grouped_mm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs))
+            gate, up = _ContiguousGrad.apply(grouped_mm(x, gate_up_proj.transpose(-2, -1), offs=offs)).chunk(2, -1)
+            return _ContiguousGrad.apply(grouped_mm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs))
 
         if kernels.expert_row_multiple > 1:
             return run_padded_groups(swiglu, x_ND, counts_E, kernels.expert_row_multiple)

@@ -9,6 +9,7 @@ stage) or the final norm, head and MTP modules (not the last stage) (seektrain/p
 
 from __future__ import annotations
 
+import typing
 from typing import NamedTuple
 
 import torch
@@ -137,7 +138,7 @@ class Transformer(nn.Module):
         tokens (computed once; depth k reads them shifted left by k); with ``labels_BT`` its summed
         cross-entropy instead."""
         out = []
-        for depth, module in enumerate(self.mtp, start=1):
+        for depth, module in enumerate(typing.cast(list[MTPModule], self.mtp), start=1):
             # positions past the end repeat the last token; their targets are past the end: ignored
             shifted = torch.cat([emb_BTD[:, depth:], emb_BTD[:, -1:].expand(-1, depth, -1)], dim=1)
             h_BTD = module(h_BTD, shifted, cos, sin, mask)

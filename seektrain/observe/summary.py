@@ -6,6 +6,7 @@ it, so a user who never opens Grafana still learns that the data loader is the b
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -31,7 +32,7 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _loss_scale_halvings(scales: list[float]) -> int:
-    return sum(1 for prev, cur in zip(scales, scales[1:]) if cur <= prev * 0.5 + 1e-12)
+    return sum(1 for prev, cur in itertools.pairwise(scales) if cur <= prev * 0.5 + 1e-12)
 
 
 def _advice(summary: dict[str, Any], records: list[dict], steady: list[dict], extra: dict) -> list[str]:

@@ -1,6 +1,6 @@
 """Experiment trackers (Weights & Biases, MLflow) fed by the metrics sink, optional and on rank 0 only.
 
-Neither package is a dependency: ``missing_packages`` lets config validation refuse a tracker that is
+Neither package is a dependency: ``check_installed`` lets ``RunPlan.resolve`` refuse a tracker that is
 not installed with one line before any worker starts, and the packages are imported only when a
 tracker is opened. A tracker gets the run config once as parameters and then every step's numeric
 metrics under the names of ``metrics.jsonl``.
@@ -13,6 +13,8 @@ switched off: losing a dashboard must not stop a training job.
 
 from __future__ import annotations
 
+from seektrain.config.loader import ConfigError
+from seektrain.config.schema import MetricsSection
 import importlib.util
 import json
 import logging
@@ -51,6 +53,15 @@ def missing_packages(trackers: list[str] | tuple[str, ...], mlflow_tracking_uri:
         elif _uses_sqlite(mlflow_tracking_uri) and not (_installed("sqlalchemy") and _installed("alembic")):
             missing += ["sqlalchemy", "alembic"]  # mlflow-skinny lacks the SQL store the default URI uses
     return missing
+
+
+def check_installed(metrics: MetricsSection) -> None:
+    """A ConfigError of one line when a tracker in ``metrics.trackers`` lacks its package; asked by
+    ``RunPlan.resolve``, in the launcher before any worker starts and in every worker."""
+    missing = missing_packages(metrics.trackers, metrics.mlflow_tracking_uri)
+    if missing:
+        raise ConfigError(f"metrics.trackers={metrics.trackers} needs packages that are not installed; "
+                          f"pip install {' '.join(missing)} (or drop the tracker)")
 
 
 def _uses_sqlite(uri: str) -> bool:

@@ -32,7 +32,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils import checkpoint as torch_checkpoint
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-SELECTIVE = "selective"
+from seektrain.plan.recompute import SELECTIVE, checkpoint_every
 
 # Operators whose outputs a selective checkpoint keeps (``namespace.op.overload``). Those a torch build
 # lacks are skipped, so the list can name every variant PyTorch 2.11+ dispatches to.
@@ -100,15 +100,6 @@ def ignore_profiler_ops() -> None:
         packet = getattr(torch.ops.profiler, name, None)
         for overload in packet.overloads() if packet is not None else ():
             torch_checkpoint.SAC_IGNORED_OPS.add(getattr(packet, overload))
-
-
-def checkpoint_every(mode: str) -> int:
-    """Which layers are checkpointed: 0 for none, 1 for full and selective (every layer), K for every:K."""
-    if mode == "none":
-        return 0
-    if mode in ("full", SELECTIVE):
-        return 1
-    return int(mode.split(":", 1)[1])
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:

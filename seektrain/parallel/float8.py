@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from seektrain.models.shapes import EXPERTS, LINEAR, REPLICATED, Weight, weights_by_path
+from seektrain.models.shapes import LINEAR, REPLICATED, Weight, weights_by_path
+from seektrain.plan.fp8_flops import RECIPE_MULTIPLE, experts_convert, linear_kept
 
-RECIPE_MULTIPLE = {"rowwise": 16, "blockwise": 128}
 EXPERT_ROW_MULTIPLE = 16  # torchao's FP8 grouped GEMM: every expert's token group a multiple of 16 rows
 
 
@@ -66,25 +66,6 @@ class Float8Choice:
                 f"groups in FP8; linears kept in bf16: {kept}")
 
 
-def _linear_kept(linear: Weight, recipe: str) -> str | None:
-    """Why ``linear`` stays in bf16 under ``recipe`` (its dtype policy, or a shape or bias the recipe's
-    layer cannot take), or None to convert it."""
-    if linear.high_precision:
-        return linear.high_precision
-    multiple = RECIPE_MULTIPLE[recipe]
-    if linear.in_features % multiple or linear.out_features % multiple:
-        return f"{linear.in_features}x{linear.out_features} not multiples of {multiple}"
-    if recipe == "blockwise" and linear.bias:
-        return "has a bias (torchao's blockwise layer takes none)"
-    return None
-
-
-def _experts_convert(gate_up: Weight, recipe: str, experts: bool) -> bool:
-    """Whether the routed experts whose fused ``gate_up_proj`` is ``gate_up`` run in FP8: rowwise only,
-    on a device with FP8 grouped GEMMs, with D and F multiples of 16."""
-    return experts and recipe == "rowwise" and gate_up.in_features % 16 == 0 and (gate_up.out_features // 2) % 16 == 0
-
-
 def float8_targets(model: nn.Module, recipe: str, experts: bool) -> Float8Choice:
     """What ``apply_float8`` converts, without converting (needs no torchao): the plain ``nn.Linear``
     modules of ``model`` (whole model or pipeline stage) and its routed experts, as its shape description
@@ -97,13 +78,13 @@ def float8_targets(model: nn.Module, recipe: str, experts: bool) -> Float8Choice
             # a model's linears are all described (tests/test_model_shapes.py); a bare module has no policy
             linear = described.get(name) or Weight(name, LINEAR, module.in_features, module.out_features,
                                                    REPLICATED, bias=module.bias is not None)
-            why = _linear_kept(linear, recipe)
+            why = linear_kept(linear, recipe)
             if why:
                 choice.kept[name] = why
             else:
                 choice.linears.append(name)
         elif f"{name}.gate_up_proj" in described:
-            if _experts_convert(described[f"{name}.gate_up_proj"], recipe, experts):
+            if experts_convert(described[f"{name}.gate_up_proj"], recipe, experts):
                 choice.experts.append(name)
     return choice
 
@@ -157,24 +138,6 @@ def _plain_expert_tensors(module: nn.Module, state_dict: dict, prefix: str, loca
                                                  shape=value.shape, stride=value.stride())
         else:
             state_dict[key] = local._data
-
-
-def fp8_matmul_params(cfg, recipe: str, include_mtp: bool = True, experts: bool = True) -> int:
-    """Weights one token multiplies with in FP8 under ``recipe``: ``float8_targets`` counted on the shape
-    description instead of modules (tests/test_float8.py holds them equal), for the planner's time
-    model. ``experts`` as there."""
-    if recipe == "none":
-        return 0
-    described, total = weights_by_path(cfg), 0
-    for w in described.values():
-        if w.block is None or (w.layer is None and not include_mtp):
-            continue
-        if w.kind == LINEAR and not _linear_kept(w, recipe):
-            total += w.matmul_params
-        elif w.kind == EXPERTS and _experts_convert(described[f"{w.path.rsplit('.', 1)[0]}.gate_up_proj"],
-                                                    recipe, experts):
-            total += w.matmul_params
-    return total
 
 
 def fp8_grouped_gemm_supported(device: torch.device) -> bool:

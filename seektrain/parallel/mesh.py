@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from seektrain.plan.run_plan import MESHES_ATTR
+
 
 @dataclass(frozen=True)
 class Meshes:
@@ -30,7 +32,12 @@ class Meshes:
 
 
 def build_meshes(plan) -> Meshes:
-    """All meshes of ``plan`` (a ``RunPlan``); every rank must call this, since it creates process groups."""
+    """All meshes of ``plan`` (a ``RunPlan``), built on the first call and left on the plan, where
+    ``plan.meshes`` and every later call find them. Every rank must make the first call, since it creates
+    process groups: the trainer does, right after resolving the plan, and ``parallelize_model`` does."""
+    built = vars(plan).get(MESHES_ATTR)
+    if built is not None:
+        return built
     names = ("pp", "dp_replicate", "dp_shard", "tp")
     shape = (plan.pp, plan.dp_replicate, plan.dp_shard, plan.tp)
     world = init_device_mesh(plan.device_type, shape, mesh_dim_names=names)
@@ -39,7 +46,9 @@ def build_meshes(plan) -> Meshes:
     ep = efsdp = None
     if plan.ep > 1:
         ep, efsdp = _expert_meshes(world, plan.ep, plan.dp_shard, plan.tp, plan.dp_replicate)
-    return Meshes(world, world["pp"], world["tp"], dp, world["dp_replicate"], fsdp, ep, efsdp)
+    meshes = Meshes(world, world["pp"], world["tp"], dp, world["dp_replicate"], fsdp, ep, efsdp)
+    vars(plan)[MESHES_ATTR] = meshes  # the plan is frozen; this is where its meshes property reads them
+    return meshes
 
 
 def _expert_meshes(world: DeviceMesh, ep: int, dp_shard: int, tp: int,

@@ -23,6 +23,7 @@ from torch import nn
 from seektrain.models.registry import family_of, is_family_model, model_blocks
 from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
 from seektrain.parallel.data_parallel import apply_ddp, apply_fsdp, fsdp_mixed_precision
+from seektrain.parallel.mesh import build_meshes
 
 log = logging.getLogger("seektrain.parallel")
 
@@ -105,6 +106,7 @@ def parallelize_model(model: nn.Module, plan, device: torch.device, state_dict: 
     under ``plan``.
     ``state_dict`` (full tensors, e.g. from Hugging Face) replaces random init; ``loss_fn(output, labels)``
     is the pipeline schedule's loss."""
+    build_meshes(plan)  # the trainer built them already; a test that calls this directly has them built here
     if plan.pp == 1:
         parts, ids = [model], [0]
     else:

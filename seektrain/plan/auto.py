@@ -45,11 +45,13 @@ def auto_layout(job: JobConfig, model: ModelConfig, world_size: int, device_type
     result = best_feasible(job, model, world_size, hw, checkpoint_modes=(job.train.activation_checkpoint,),
                            micro_batches=micro, offload_modes=(job.parallel.cpu_offload,))
     best = result.ranked[0]
+    assert best.time is not None and best.memory is not None  # a ranked (feasible) candidate
     chosen = {k: v for k, v in best.settings.items() if k not in _KEPT}
     why = (f"parallel.auto: {_short(chosen)} on {world_size} × "
            f"{hw.name}: predicted step {best.time.total_s:.3g} s, {best.memory.total / 2**30:.2f} GiB per rank")
     if len(result.ranked) > 1:
         runner = result.ranked[1]
+        assert runner.time is not None
         why += f"; runner-up {_short(runner.settings)}: {runner.time.total_s:.3g} s"
     return apply_settings(job, chosen), why
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from seektrain.models.config import ModelConfig
 from seektrain.models.shapes import EXPERTS, model_weights
 from seektrain.plan.pipeline_split import stage_ids
+from seektrain.plan.recompute import SELECTIVE, checkpoint_every
 
 FP32 = 4
 FRAGMENTATION = 0.05  # share of the tensor peak lost to allocator fragmentation (an allowance)
@@ -162,6 +163,7 @@ def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool) -> float:
         return a * h * hd * 5 + lse  # q, k and v (GQA expanded), output, o_proj input
     qk, v = cfg.qk_head_dim, cfg.v_head_dim
     v_kernel = qk if pad_values and v < qk else v  # the CPU flash kernel gets values zero-padded to qk
+    assert cfg.kv_lora_rank is not None  # an MLA config (cfg.is_mla)
     low_rank = (FP32 + 2 * a) * cfg.kv_lora_rank + a * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
     if cfg.q_lora_rank is not None:
         low_rank += (FP32 + 2 * a) * cfg.q_lora_rank + a * cfg.q_lora_rank
@@ -217,6 +219,7 @@ def _selective_attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool) ->
         v_kernel = cfg.qk_head_dim  # the CPU flash kernel gets values zero-padded to qk (see _attention)
     kernel = a * h * v_kernel + FP32 * h
     if cfg.is_mla:  # the low-rank projections are replicated under TP, the up-projections split by head
+        assert cfg.kv_lora_rank is not None
         latents = cfg.kv_lora_rank + cfg.qk_rope_head_dim + (cfg.q_lora_rank or 0)
         projections = a * latents + a * h * (cfg.qk_head_dim + cfg.qk_nope_head_dim + cfg.v_head_dim)
     else:
@@ -308,10 +311,8 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
         last = len(plan.pp_stage_layers) - 1 in ids
         in_flight = in_flight_microbatches(job.parallel.pp_schedule, plan.pp - pp_rank, plan.pp_microbatches)
     else:
-        local_seqs, layers, last, in_flight = job.train.micro_batch_size, range(cfg.num_hidden_layers), True, 1
+        local_seqs, layers, last, in_flight = job.train.micro_batch_size, list(range(cfg.num_hidden_layers)), True, 1
     tokens = local_seqs * job.train.seq_len
-    from seektrain.parallel.activation_checkpoint import SELECTIVE, checkpoint_every
-
     mode = job.train.activation_checkpoint
     every = checkpoint_every(mode)
     per_layer = [layer_activation_bytes(cfg, i, a, tp, ep, pad_values) for i in layers]
@@ -372,12 +373,11 @@ def comm_buffer_bytes(plan) -> CommBuffers:
     units: dict[str, int] = {}
     for spec in param_specs(plan.model):
         if spec.layer is not None:
-            unit = "layer"
             key = f"layer{spec.layer}"
         elif spec.name.startswith("mtp."):
-            unit, key = "layer", "mtp" + spec.name.split(".")[1]
+            key = "mtp" + spec.name.split(".")[1]
         else:
-            unit = key = "root" if plan.pp == 1 or spec.part == "head" else "root-first"
+            key = "root" if plan.pp == 1 or spec.part == "head" else "root-first"
         shape = list(spec.shape)
         if spec.expert and plan.ep > 1:
             shape[0] //= plan.ep

@@ -40,12 +40,12 @@ def split_layers(cfg: ModelConfig, n_stages: int, manual: list[int] | None = Non
     if manual:
         if len(manual) != n_stages or sum(manual) != n or min(manual) < 1:
             raise ConfigError(f"parallel.pp_split={manual}: need {n_stages} positive layer counts summing to {n}")
-        counts = manual
+        counts = tuple(manual)
     else:
         if n_stages > n:
             raise ConfigError(f"{n_stages} pipeline stages but the model has only {n} layers; lower parallel.pp")
         costs = layer_costs(cfg)
-        head = cfg.hidden_size * cfg.vocab_size * (1 + cfg.num_nextn_predict_layers)
+        head = float(cfg.hidden_size * cfg.vocab_size * (1 + cfg.num_nextn_predict_layers))
         head += cfg.num_nextn_predict_layers * max(costs)
         counts = _balanced_counts(tuple(costs), n_stages, first_extra=cfg.hidden_size * 2.0, last_extra=float(head))
     bounds, start = [], 0

@@ -75,12 +75,12 @@ def best_feasible(job: JobConfig, model: ModelConfig, gpus: int, hw: Hardware, *
     error = _batch_error(job, result)
     if error:
         raise UserError(error)
-    fit = [c for c in result.rejected if c.memory is not None]
+    fit = [c.memory for c in result.rejected if c.memory is not None]
     if not fit:
         reasons = [c.reason for c in result.rejected]
         common = max(set(reasons), key=reasons.count) if reasons else "no layout to try"
         raise UserError(f"model {model.name} cannot be laid out on {gpus} × {hw.name}: {common}")
-    need = min(c.memory.total for c in fit) / GIB
+    need = min(m.total for m in fit) / GIB
     where = smallest_fit(job, model, hw.name, gpus, hw.gpus_per_node) if hw.name != "cpu" else "more memory"
     raise UserError(f"model {model.name} fits no layout on {gpus} × {hw.name}: the smallest layout needs "
                      f"{need:.1f} GiB per rank of {hw.memory_gib:.1f} GiB; it fits on {where}")

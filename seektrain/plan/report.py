@@ -9,6 +9,7 @@ from seektrain.plan.search import GIB, Candidate, SearchResult
 
 def throughput(cand: Candidate, world: int, peak_flops_per_device: float) -> dict:
     t = cand.time
+    assert t is not None and cand.plan is not None  # a ranked (feasible) candidate
     tokens = cand.plan.tokens_per_step
     return {"step_s": t.total_s, "tokens_per_s": tokens / t.total_s,
             "samples_per_s": cand.plan.job.train.global_batch_size / t.total_s,
@@ -46,6 +47,7 @@ def to_dict(result: SearchResult, header: dict, top: int) -> dict:
     hw = result.hardware
     peak = hw.bf16_tflops * 1e12
     best = result.ranked[0]
+    assert best.plan is not None
     out = dict(header)
     out["hardware"] = {"name": hw.name, "memory_gib": hw.memory_gib, "bf16_tflops": hw.bf16_tflops,
                        "fp8_tflops": hw.fp8_tflops, "nvlink_gbs": hw.nvlink_gbs, "network_gbs": hw.network_gbs,
@@ -54,8 +56,9 @@ def to_dict(result: SearchResult, header: dict, top: int) -> dict:
     out["feasible"] = len(result.ranked)
     out["ranked"] = []
     for cand in result.ranked[:top]:
-        mem = {k: v / GIB for k, v in cand.memory.items().items()}
         t = cand.time
+        assert cand.memory is not None and t is not None  # a ranked (feasible) candidate
+        mem = {k: v / GIB for k, v in cand.memory.items().items()}
         out["ranked"].append({"settings": cand.settings, "memory_gib": mem,
                               "time": {"compute_s": t.compute_s, "fsdp_s": t.fsdp_s, "tp_s": t.tp_s,
                                        "ep_s": t.ep_s, "pp_s": t.pp_s, "bubble": t.bubble,
@@ -105,7 +108,8 @@ def format_text(data: dict) -> str:
     lines += [
         f"predicted step {best['step_s']:.3f} s (compute {t['compute_s']:.3f} s"
         + (f" of which selective recompute {t['recompute_s']:.3f} s" if t.get("recompute_s") else "")
-        + f", FSDP/DP traffic {t['fsdp_s']:.3f} s overlapped, TP {t['tp_s']:.3f} s, EP {t['ep_s']:.3f} s, PP p2p {t['pp_s']:.3f} s, bubble "
+        + f", FSDP/DP traffic {t['fsdp_s']:.3f} s overlapped, TP {t['tp_s']:.3f} s, EP {t['ep_s']:.3f} s, "
+        + f"PP p2p {t['pp_s']:.3f} s, bubble "
         f"{t['bubble'] * 100:.0f}%" + (f", CPU offload {t['offload_s']:.3f} s" if t["offload_s"] else "") + ")",
         f"predicted {best['tokens_per_s']:,.0f} tokens/s, {best['samples_per_s']:,.2f} samples/s, "
         f"MFU {best['mfu'] * 100:.1f}%",

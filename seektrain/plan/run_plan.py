@@ -6,7 +6,8 @@ another and from a mesh in a third, and each place validated what it needed (``v
 times per launch). Now the launcher resolves a ``RunPlan`` before any worker starts (refusing a bad
 layout with one line), every worker resolves the same plan again from the same inputs, and
 ``parallelize_model``, the step and the trainer read degrees, counts and flags only from it. The meshes
-are built from it in one place (``plan.meshes``, seektrain/parallel/mesh.py), only inside workers.
+are built from it in one place (``seektrain.parallel.mesh.build_meshes``), only inside workers, and the
+plan holds them (``plan.meshes``) without importing torch.distributed.
 
 Resolving needs no process group and no torch.distributed state, so the planner (``seektrain plan``)
 can enumerate candidate plans on any machine.
@@ -17,15 +18,23 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from seektrain.config.dtypes import DTYPES
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
+from seektrain.observe.trackers import check_installed
 from seektrain.plan import layout_checks
 from seektrain.platform.compute_dtype import DtypeChoice, choose_dtype
 from seektrain.platform.float8_support import float8_environment_problem
+
+if TYPE_CHECKING:
+    from seektrain.parallel.mesh import Meshes
+
+MESHES_ATTR = "_meshes"  # where seektrain.parallel.mesh.build_meshes leaves a plan's meshes
 
 
 @dataclass(frozen=True)
@@ -79,13 +88,15 @@ class RunPlan:
                 f"data-parallel size = {t.micro_batch_size}×{dp} = {per_step}; adjust one of them")
         accum = t.global_batch_size // per_step
         layout_checks.check_model(model, p.tp, p.ep, dp_shard)
-        n_micro, stages = 1, ()
+        n_micro = 1
+        stages: tuple[tuple[int, ...], ...] = ()
         if p.pp > 1:
             n_micro = layout_checks.pipeline_microbatches(p.pp_microbatches or accum, accum * t.micro_batch_size)
             stages = layout_checks.check_pipeline(model, p, n_micro, dp)
             layout_checks.check_pipeline_checkpointing(t.activation_checkpoint, p)
         if precision is None:
             precision = choose_dtype(job.precision.dtype, device_type)
+        check_installed(job.metrics)  # metrics.trackers
         return cls(job, model, world_size, device_type, p.dp_replicate, dp_shard, p.tp, p.pp, p.ep,
                    p.data_parallel, accum, precision, n_micro, stages)
 
@@ -180,13 +191,15 @@ class RunPlan:
         return policy_for(torch.device(self.device_type))
 
     # ------------------------------------------------------------------ meshes (workers only)
-    @functools.cached_property
-    def meshes(self):
-        """Every DeviceMesh of the run (``seektrain.parallel.mesh.Meshes``), built on first use; needs the
-        process group, so only workers touch it."""
-        from seektrain.parallel.mesh import build_meshes
-
-        return build_meshes(self)
+    @property
+    def meshes(self) -> Meshes:
+        """Every DeviceMesh of the run (``seektrain.parallel.mesh.Meshes``), as ``build_meshes(plan)`` left
+        them on the plan; they need the process group, so only workers have them."""
+        meshes = self.__dict__.get(MESHES_ATTR)
+        if meshes is None:
+            raise RuntimeError("plan.meshes: no meshes yet; a worker builds them first with "
+                               "seektrain.parallel.mesh.build_meshes(plan)")
+        return meshes
 
     def describe(self) -> str:
         text = (f"world={self.world_size} pp={self.pp} dp_replicate={self.dp_replicate} "

@@ -82,7 +82,7 @@ def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
     host = 0.0
     params, grads, optimizer = state.params, state.grads, state.optimizer
     if offloads(plan):  # FSDP2's CPUOffloadPolicy: the sharded state lives on the host
-        host, params, grads, optimizer = params + grads + optimizer, 0.0, 0.0, 0.0
+        host, params, grads, optimizer = params + grads + optimizer, 0, 0, 0
     tensors = params + grads + optimizer + peak
     allowance = hw.context_gib * GIB + memory.FRAGMENTATION * tensors
     return MemoryBreakdown(params, grads, optimizer, acts, comm, allowance, host)
@@ -128,8 +128,9 @@ def layouts(model: ModelConfig, world: int, gpus_per_node: int, global_batch: in
             checkpoint_modes=CHECKPOINT_MODES, micro_batches=MICRO_BATCHES, offload_modes=None):
     """Candidate settings (None for a layout whose data-parallel size does not divide the global batch,
     so the caller can tell that apart): tp within a node; ``parallel.cpu_offload`` off and on
-    (``offload_modes``: the values to try; ``(None,)`` leaves the key out); pp up to the layer count; dp_replicate so that a shard
-    group spans 1, 2, 4, ... nodes (or everything); ep over the experts; micro-batch; checkpointing."""
+    (``offload_modes``: the values to try; ``(None,)`` leaves the key out); pp up to the layer count;
+    dp_replicate so that a shard group spans 1, 2, 4, ... nodes (or everything); ep over the experts;
+    micro-batch; checkpointing."""
     if offload_modes is None:
         offload_modes = (False, True)
     for tp in [t for t in _powers_of_two(min(gpus_per_node, 8)) if world % t == 0]:
@@ -197,11 +198,18 @@ def evaluate(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, setti
     return cand
 
 
+def _speed_order(cand: Candidate) -> tuple[float, int, float]:
+    assert cand.time is not None and cand.plan is not None and cand.memory is not None  # a feasible one
+    return round(cand.time.total_s, 9), cand.plan.accum_steps, cand.memory.total
+
+
 def search(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, **layout_kw) -> SearchResult:
     """Every candidate layout of ``job`` for ``world`` ranks on ``hw``; feasible ones ranked fastest first."""
     if hw.name == "cpu":  # the host is the device: nothing to offload to
         layout_kw.setdefault("offload_modes", (False,))
-    ranked, rejected, skipped = [], [], 0
+    ranked: list[Candidate] = []
+    rejected: list[Candidate] = []
+    skipped = 0
     for settings in layouts(model, world, hw.gpus_per_node, job.train.global_batch_size, **layout_kw):
         if settings is None:
             skipped += 1
@@ -210,5 +218,5 @@ def search(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, **layou
         (ranked if cand.feasible else rejected).append(cand)
     # ties (e.g. micro-batch sizes whose difference the roofline cannot see): fewer, larger micro-batches
     # first, since small matmuls run below the stated efficiency; then less memory
-    ranked.sort(key=lambda c: (round(c.time.total_s, 9), c.plan.accum_steps, c.memory.total))
+    ranked.sort(key=_speed_order)
     return SearchResult(hw, world, ranked, rejected, skipped)

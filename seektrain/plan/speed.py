@@ -8,7 +8,7 @@ Assumptions (each a number here, so they can be argued with):
   Selectively checkpointed layers recompute no matmul (about 0 extra FLOPs) but redo the elementwise ops,
   norms and routing arithmetic, which are memory-bound: they cost the bytes those ops move at the device's
   memory bandwidth, ``RECOMPUTE_TRAFFIC`` times the bytes they write (``memory.selective_rebuilt_bytes``).
-- ``precision.fp8``: the FLOPs of the linears it converts (``parallel/float8.py``, ``fp8_matmul_params``)
+- ``precision.fp8``: the FLOPs of the linears it converts (``plan/fp8_flops.py``, ``fp8_matmul_params``)
   run at the same efficiency of the fp8 peak, the rest at the bf16 peak; the FP8 casts (memory-bound) are
   not counted. Hardware without fp8 tensor cores (``fp8_tflops == 0``) keeps the bf16 peak.
 - Ring collectives move ``(n-1)/n`` of the data per rank at the link's one-direction bandwidth: NVLink when
@@ -26,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seektrain.observe.flops import model_flops_per_token
+from seektrain.plan.fp8_flops import fp8_matmul_params
 from seektrain.plan.hardware import Hardware
+from seektrain.plan.recompute import SELECTIVE, checkpoint_every
 
 MATMUL_EFFICIENCY = 0.45  # of the dense peak; a typical well-tuned large-model figure (see docs/planning.md)
 CPU_EFFICIENCY = 0.35  # of the measured matmul probe
@@ -66,8 +68,6 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     seq, tokens = job.train.seq_len, plan.tokens_per_step
     a = plan.compute_dtype.itemsize
     flops = model_flops_per_token(cfg, seq, include_mtp=plan.use_mtp) * tokens
-    from seektrain.parallel.activation_checkpoint import SELECTIVE, checkpoint_every
-
     every = checkpoint_every(job.train.activation_checkpoint)
     selective = job.train.activation_checkpoint == SELECTIVE
     recompute = (1 / 3) * (1 / every) if every and not selective else 0.0
@@ -77,8 +77,6 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
         peak /= 4
     compute_time = flops / peak
     if job.precision.fp8 != "none" and hw.fp8_tflops > 0:
-        from seektrain.parallel.float8 import fp8_matmul_params
-
         fp8_flops = 6.0 * fp8_matmul_params(cfg, job.precision.fp8, include_mtp=plan.use_mtp) * tokens
         compute_time = (flops - fp8_flops) / peak + fp8_flops / (hw.fp8_tflops * 1e12 * efficiency)
     recompute_s = selective_recompute_s(plan, hw) if selective else 0.0

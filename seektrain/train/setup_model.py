@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import torch
 
+from seektrain.config.loader import ConfigError
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
+from seektrain.models.presets import PRESETS
+
+
+def check_preset(cfg: JobConfig) -> None:
+    """``model.preset`` names a preset, unless ``model.hf_path`` replaces it: a ConfigError of one line.
+    Asked here, where the model is chosen, since the config package knows nothing of models."""
+    if not cfg.model.hf_path and cfg.model.preset not in PRESETS:
+        raise ConfigError(f"model.preset={cfg.model.preset!r} is unknown; choose one of: {', '.join(PRESETS)}")
 
 
 def configured_model_config(cfg: JobConfig) -> ModelConfig:
@@ -16,6 +25,7 @@ def configured_model_config(cfg: JobConfig) -> ModelConfig:
         from seektrain.models.hf_io import pretrained_config
 
         return pretrained_config(cfg.model.hf_path)
+    check_preset(cfg)
     from seektrain.models.presets import get_preset
 
     return get_preset(cfg.model.preset)

@@ -45,7 +45,7 @@ class StepContext:
     batches: Iterator[Batch]
     loss_guard: faults.LossGuard  # [faults] bad-loss policy: skip or stop on NaN/Inf or a spike
     pipeline_loss: PipelineLoss | None = None  # the pipeline schedule's loss (pp > 1)
-    autocast: contextlib.AbstractContextManager = contextlib.nullcontext()
+    autocast: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)
     clock: StepClock = field(init=False)
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ from seektrain.errors import user_path
 from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.layout_record import layout_ran
+from seektrain.parallel.mesh import build_meshes
 from seektrain.parallel.parallelize import parallelize_model, unwrap
 from seektrain.parallel.process_group import DistEnv, init_distributed
 from seektrain.plan.run_plan import RunPlan
@@ -59,6 +60,7 @@ def train(cfg: JobConfig) -> dict:
     # and the run plan, exactly as the launcher resolved them (startup.py)
     begin = resolve_start(cfg, env.world_size, env.device.type, ckpt.resume_choice)
     plan, start, cfg = begin.plan, begin.resume, begin.plan.job
+    build_meshes(plan)  # every DeviceMesh of the run, held by the plan (plan.meshes)
     plan.platform.prepare_process(cfg.train.deterministic, cfg.cpu.keep_freed_memory)
     write_run_files(plan, run_dir, env)
     setup_logging(run_dir, env.rank)
