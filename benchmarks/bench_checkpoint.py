@@ -38,8 +38,18 @@ from seektrain.models import build_model, count_params, get_preset
 from seektrain.platform import policy_for
 
 # Benchmark shapes that are not presets: the 1.23B dense model measured on one H200 (tests/test_plan_model.py).
-SHAPES = {"dense-1.23b": ("deepseek-llm-7b", dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=16,
-                                                  num_key_value_heads=16, intermediate_size=5504))}
+SHAPES = {
+    "dense-1.23b": (
+        "deepseek-llm-7b",
+        dict(
+            hidden_size=2048,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            intermediate_size=5504,
+        ),
+    )
+}
 
 
 def model_config(name: str):
@@ -54,7 +64,9 @@ def machine(device: torch.device) -> str:
     cpu = platform.processor() or "unknown CPU"
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        cpu = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
+        )
     except (OSError, StopIteration):
         pass
     text = f"CPU {cpu} ({os.cpu_count()} cpus)"
@@ -72,8 +84,11 @@ def dd_write_mb_s(folder: Path, mib: int) -> tuple[float, str]:
     target = folder / "dd.bin"
     for flags in (["oflag=direct", "conv=fsync"], ["conv=fdatasync"]):
         t0 = time.perf_counter()
-        proc = subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}", *flags],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}", *flags],
+            capture_output=True,
+            text=True,
+        )
         elapsed = time.perf_counter() - t0
         target.unlink(missing_ok=True)
         if proc.returncode == 0:
@@ -93,7 +108,9 @@ def model_and_optimizer(name: str, device: torch.device):
     return model, optimizer
 
 
-def timed_save(manager: CheckpointManager, step: int, model, optimizer, device: torch.device) -> dict[str, float]:
+def timed_save(
+    manager: CheckpointManager, step: int, model, optimizer, device: torch.device
+) -> dict[str, float]:
     """One ``save`` as the trainer makes it: the call (training stalls), the background write (training
     would go on), and the commit on the training thread; seconds of each."""
     if device.type == "cuda":
@@ -108,14 +125,16 @@ def timed_save(manager: CheckpointManager, step: int, model, optimizer, device: 
     return {"save_s": t1 - t0, "background_s": t2 - t1, "commit_s": time.perf_counter() - t2}
 
 
-def timed_saves(model, optimizer, root: Path, async_save: bool, repeats: int,
-                device: torch.device) -> dict[str, list[float]]:
+def timed_saves(
+    model, optimizer, root: Path, async_save: bool, repeats: int, device: torch.device
+) -> dict[str, list[float]]:
     """Per save: the save call and the commit on the training thread (their sum is the stall), and the
     time until the checkpoint is committed. For an async save the "training loop" waits until the
     background write is done before committing, as the trainer's per-step check does."""
     out: dict[str, list[float]] = {"save": [], "commit": [], "stall": [], "total": []}
-    manager = CheckpointManager(root, keep=1, async_save=async_save, rank=0,
-                                pin_memory=policy_for(device).pin_host_memory())
+    manager = CheckpointManager(
+        root, keep=1, async_save=async_save, rank=0, pin_memory=policy_for(device).pin_host_memory()
+    )
     for step in range(1, repeats + 1):
         t = timed_save(manager, step, model, optimizer, device)
         out["save"].append(t["save_s"])
@@ -142,12 +161,18 @@ def timed_dcp_writes(model, optimizer, root: Path, repeats: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="small-v3", help=f"a preset or {', '.join(SHAPES)}")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temp dir)")
-    parser.add_argument("--repeats", type=int, default=3, help="saves of each kind (the first async one "
-                        "allocates the host buffers that later ones reuse)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="saves of each kind (the first async one allocates the host buffers that later ones reuse)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -176,19 +201,23 @@ def report(args, device, total, size, base, sync, asyn, raw, dd_mb_s, dd_flags) 
     later = slice(1, None) if args.repeats > 1 else slice(0, None)
     save_mb_s = size / med(sync["total"]) / 1e6
     raw_mb_s = size / med(raw) / 1e6
-    print(f"checkpoint of {args.preset} on {device}: {total / 1e6:.0f}M parameters, model + AdamW state = "
-          f"{size / 1e9:.2f} GB, {args.repeats} saves each; disk folder {base}; torch threads {args.threads}")
+    print(
+        f"checkpoint of {args.preset} on {device}: {total / 1e6:.0f}M parameters, model + AdamW state = "
+        f"{size / 1e9:.2f} GB, {args.repeats} saves each; disk folder {base}; torch threads {args.threads}"
+    )
     print(machine(device))
     print(f"{'':38}{'MB/s':>10}{'of dd':>8}")
     print(f"{'dd raw write (' + dd_flags + ')':38}{dd_mb_s:>10.0f}{'100%':>8}")
     print(f"{'dcp.save alone (write + fsync)':38}{raw_mb_s:>10.0f}{100 * raw_mb_s / dd_mb_s:>7.0f}%")
     print(f"{'our sync save (+ sha256, commit)':38}{save_mb_s:>10.0f}{100 * save_mb_s / dd_mb_s:>7.0f}%")
     print()
-    rows = [("training stalled (save() + commit)", "stall", later),
-            ("  save() call, first save", "save", slice(0, 1)),
-            ("  save() call, later saves", "save", later),
-            ("  commit on the training thread", "commit", later),
-            ("until committed (COMPLETE)", "total", later)]
+    rows = [
+        ("training stalled (save() + commit)", "stall", later),
+        ("  save() call, first save", "save", slice(0, 1)),
+        ("  save() call, later saves", "save", later),
+        ("  commit on the training thread", "commit", later),
+        ("until committed (COMPLETE)", "total", later),
+    ]
     print(f"{'median seconds' + (' of saves 2..' if args.repeats > 1 else ''):38}{'sync':>10}{'async':>10}")
     for label, key, which in rows:
         print(f"{label:38}{med(sync[key][which]):>9.3f}s{med(asyn[key][which]):>9.3f}s")

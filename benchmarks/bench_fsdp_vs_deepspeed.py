@@ -87,17 +87,28 @@ def _run(cmd: list[str], env: dict, log: Path, nproc: int) -> tuple[int, list[fl
 
 def _env(threads: int) -> dict:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore::FutureWarning,ignore::UserWarning",
-               TOKENIZERS_PARALLELISM="false")
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        PYTHONWARNINGS="ignore::FutureWarning,ignore::UserWarning",
+        TOKENIZERS_PARALLELISM="false",
+    )
     return env
 
 
 def _train_cmd(args, run_dir: Path, nproc: int, global_batch: int) -> list[str]:
     sets = {
-        "model.preset": args.preset, "train.steps": args.steps, "train.global_batch_size": global_batch,
-        "train.micro_batch_size": args.micro_batch, "train.seq_len": args.seq, "precision.dtype": "bf16",
-        "run.dir": run_dir, "checkpoint.interval": 0, "metrics.tensorboard": "false",
-        "run.progress_bar": "false", "run.log_interval": 1, "precision.reduce_dtype": args.reduce_dtype,
+        "model.preset": args.preset,
+        "train.steps": args.steps,
+        "train.global_batch_size": global_batch,
+        "train.micro_batch_size": args.micro_batch,
+        "train.seq_len": args.seq,
+        "precision.dtype": "bf16",
+        "run.dir": run_dir,
+        "checkpoint.interval": 0,
+        "metrics.tensorboard": "false",
+        "run.progress_bar": "false",
+        "run.log_interval": 1,
+        "precision.reduce_dtype": args.reduce_dtype,
     }
     cmd = [sys.executable, "-m", "seektrain.cli.main", "train", "--nproc-per-node", str(nproc)]
     for key, value in sets.items():
@@ -107,7 +118,9 @@ def _train_cmd(args, run_dir: Path, nproc: int, global_batch: int) -> list[str]:
 
 def _metrics(run_dir: Path, warmup: int) -> tuple[list[dict], list[dict]]:
     """(every step's record, the records after the warm-up steps)."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
     return records, [r for r in records if r["step"] > warmup] or records
 
 
@@ -121,9 +134,11 @@ def run_ceiling(args, work: Path, rep: int) -> dict:
     env, procs, logs = _env(args.threads), [], []
     t0 = time.perf_counter()
     for i in range(args.nproc):
-        logs.append(open(work / f"ceiling{rep}-{i}.log", "w"))  # noqa: SIM115 (closed below)
+        logs.append(open(work / f"ceiling{rep}-{i}.log", "w"))
         cmd = _train_cmd(args, work / f"ceiling{rep}-{i}", 1, args.global_batch // args.nproc)
-        procs.append(subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, cwd=HERE.parent))
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=logs[-1], stderr=subprocess.STDOUT, cwd=HERE.parent)
+        )
     samplers = [RssSampler(p.pid) for p in procs]
     rcs = [p.wait() for p in procs]
     for fh in logs:
@@ -135,7 +150,8 @@ def run_ceiling(args, work: Path, rep: int) -> dict:
     return {
         "tokens_per_s": sum(statistics.median(r["tokens_per_s"] for r in timed) for _, timed in runs),
         "step_s": max(statistics.median(r["step_time_s"] for r in timed) for _, timed in runs),
-        "loss_last": runs[0][0][-1]["loss"], "sampled_peak_rss_gib": peaks,
+        "loss_last": runs[0][0][-1]["loss"],
+        "sampled_peak_rss_gib": peaks,
         "wall_s": time.perf_counter() - t0,
     }
 
@@ -154,7 +170,8 @@ def run_ours(args, work: Path, rep: int) -> dict:
         "step_s": statistics.median(r["step_time_s"] for r in timed),
         "loss_last": records[-1]["loss"],
         "inside_peak_rss_gib": [records[-1].get("mem_peak_rss_gib", float("nan"))],
-        "sampled_peak_rss_gib": peaks, "wall_s": wall,
+        "sampled_peak_rss_gib": peaks,
+        "wall_s": wall,
         "local_numel": int(local.group(1)) if local else None,
     }
 
@@ -166,11 +183,33 @@ DS_VARIANTS = {"default": [], "kept": ["--keep-freed-memory"], "no-overlap": ["-
 
 def run_deepspeed(args, work: Path, rep: int, variant: str = "default") -> dict:
     out = work / f"ds-{variant}{rep}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           str(HERE / "ds_zero3_worker.py"), "--preset", args.preset, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--global-batch", str(args.global_batch),
-           "--micro-batch", str(args.micro_batch), "--seq", str(args.seq), "--threads", str(args.threads),
-           "--reduce-dtype", args.reduce_dtype, "--out", str(out), *DS_VARIANTS[variant]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={args.nproc}",
+        str(HERE / "ds_zero3_worker.py"),
+        "--preset",
+        args.preset,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--global-batch",
+        str(args.global_batch),
+        "--micro-batch",
+        str(args.micro_batch),
+        "--seq",
+        str(args.seq),
+        "--threads",
+        str(args.threads),
+        "--reduce-dtype",
+        args.reduce_dtype,
+        "--out",
+        str(out),
+        *DS_VARIANTS[variant],
+    ]
     log = work / f"ds-{variant}{rep}.log"
     rc, peaks, wall = _run(cmd, _env(args.threads), log, args.nproc)
     if rc:
@@ -178,10 +217,15 @@ def run_deepspeed(args, work: Path, rep: int, variant: str = "default") -> dict:
     ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(args.nproc)]
     r0 = ranks[0]
     return {
-        "tokens_per_s": r0["tokens_per_s"], "step_s": r0["median_step_s"], "loss_last": r0["losses"][-1],
-        "inside_peak_rss_gib": [r["peak_rss_gib"] for r in ranks], "sampled_peak_rss_gib": peaks,
-        "wall_s": wall, "state": {k: r0[k] for k in ("param_bytes", "master_bytes", "optim_state_bytes")},
-        "n_params": r0["n_params"], "threads": r0["threads"],
+        "tokens_per_s": r0["tokens_per_s"],
+        "step_s": r0["median_step_s"],
+        "loss_last": r0["losses"][-1],
+        "inside_peak_rss_gib": [r["peak_rss_gib"] for r in ranks],
+        "sampled_peak_rss_gib": peaks,
+        "wall_s": wall,
+        "state": {k: r0[k] for k in ("param_bytes", "master_bytes", "optim_state_bytes")},
+        "n_params": r0["n_params"],
+        "threads": r0["threads"],
     }
 
 
@@ -199,28 +243,42 @@ def main(argv=None) -> int:
     ap.add_argument("--global-batch", type=int, default=4)
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--reduce-dtype", choices=["fp32", "bf16"], default="fp32",
-                    help="dtype of the gradient reduction on both sides (ours: precision.reduce_dtype, the default "
-                         "fp32; DeepSpeed: communication_data_type, whose default under bf16 is bf16)")
+    ap.add_argument(
+        "--reduce-dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="dtype of the gradient reduction on both sides (ours: precision.reduce_dtype, the default "
+        "fp32; DeepSpeed: communication_data_type, whose default under bf16 is bf16)",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="alternating runs of each side")
-    ap.add_argument("--ds-variants", default="default,kept",
-                    help=f"DeepSpeed runs to compare with, comma-separated, the first is the headline: "
-                         f"{', '.join(DS_VARIANTS)} (default: its defaults, and the same with freed memory kept "
-                         f"as seektrain's CPU workers do)")
-    ap.add_argument("--no-ceiling", action="store_true",
-                    help="skip the no-communication ceiling (--nproc independent one-process runs at once)")
+    ap.add_argument(
+        "--ds-variants",
+        default="default,kept",
+        help=f"DeepSpeed runs to compare with, comma-separated, the first is the headline: "
+        f"{', '.join(DS_VARIANTS)} (default: its defaults, and the same with freed memory kept "
+        f"as seektrain's CPU workers do)",
+    )
+    ap.add_argument(
+        "--no-ceiling",
+        action="store_true",
+        help="skip the no-communication ceiling (--nproc independent one-process runs at once)",
+    )
     ap.add_argument("--keep", help="keep run folders and logs here (default: a temporary folder)")
     args = ap.parse_args(argv)
 
     import deepspeed
     import torch
 
-    print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}; {args.nproc} ranks (gloo, CPU), "
-          f"{args.threads} thread(s) per rank, cpu cores {os.cpu_count()}, load avg {os.getloadavg()}")
-    print(f"model {args.preset} (MTP on in both), bf16 compute, {args.reduce_dtype} gradient reduction, "
-          f"global batch {args.global_batch} (micro {args.micro_batch}) "
-          f"x seq {args.seq} = {args.global_batch * args.seq} tokens/step, {args.steps} steps "
-          f"(medians over steps > {args.warmup})")
+    print(
+        f"torch {torch.__version__}, deepspeed {deepspeed.__version__}; {args.nproc} ranks (gloo, CPU), "
+        f"{args.threads} thread(s) per rank, cpu cores {os.cpu_count()}, load avg {os.getloadavg()}"
+    )
+    print(
+        f"model {args.preset} (MTP on in both), bf16 compute, {args.reduce_dtype} gradient reduction, "
+        f"global batch {args.global_batch} (micro {args.micro_batch}) "
+        f"x seq {args.seq} = {args.global_batch * args.seq} tokens/step, {args.steps} steps "
+        f"(medians over steps > {args.warmup})"
+    )
     ctx = tempfile.TemporaryDirectory() if not args.keep else None
     work = Path(args.keep or ctx.name)
     work.mkdir(parents=True, exist_ok=True)
@@ -231,13 +289,21 @@ def main(argv=None) -> int:
     sides = ["ours", *(f"deepspeed[{v}]" for v in variants)] + ([] if args.no_ceiling else ["ceiling"])
     results: dict[str, list[dict]] = {side: [] for side in sides}
     for rep in range(args.repeats):
-        for side in (sides if rep % 2 == 0 else sides[::-1]):
-            res = (run_ours(args, work, rep) if side == "ours" else run_ceiling(args, work, rep) if side == "ceiling"
-                   else run_deepspeed(args, work, rep, side[len("deepspeed["):-1]))
+        for side in sides if rep % 2 == 0 else sides[::-1]:
+            res = (
+                run_ours(args, work, rep)
+                if side == "ours"
+                else run_ceiling(args, work, rep)
+                if side == "ceiling"
+                else run_deepspeed(args, work, rep, side[len("deepspeed[") : -1])
+            )
             results[side].append(res)
-            print(f"  run {rep + 1} {side:22s}: {res['tokens_per_s']:8.0f} tokens/s, median step {res['step_s']:.2f}s, "
-                  f"last loss {res['loss_last']:.3f}, sampled peak RSS {_fmt_list(res['sampled_peak_rss_gib'])} GiB, "
-                  f"wall {res['wall_s']:.0f}s", flush=True)
+            print(
+                f"  run {rep + 1} {side:22s}: {res['tokens_per_s']:8.0f} tokens/s, median step {res['step_s']:.2f}s, "
+                f"last loss {res['loss_last']:.3f}, sampled peak RSS {_fmt_list(res['sampled_peak_rss_gib'])} GiB, "
+                f"wall {res['wall_s']:.0f}s",
+                flush=True,
+            )
     print(f"  load avg at end: {os.getloadavg()}")
 
     ours, ds = results["ours"], results[sides[1]]
@@ -245,7 +311,9 @@ def main(argv=None) -> int:
     tps_ds = statistics.median(r["tokens_per_s"] for r in ds)
     n = ds[-1]["n_params"]
     state = ds[-1]["state"]
-    ds_state = state["param_bytes"] + state["master_bytes"] + state["master_bytes"] + state["optim_state_bytes"]
+    ds_state = (
+        state["param_bytes"] + state["master_bytes"] + state["master_bytes"] + state["optim_state_bytes"]
+    )
     local = ours[-1]["local_numel"]
     ours_state = local * (4 + 4 + 8) if local else float("nan")
 
@@ -256,27 +324,39 @@ def main(argv=None) -> int:
     print(f"{'':44s} {'seektrain FSDP2':>18s} {'DS ZeRO-3 ' + variants[0]:>18s} {'ratio':>7s}")
     print(f"{'training tokens/s (median)':44s} {tps_ours:18.0f} {tps_ds:18.0f} {tps_ours / tps_ds:6.2f}x")
     s_ours, s_ds = peak(ours, "sampled_peak_rss_gib"), peak(ds, "sampled_peak_rss_gib")
-    print(f"{'peak RSS per rank, sampled (GiB)':44s} {_fmt_list(s_ours):>18s} {_fmt_list(s_ds):>18s} "
-          f"{max(s_ds) / max(s_ours):6.2f}x")
+    print(
+        f"{'peak RSS per rank, sampled (GiB)':44s} {_fmt_list(s_ours):>18s} {_fmt_list(s_ds):>18s} "
+        f"{max(s_ds) / max(s_ours):6.2f}x"
+    )
     i_ours, i_ds = peak(ours, "inside_peak_rss_gib"), peak(ds, "inside_peak_rss_gib")
-    print(f"{'peak RSS reported inside (GiB; ours rank 0)':44s} {_fmt_list(i_ours):>18s} {_fmt_list(i_ds):>18s}")
-    print(f"{'param+grad+optimizer state per rank (MiB)':44s} {ours_state / 2**20:18.1f} {ds_state / 2**20:18.1f} "
-          f"{ds_state / ours_state:6.2f}x")
-    print(f"  ({n / 1e6:.1f}M parameters. Ours: {local:,} local fp32 elements x (4 param + 4 grad + 8 Adam) B. "
-          f"DeepSpeed, measured on its optimizer: bf16 partitions {state['param_bytes'] / 2**20:.1f} + fp32 master "
-          f"{state['master_bytes'] / 2**20:.1f} + fp32 grad partition (same size as master) + Adam moments "
-          f"{state['optim_state_bytes'] / 2**20:.1f} MiB.)")
+    print(
+        f"{'peak RSS reported inside (GiB; ours rank 0)':44s} {_fmt_list(i_ours):>18s} {_fmt_list(i_ds):>18s}"
+    )
+    print(
+        f"{'param+grad+optimizer state per rank (MiB)':44s} {ours_state / 2**20:18.1f} {ds_state / 2**20:18.1f} "
+        f"{ds_state / ours_state:6.2f}x"
+    )
+    print(
+        f"  ({n / 1e6:.1f}M parameters. Ours: {local:,} local fp32 elements x (4 param + 4 grad + 8 Adam) B. "
+        f"DeepSpeed, measured on its optimizer: bf16 partitions {state['param_bytes'] / 2**20:.1f} + fp32 master "
+        f"{state['master_bytes'] / 2**20:.1f} + fp32 grad partition (same size as master) + Adam moments "
+        f"{state['optim_state_bytes'] / 2**20:.1f} MiB.)"
+    )
     for side in (s for s in sides[1:] if s != "ceiling"):
         tps = statistics.median(r["tokens_per_s"] for r in results[side])
         peak_side = max(peak(results[side], "sampled_peak_rss_gib"))
-        print(f"ratio: ours / {side} tokens/s = {tps_ours / tps:.2f}x ({tps_ours:.0f} vs {tps:.0f}; "
-              f"sampled peak RSS {max(s_ours):.2f} vs {peak_side:.2f} GiB) (target >= 1.5x)")
+        print(
+            f"ratio: ours / {side} tokens/s = {tps_ours / tps:.2f}x ({tps_ours:.0f} vs {tps:.0f}; "
+            f"sampled peak RSS {max(s_ours):.2f} vs {peak_side:.2f} GiB) (target >= 1.5x)"
+        )
     if "ceiling" in results:
         tps_ceiling = statistics.median(r["tokens_per_s"] for r in results["ceiling"])
-        print(f"ceiling: {args.nproc} independent one-process runs at once (no communication, whole optimizer "
-              f"each) {tps_ceiling:.0f} tokens/s; ours reaches {tps_ours / tps_ceiling:.0%} of it, "
-              f"{sides[1]} {tps_ds / tps_ceiling:.0%}; the most any engine could lead {sides[1]} by here is "
-              f"{tps_ceiling / tps_ds:.2f}x")
+        print(
+            f"ceiling: {args.nproc} independent one-process runs at once (no communication, whole optimizer "
+            f"each) {tps_ceiling:.0f} tokens/s; ours reaches {tps_ours / tps_ceiling:.0%} of it, "
+            f"{sides[1]} {tps_ds / tps_ceiling:.0%}; the most any engine could lead {sides[1]} by here is "
+            f"{tps_ceiling / tps_ds:.2f}x"
+        )
     if ctx:
         ctx.cleanup()
     return 0

@@ -46,10 +46,19 @@ def worker(mb: float, iters: int) -> None:
         size_mib = numel * torch.empty((), dtype=dtype).element_size() / 2**20
         inp = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).to(dtype)
         shard = inp[: numel // world]
-        outs = {k: torch.empty(n, dtype=dtype) for k, n in
-                (("rs_gloo", numel // world), ("rs_p2p", numel // world), ("ag_gloo", numel), ("ag_p2p", numel))}
+        outs = {
+            k: torch.empty(n, dtype=dtype)
+            for k, n in (
+                ("rs_gloo", numel // world),
+                ("rs_p2p", numel // world),
+                ("ag_gloo", numel),
+                ("ag_p2p", numel),
+            )
+        }
         t = {
-            "rs_gloo": _best(functools.partial(dist.reduce_scatter_tensor, outs["rs_gloo"], inp, op=avg), iters),
+            "rs_gloo": _best(
+                functools.partial(dist.reduce_scatter_tensor, outs["rs_gloo"], inp, op=avg), iters
+            ),
             "rs_p2p": _best(functools.partial(reduce_scatter, outs["rs_p2p"], inp, group, avg), iters),
             "ag_gloo": _best(functools.partial(dist.all_gather_into_tensor, outs["ag_gloo"], shard), iters),
             "ag_p2p": _best(functools.partial(all_gather, outs["ag_p2p"], shard, group), iters),
@@ -57,9 +66,12 @@ def worker(mb: float, iters: int) -> None:
         if rank == 0:
             for what, key in (("reduce-scatter", "rs"), ("all-gather", "ag")):
                 gloo, p2p = t[f"{key}_gloo"], t[f"{key}_p2p"]
-                print(f"{str(dtype):15s} {what:14s} {size_mib:8.2f} MiB: gloo {gloo * 1e3:8.2f} ms, "
-                      f"point-to-point {p2p * 1e3:8.2f} ms ({gloo / p2p:.2f}x), identical: "
-                      f"{torch.equal(outs[f'{key}_gloo'], outs[f'{key}_p2p'])}", flush=True)
+                print(
+                    f"{dtype!s:15s} {what:14s} {size_mib:8.2f} MiB: gloo {gloo * 1e3:8.2f} ms, "
+                    f"point-to-point {p2p * 1e3:8.2f} ms ({gloo / p2p:.2f}x), identical: "
+                    f"{torch.equal(outs[f'{key}_gloo'], outs[f'{key}_p2p'])}",
+                    flush=True,
+                )
     dist.destroy_process_group()
 
 
@@ -75,8 +87,19 @@ def main() -> int:
         return 0
     print(f"{args.nproc} ranks, gloo, 1 thread each; load avg {os.getloadavg()}")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           __file__, "--worker", "--mb", str(args.mb), "--iters", str(args.iters)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={args.nproc}",
+        __file__,
+        "--worker",
+        "--mb",
+        str(args.mb),
+        "--iters",
+        str(args.iters),
+    ]
     return subprocess.call(cmd, env=env)
 
 

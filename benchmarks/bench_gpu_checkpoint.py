@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 import torch
+
 from bench_checkpoint import folder_bytes, timed_save
 from bench_gpu_common import NOT_SELECTED, Results, run_row, sync
 
@@ -75,34 +76,48 @@ def checkpoint_rows(results: Results, cfg, work: Path, device: torch.device, sel
     optimizer.zero_grad(set_to_none=True)
     sync(device)
     state_bytes = _tensor_bytes(model.parameters()) + sum(
-        _tensor_bytes(s.values()) for s in optimizer.state.values())
+        _tensor_bytes(s.values()) for s in optimizer.state.values()
+    )
     try:
         for row in rows:
             async_save = row == "ckpt_async"
             folder = work / f"ckpt-{row}"
 
             def one(folder=folder, async_save=async_save):
-                manager = CheckpointManager(folder, keep=1, async_save=async_save, rank=0,
-                                            pin_memory=policy_for(device).pin_host_memory())
+                manager = CheckpointManager(
+                    folder,
+                    keep=1,
+                    async_save=async_save,
+                    rank=0,
+                    pin_memory=policy_for(device).pin_host_memory(),
+                )
                 saves = []
                 with captured_logs("seektrain.checkpoint") as logs:
                     for step in (1, 2):
                         saves.append(timed_save(manager, step, model, optimizer, device))
                     manager.close()
                 first, later = saves
-                recorded = {k: v for k, v in vars(manager).items()
-                            if _RECORDED.search(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
-                return {"stall_s": later["save_s"] + later["commit_s"],
-                        "first_stall_s": first["save_s"] + first["commit_s"],
-                        "save_s": later["save_s"], "commit_s": later["commit_s"] if async_save else None,
-                        "background_s": later["background_s"] if async_save else None,
-                        "pinned": manager.pin_memory and async_save,
-                        "state_bytes": state_bytes, "bytes_written": folder_bytes(folder / "checkpoints"),
-                        "recorded_by_manager": recorded or None,
-                        "manager_log": [ln for ln in logs if _RECORDED.search(ln) or "committed" in ln] or logs[-3:],
-                        "note": "stall_s: CheckpointManager.save + commit of the second save on the training thread "
-                                "(fp32 weights + AdamW moments); first_stall_s: the first, which allocates the "
-                                "host buffers"}
+                recorded = {
+                    k: v
+                    for k, v in vars(manager).items()
+                    if _RECORDED.search(k) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                }
+                return {
+                    "stall_s": later["save_s"] + later["commit_s"],
+                    "first_stall_s": first["save_s"] + first["commit_s"],
+                    "save_s": later["save_s"],
+                    "commit_s": later["commit_s"] if async_save else None,
+                    "background_s": later["background_s"] if async_save else None,
+                    "pinned": manager.pin_memory and async_save,
+                    "state_bytes": state_bytes,
+                    "bytes_written": folder_bytes(folder / "checkpoints"),
+                    "recorded_by_manager": recorded or None,
+                    "manager_log": [ln for ln in logs if _RECORDED.search(ln) or "committed" in ln]
+                    or logs[-3:],
+                    "note": "stall_s: CheckpointManager.save + commit of the second save on the training thread "
+                    "(fp32 weights + AdamW moments); first_stall_s: the first, which allocates the "
+                    "host buffers",
+                }
 
             try:
                 run_row(results, "dense", row, selected, one, device)

@@ -27,7 +27,13 @@ TITLES = {
     "ckpt_async": "checkpoint save, async",
 }
 NOT_SELECTED = "not selected (--rows)"
-TARGETS = {"mfu_dense": 0.50, "mfu_moe": 0.35, "vs_transformers": 1.3, "fp8_vs_bf16": 1.3, "ckpt_stall_s": 1.0}
+TARGETS = {
+    "mfu_dense": 0.50,
+    "mfu_moe": 0.35,
+    "vs_transformers": 1.3,
+    "fp8_vs_bf16": 1.3,
+    "ckpt_stall_s": 1.0,
+}
 
 
 # ----------------------------------------------------------------------------- device helpers
@@ -114,7 +120,7 @@ def run_row(results: Results, model: str, row: str, selected: set[str], fn, devi
     t0 = time.perf_counter()
     try:
         result = fn()
-    except Exception as err:  # noqa: BLE001 - one failed row must not lose the others
+    except Exception as err:
         traceback.print_exc()
         result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]}
     free_memory(device)

@@ -7,7 +7,9 @@ from bench_gpu_common import MODEL_ROWS, MODELS, NOT_SELECTED, TARGETS, TITLES
 
 
 def _ok(row: dict | None) -> bool:
-    return bool(row) and not row.get("skipped") and not row.get("error") and row.get("tokens_per_s") is not None
+    return (
+        bool(row) and not row.get("skipped") and not row.get("error") and row.get("tokens_per_s") is not None
+    )
 
 
 def _ratio(rows: dict, num: str, den: str) -> float | None:
@@ -32,7 +34,9 @@ def comparisons(data: dict) -> dict:
             "mfu_target": TARGETS["mfu_dense" if key == "dense" else "mfu_moe"],
             # bf16 loss of batch 0 in both models: the on-device check that they compute the same thing
             "first_loss_ours": rows["eager"].get("first_loss") if _ok(rows.get("eager")) else None,
-            "first_loss_transformers": rows["transformers"].get("first_loss") if _ok(rows.get("transformers")) else None,
+            "first_loss_transformers": rows["transformers"].get("first_loss")
+            if _ok(rows.get("transformers"))
+            else None,
         }
     dense = data["rows"].get("dense", {})
     for row in ("ckpt_sync", "ckpt_async"):
@@ -68,13 +72,18 @@ def print_report(data: dict) -> None:
     dev, s = data["device"], data["settings"]
     peak = dev.get("peak_bf16_flops")
     print()
-    print(f"## GPU benchmark: {dev['name']}" + (" (SMOKE RUN ON A CPU: not GPU figures)" if data["smoke"] else ""))
+    print(
+        f"## GPU benchmark: {dev['name']}"
+        + (" (SMOKE RUN ON A CPU: not GPU figures)" if data["smoke"] else "")
+    )
     print()
-    print(f"{s['batch']} x {s['seq']} tokens per step, bf16, median of {s['iters']} timed steps after "
-          f"{s['warmup']} warm-up; MFU against the dense bf16 peak "
-          + (f"{peak / 1e12:.1f} TFLOP/s ({dev['hardware']})" if peak else "(unknown: no MFU)")
-          + f"; torch {data['versions']['torch']}, transformers {data['versions']['transformers']}, "
-          f"torchao {data['versions']['torchao']}; commit {data['commit']['sha']}; {data.get('wall_s', 0):.0f} s in all")
+    print(
+        f"{s['batch']} x {s['seq']} tokens per step, bf16, median of {s['iters']} timed steps after "
+        f"{s['warmup']} warm-up; MFU against the dense bf16 peak "
+        + (f"{peak / 1e12:.1f} TFLOP/s ({dev['hardware']})" if peak else "(unknown: no MFU)")
+        + f"; torch {data['versions']['torch']}, transformers {data['versions']['transformers']}, "
+        f"torchao {data['versions']['torchao']}; commit {data['commit']['sha']}; {data.get('wall_s', 0):.0f} s in all"
+    )
     if data.get("interrupted"):
         print(f"\nINTERRUPTED ({data['interrupted']}): rows not reached are missing.")
     print()
@@ -98,11 +107,21 @@ def print_report(data: dict) -> None:
     print("| figure | " + " | ".join(k for k in MODELS if k in comp) + " | target |")
     print("|---|" + "---|" * len([k for k in MODELS if k in comp]) + "---|")
     lines = [
-        ("ours compiled / transformers (tokens/s)", "compiled_vs_transformers", ".2f", f"≥ {TARGETS['vs_transformers']}x"),
+        (
+            "ours compiled / transformers (tokens/s)",
+            "compiled_vs_transformers",
+            ".2f",
+            f"≥ {TARGETS['vs_transformers']}x",
+        ),
         ("ours eager / transformers", "eager_vs_transformers", ".2f", ""),
         ("trainer bf16 / ours eager (optimizer step included)", "trainer_vs_eager", ".2f", ""),
         ("trainer fp8 / trainer bf16", "fp8_vs_bf16", ".2f", f"≥ {TARGETS['fp8_vs_bf16']}x"),
-        ("MFU, ours compiled", "mfu_compiled", ".1%", f"dense ≥ {TARGETS['mfu_dense']:.0%}, MoE ≥ {TARGETS['mfu_moe']:.0%}"),
+        (
+            "MFU, ours compiled",
+            "mfu_compiled",
+            ".1%",
+            f"dense ≥ {TARGETS['mfu_dense']:.0%}, MoE ≥ {TARGETS['mfu_moe']:.0%}",
+        ),
         ("MFU, trainer bf16", "mfu_trainer_bf16", ".1%", ""),
         ("first-step loss, ours eager", "first_loss_ours", ".4f", "equal (same weights, same batch)"),
         ("first-step loss, transformers", "first_loss_transformers", ".4f", ""),
@@ -113,13 +132,17 @@ def print_report(data: dict) -> None:
     for key in MODELS:
         compiled = data["rows"].get(key, {}).get("compiled")
         if _ok(compiled):
-            print(f"\n{key}: regional compile took {compiled['compile_s']:.1f} s (first fwd+bwd, compilation included)")
+            print(
+                f"\n{key}: regional compile took {compiled['compile_s']:.1f} s (first fwd+bwd, compilation included)"
+            )
 
     dense = data["rows"].get("dense", {})
     if any(dense.get(r) and dense[r].get("skipped") != NOT_SELECTED for r in ("ckpt_sync", "ckpt_async")):
         print()
-        print(f"| checkpoint of the dense model (fp32 weights + AdamW) | stall s | first save's stall s "
-              f"| background s | GB written | target |")
+        print(
+            "| checkpoint of the dense model (fp32 weights + AdamW) | stall s | first save's stall s "
+            "| background s | GB written | target |"
+        )
         print("|---|---|---|---|---|---|")
         for row in ("ckpt_sync", "ckpt_async"):
             r = dense.get(row)
@@ -130,11 +153,15 @@ def print_report(data: dict) -> None:
                 continue
             if why:
                 notes.append(("skipped: " if r.get("skipped") else "ERROR: ") + why)
-                print(f"| {TITLES[row]} | {'skipped' if r.get('skipped') else 'error'} [{len(notes)}] | | | | |")
+                print(
+                    f"| {TITLES[row]} | {'skipped' if r.get('skipped') else 'error'} [{len(notes)}] | | | | |"
+                )
                 continue
-            print(f"| {TITLES[row]} | {r['stall_s']:.2f} | {_fmt(r.get('first_stall_s'), '.2f')} | "
-                  f"{_fmt(r.get('background_s'), '.2f')} | {r['bytes_written'] / 1e9:.2f} | "
-                  f"stall ≤ {TARGETS['ckpt_stall_s']:.0f} s |")
+            print(
+                f"| {TITLES[row]} | {r['stall_s']:.2f} | {_fmt(r.get('first_stall_s'), '.2f')} | "
+                f"{_fmt(r.get('background_s'), '.2f')} | {r['bytes_written'] / 1e9:.2f} | "
+                f"stall ≤ {TARGETS['ckpt_stall_s']:.0f} s |"
+            )
     if notes:
         print()
         for i, note in enumerate(notes, 1):

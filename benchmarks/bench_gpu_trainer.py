@@ -24,11 +24,22 @@ import time
 from pathlib import Path
 
 import torch
+
 from bench_gpu_common import ROOT, Results, run_row
 
 FP8_RECIPE = "rowwise"
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
+_DIST_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
 
 
 def prepare_data(target: Path, args, vocab_size: int) -> Path:
@@ -127,8 +138,9 @@ def run_trainer(run_dir: Path, overrides: list[str], steps: int, timeout_s: floa
     deadline = time.monotonic() + timeout_s
     ended = "exited"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             while proc.poll() is None:
                 records = read_records(run_dir / "metrics.jsonl")
@@ -143,8 +155,13 @@ def run_trainer(run_dir: Path, overrides: list[str], steps: int, timeout_s: floa
             if proc.poll() is None:
                 _kill_group(proc)
     lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
-    return {"records": read_records(run_dir / "metrics.jsonl"), "returncode": proc.returncode, "ended": ended,
-            "log_tail": lines[-15:], "command": " ".join(cmd)}
+    return {
+        "records": read_records(run_dir / "metrics.jsonl"),
+        "returncode": proc.returncode,
+        "ended": ended,
+        "log_tail": lines[-15:],
+        "command": " ".join(cmd),
+    }
 
 
 def summarise(run: dict, steps: int, warmup: int, flops_per_token: float, peak: float | None) -> dict:
@@ -155,9 +172,12 @@ def summarise(run: dict, steps: int, warmup: int, flops_per_token: float, peak: 
     records = run["records"]
     if not records or records[-1].get("step", 0) < steps:
         last = run["log_tail"][-1] if run["log_tail"] else "no output"
-        return {"error": f"the trainer logged {len(records)} of {steps} steps, {run['ended']} "
-                         f"(exit code {run['returncode']}): {last}", "log_tail": run["log_tail"],
-                "command": run["command"]}
+        return {
+            "error": f"the trainer logged {len(records)} of {steps} steps, {run['ended']} "
+            f"(exit code {run['returncode']}): {last}",
+            "log_tail": run["log_tail"],
+            "command": run["command"],
+        }
     steady = [r for r in records if r["step"] > warmup] or records
     peaks = [r.get("mem_peak_gib", r.get("mem_peak_rss_gib")) for r in records]
     peaks = [p for p in peaks if p is not None]
@@ -170,23 +190,48 @@ def summarise(run: dict, steps: int, warmup: int, flops_per_token: float, peak: 
         "step_s_median": statistics.median(r["step_time_s"] for r in steady),
         "step_s": [r["step_time_s"] for r in steady],
         "first_step_s": records[0]["step_time_s"],
-        "loss_first": records[0].get("loss"), "loss_last": records[-1].get("loss"),
-        "ended": run["ended"], "command": run["command"],
+        "loss_first": records[0].get("loss"),
+        "loss_last": records[-1].get("loss"),
+        "ended": run["ended"],
+        "command": run["command"],
         "note": "read from metrics.jsonl: tokens/s of the whole optimizer step; first_step_s includes compilation",
     }
 
 
-def trainer_rows(results: Results, key: str, hf_dir: Path, data_dir: Path, work: Path, args,
-                 device: torch.device, selected: set[str]) -> None:
+def trainer_rows(
+    results: Results,
+    key: str,
+    hf_dir: Path,
+    data_dir: Path,
+    work: Path,
+    args,
+    device: torch.device,
+    selected: set[str],
+) -> None:
     steps = args.warmup + args.iters
-    common = [f"model.hf_path={hf_dir}", f"data.path={data_dir}", f"train.steps={steps}",
-              f"train.global_batch_size={args.batch}", f"train.micro_batch_size={args.batch}",
-              f"train.seq_len={args.seq}", "precision.dtype=bf16", f"train.compile={str(args.trainer_compile).lower()}",
-              "checkpoint.interval=0", "train.eval_interval=0", "metrics.tensorboard=false",
-              "run.progress_bar=false", "run.log_interval=1"]
-    variants = (("trainer_bf16", [], None),
-                ("trainer_fp8", [f"precision.fp8={FP8_RECIPE}"],
-                 fp8_unavailable(device) if "trainer_fp8" in selected else None))
+    common = [
+        f"model.hf_path={hf_dir}",
+        f"data.path={data_dir}",
+        f"train.steps={steps}",
+        f"train.global_batch_size={args.batch}",
+        f"train.micro_batch_size={args.batch}",
+        f"train.seq_len={args.seq}",
+        "precision.dtype=bf16",
+        f"train.compile={str(args.trainer_compile).lower()}",
+        "checkpoint.interval=0",
+        "train.eval_interval=0",
+        "metrics.tensorboard=false",
+        "run.progress_bar=false",
+        "run.log_interval=1",
+    ]
+    variants = (
+        ("trainer_bf16", [], None),
+        (
+            "trainer_fp8",
+            [f"precision.fp8={FP8_RECIPE}"],
+            fp8_unavailable(device) if "trainer_fp8" in selected else None,
+        ),
+    )
     for row, extra, unavailable in variants:
         if unavailable:
             results.row(key, row, {"skipped": unavailable})
@@ -195,8 +240,13 @@ def trainer_rows(results: Results, key: str, hf_dir: Path, data_dir: Path, work:
 
         def one(run_dir=run_dir, extra=extra):
             run = run_trainer(run_dir, [f"run.dir={run_dir}", *common, *extra], steps, args.trainer_timeout)
-            return summarise(run, steps, args.warmup, results.data["models"][key]["flops_per_token"],
-                             results.data["device"]["peak_bf16_flops"])
+            return summarise(
+                run,
+                steps,
+                args.warmup,
+                results.data["models"][key]["flops_per_token"],
+                results.data["device"]["peak_bf16_flops"],
+            )
 
         try:
             run_row(results, key, row, selected, one, device)

@@ -41,8 +41,11 @@ LAYOUTS = [
     ("ddp dp=4", 4, ["parallel.data_parallel=ddp", "parallel.dp_shard=1", "parallel.dp_replicate=4"]),
     ("tp=2 x dp=2 (fsdp)", 4, ["parallel.tp=2", "parallel.dp_shard=2"]),
     ("tp=2 x dp=2 x ep=4", 4, ["parallel.tp=2", "parallel.dp_shard=2", "parallel.ep=4"]),
-    ("tp=2 x ddp=2", 4, ["parallel.tp=2", "parallel.dp_shard=1", "parallel.dp_replicate=2",
-                         "parallel.data_parallel=ddp"]),
+    (
+        "tp=2 x ddp=2",
+        4,
+        ["parallel.tp=2", "parallel.dp_shard=1", "parallel.dp_replicate=2", "parallel.data_parallel=ddp"],
+    ),
     ("tp=2 x pp=2", 4, ["parallel.tp=2", "parallel.pp=2", "parallel.dp_shard=1"]),
     ("pp=2 x dp=2 (fsdp)", 4, ["parallel.pp=2", "parallel.dp_shard=2"]),
     ("fsdp dp=4 x ep=2", 4, ["parallel.ep=2"]),
@@ -68,11 +71,20 @@ def parse() -> argparse.Namespace:
 def run_layout(name: str, nproc: int, overrides: list[str], args, root: Path) -> dict:
     run_dir = root / name.replace(" ", "_").replace("=", "").replace("(", "").replace(")", "")
     threads = os.cpu_count() if name == "single (all cores)" else 1
-    settings = [f"run.dir={run_dir}", f"model.preset={args.preset}", f"precision.dtype={args.dtype}",
-                f"train.seq_len={args.seq}", f"train.global_batch_size={args.global_batch}",
-                f"train.micro_batch_size={args.micro_batch}", f"train.steps={args.steps}",
-                "checkpoint.interval=0", "run.progress_bar=false", "metrics.tensorboard=false",
-                "optim.warmup_steps=2", *overrides]
+    settings = [
+        f"run.dir={run_dir}",
+        f"model.preset={args.preset}",
+        f"precision.dtype={args.dtype}",
+        f"train.seq_len={args.seq}",
+        f"train.global_batch_size={args.global_batch}",
+        f"train.micro_batch_size={args.micro_batch}",
+        f"train.steps={args.steps}",
+        "checkpoint.interval=0",
+        "run.progress_bar=false",
+        "metrics.tensorboard=false",
+        "optim.warmup_steps=2",
+        *overrides,
+    ]
     cmd = [sys.executable, "-m", "seektrain.cli.main", "train", "--nproc-per-node", str(nproc)]
     for s in settings:
         cmd += ["--set", s]
@@ -86,9 +98,17 @@ def run_layout(name: str, nproc: int, overrides: list[str], args, root: Path) ->
     except subprocess.TimeoutExpired as e:
         rc, out, err = "timeout", str(e.stdout or ""), str(e.stderr or "")
     wall = time.perf_counter() - t0
-    result = {"name": name, "nproc": nproc, "threads_per_rank": threads, "overrides": overrides,
-              "command": f"seektrain train --nproc-per-node {nproc} {' '.join(f'--set {s}' for s in settings)}",
-              "rc": rc, "wall_s": wall, "load_before": load_before, "load_after": os.getloadavg()[0]}
+    result = {
+        "name": name,
+        "nproc": nproc,
+        "threads_per_rank": threads,
+        "overrides": overrides,
+        "command": f"seektrain train --nproc-per-node {nproc} {' '.join(f'--set {s}' for s in settings)}",
+        "rc": rc,
+        "wall_s": wall,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+    }
     metrics = run_dir / "metrics.jsonl"
     if rc != 0 or not metrics.is_file():
         lines = [ln for ln in (err or out).strip().splitlines() if ln.strip()]
@@ -114,44 +134,60 @@ def main() -> None:
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-layouts-"))
     root.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count()
-    print(f"model {args.preset}, {args.dtype}, seq {args.seq}, global batch {args.global_batch} sequences "
-          f"({args.global_batch * args.seq} tokens/step), micro-batch {args.micro_batch}; {args.steps} steps, "
-          f"median tokens/s over steps > {args.warmup}; gloo on CPU, OMP_NUM_THREADS=1 per rank; {cores} CPU cores")
+    print(
+        f"model {args.preset}, {args.dtype}, seq {args.seq}, global batch {args.global_batch} sequences "
+        f"({args.global_batch * args.seq} tokens/step), micro-batch {args.micro_batch}; {args.steps} steps, "
+        f"median tokens/s over steps > {args.warmup}; gloo on CPU, OMP_NUM_THREADS=1 per rank; {cores} CPU cores"
+    )
     if any(n > cores for _, n, _ in layouts):
-        print(f"NOTE: {max(n for _, n, _ in layouts)} ranks on {cores} cores oversubscribe the CPU: ranks time-share "
-              "cores, so those rows measure contention, not scaling.")
+        print(
+            f"NOTE: {max(n for _, n, _ in layouts)} ranks on {cores} cores oversubscribe the CPU: ranks time-share "
+            "cores, so those rows measure contention, not scaling."
+        )
     results = []
     for name, nproc, overrides in layouts:
         r = run_layout(name, nproc, overrides, args, root)
         results.append(r)
         status = f"{r['tokens_per_s']:.0f} tok/s" if "tokens_per_s" in r else f"FAILED rc={r['rc']}"
-        print(f"  {name:<22} {status}  ({r['wall_s']:.0f} s, load {r['load_before']:.1f} -> {r['load_after']:.1f})",
-              flush=True)
+        print(
+            f"  {name:<22} {status}  ({r['wall_s']:.0f} s, load {r['load_before']:.1f} -> {r['load_after']:.1f})",
+            flush=True,
+        )
     base = next((r.get("tokens_per_s") for r in results if r["name"] == "single (1 thread)"), None)
     print()
-    head = (f"| {'layout':<22} | {'ranks':>5} | {'thr/rank':>8} | {'tokens/s':>9} | {'vs 1 proc':>9} | "
-            f"{'step s':>6} | {'params rank0':>12} | {'load':>9} |")
+    head = (
+        f"| {'layout':<22} | {'ranks':>5} | {'thr/rank':>8} | {'tokens/s':>9} | {'vs 1 proc':>9} | "
+        f"{'step s':>6} | {'params rank0':>12} | {'load':>9} |"
+    )
     print(head)
     print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
     for r in results:
         if "tokens_per_s" not in r:
-            print(f"| {r['name']:<22} | {r['nproc']:>5} | {r['threads_per_rank']:>8} | {'FAILED':>9} | {'-':>9} | "
-                  f"{'-':>6} | {'-':>12} | {r['load_before']:4.1f}/{r['load_after']:<4.1f} |")
+            print(
+                f"| {r['name']:<22} | {r['nproc']:>5} | {r['threads_per_rank']:>8} | {'FAILED':>9} | {'-':>9} | "
+                f"{'-':>6} | {'-':>12} | {r['load_before']:4.1f}/{r['load_after']:<4.1f} |"
+            )
             continue
         ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
         over = " *" if r["nproc"] > cores else ""
-        print(f"| {r['name'] + over:<22} | {r['nproc']:>5} | {r['threads_per_rank']:>8} | {r['tokens_per_s']:>9.0f} | "
-              f"{ratio:>9} | {r['step_time_s']:>6.3f} | {r.get('param_elements_rank0') or 0:>12,} | "
-              f"{r['load_before']:4.1f}/{r['load_after']:<4.1f} |")
+        print(
+            f"| {r['name'] + over:<22} | {r['nproc']:>5} | {r['threads_per_rank']:>8} | {r['tokens_per_s']:>9.0f} | "
+            f"{ratio:>9} | {r['step_time_s']:>6.3f} | {r.get('param_elements_rank0') or 0:>12,} | "
+            f"{r['load_before']:4.1f}/{r['load_after']:<4.1f} |"
+        )
     if any(r["nproc"] > cores for r in results):
         print(f"* {cores} cores for more ranks: oversubscribed.")
     print("load: 1-minute load average before/after the run (includes other jobs on the machine).")
     for r in results:
         if "error" in r:
-            print(f"\nFAILED: {r['name']}\n  command: {r['command']}\n  exit: {r['rc']}\n  " +
-                  r["error"].replace("\n", "\n  "))
+            print(
+                f"\nFAILED: {r['name']}\n  command: {r['command']}\n  exit: {r['rc']}\n  "
+                + r["error"].replace("\n", "\n  ")
+            )
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "cores": cores, "results": results}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"args": vars(args), "cores": cores, "results": results}, indent=1)
+        )
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
 

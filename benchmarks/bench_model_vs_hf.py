@@ -67,7 +67,8 @@ def build_pair(preset: str, impls: list[str], seed: int, compute_dtype: torch.dt
         for impl in impls:
             try:
                 theirs[impl] = transformers.AutoModelForCausalLM.from_pretrained(
-                    tmp, dtype=torch.float32, experts_implementation=impl, attn_implementation="sdpa")
+                    tmp, dtype=torch.float32, experts_implementation=impl, attn_implementation="sdpa"
+                )
             except (ValueError, KeyError, ImportError) as exc:
                 print(f"  transformers experts_implementation={impl!r} unavailable: {exc}")
     return cfg, ours, theirs
@@ -151,18 +152,27 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=6, help="timed iterations per model (interleaved)")
-    ap.add_argument("--system-malloc", action="store_true",
-                    help="leave glibc's default of unmapping freed big blocks (by default the process keeps freed "
-                         "memory, as `seektrain train` does on CPU; it applies to both models alike)")
-    ap.add_argument("--hf-impls", default="grouped_mm,eager",
-                    help="transformers experts implementations to measure, comma-separated; the first is its "
-                         "default. batched_mm is left out by default: it gathers one copy of the expert "
-                         "weights per routed token (about 20 GB at batch 4 x seq 512) and runs out of memory "
-                         "on a small machine")
-    ap.add_argument("--fixed-batch", action="store_true",
-                    help="train every iteration on the same batch (by default each iteration draws a new one, as "
-                         "training does: the same batch repeats the same tokens-per-expert counts and so the same "
-                         "matmul shapes, which hides what compiling kernels for new shapes costs)")
+    ap.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="leave glibc's default of unmapping freed big blocks (by default the process keeps freed "
+        "memory, as `seektrain train` does on CPU; it applies to both models alike)",
+    )
+    ap.add_argument(
+        "--hf-impls",
+        default="grouped_mm,eager",
+        help="transformers experts implementations to measure, comma-separated; the first is its "
+        "default. batched_mm is left out by default: it gathers one copy of the expert "
+        "weights per routed token (about 20 GB at batch 4 x seq 512) and runs out of memory "
+        "on a small machine",
+    )
+    ap.add_argument(
+        "--fixed-batch",
+        action="store_true",
+        help="train every iteration on the same batch (by default each iteration draws a new one, as "
+        "training does: the same batch repeats the same tokens-per-expert counts and so the same "
+        "matmul shapes, which hides what compiling kernels for new shapes costs)",
+    )
     args = ap.parse_args(argv)
 
     import transformers
@@ -174,11 +184,19 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     dtype = dtype_from_name(args.dtype)
     impls = [s for s in args.hf_impls.split(",") if s]
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads={torch.get_num_threads()}, "
-          f"cpu cores={os.cpu_count()}, freed memory kept: {kept}, load avg (1/5/15 min) at start: {load_avg()}")
-    print(f"model {args.preset} (MTP off: num_nextn_predict_layers=0), dtype {args.dtype}, "
-          f"batch {args.batch} x seq {args.seq} = {args.batch * args.seq} tokens/step, "
-          + ("the same batch every step" if args.fixed_batch else "a new batch every step (the same for every variant)"))
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, threads={torch.get_num_threads()}, "
+        f"cpu cores={os.cpu_count()}, freed memory kept: {kept}, load avg (1/5/15 min) at start: {load_avg()}"
+    )
+    print(
+        f"model {args.preset} (MTP off: num_nextn_predict_layers=0), dtype {args.dtype}, "
+        f"batch {args.batch} x seq {args.seq} = {args.batch * args.seq} tokens/step, "
+        + (
+            "the same batch every step"
+            if args.fixed_batch
+            else "a new batch every step (the same for every variant)"
+        )
+    )
 
     cfg, ours, theirs = build_pair(args.preset, impls, seed=0, compute_dtype=dtype)
     n_params = sum(p.numel() for p in ours.parameters())
@@ -196,9 +214,11 @@ def main(argv=None) -> int:
         return batches[0 if args.fixed_batch else i]
 
     cast_model(ours, dtype).train()
-    steps = {"ours": make_step(ours, "fused"),
-             "ours (logits + CE)": make_step(ours, "logits"),
-             "floor (no attention, no CE)": make_step(ours, "floor")}
+    steps = {
+        "ours": make_step(ours, "fused"),
+        "ours (logits + CE)": make_step(ours, "logits"),
+        "floor (no attention, no CE)": make_step(ours, "floor"),
+    }
     for impl, model in theirs.items():
         steps[f"transformers[{impl}]"] = make_step(cast_model(model, dtype).train(), "hf")
 
@@ -206,7 +226,10 @@ def main(argv=None) -> int:
     for name, step in steps.items():  # warm-up (also checks that losses agree)
         for i in range(args.warmup):
             losses[name] = float(step(*batch(i)))
-    print("  loss after warm-up: " + ", ".join(f"{k} {v:.4f}" for k, v in losses.items() if not k.startswith("floor")))
+    print(
+        "  loss after warm-up: "
+        + ", ".join(f"{k} {v:.4f}" for k, v in losses.items() if not k.startswith("floor"))
+    )
 
     times: dict[str, list[float]] = {name: [] for name in steps}
     cpu: dict[str, list[float]] = {name: [] for name in steps}
@@ -226,25 +249,33 @@ def main(argv=None) -> int:
     print()
     print(f"{'variant':28s} {'median s/step':>14s} {'min s/step':>11s} {'tokens/s':>10s} {'CPU s/step':>11s}")
     for name in names:
-        print(f"{name:28s} {med[name]:14.3f} {min(times[name]):11.3f} {ntok / med[name]:10.0f} "
-              f"{med_cpu[name]:11.3f}")
+        print(
+            f"{name:28s} {med[name]:14.3f} {min(times[name]):11.3f} {ntok / med[name]:10.0f} "
+            f"{med_cpu[name]:11.3f}"
+        )
     hf_names = [n for n in names if n.startswith("transformers")]
     if not hf_names:
         return 1
     default = hf_names[0]
     fastest = min(hf_names, key=lambda n: med[n])
     print()
-    print("ratio = transformers median step time / ours (tokens/s of ours over theirs); "
-          "in brackets the same from CPU time and from the fastest step of each (less sensitive to load)")
+    print(
+        "ratio = transformers median step time / ours (tokens/s of ours over theirs); "
+        "in brackets the same from CPU time and from the fastest step of each (less sensitive to load)"
+    )
     floor = "floor (no attention, no CE)"
-    print(f"floor: ours without attention and without the loss's softmax takes {med[floor]:.3f} s; the most "
-          f"any attention + loss could make ours lead transformers' default by is "
-          f"{med[default] / med[floor]:.2f}x [CPU time {med_cpu[default] / med_cpu[floor]:.2f}x]")
+    print(
+        f"floor: ours without attention and without the loss's softmax takes {med[floor]:.3f} s; the most "
+        f"any attention + loss could make ours lead transformers' default by is "
+        f"{med[default] / med[floor]:.2f}x [CPU time {med_cpu[default] / med_cpu[floor]:.2f}x]"
+    )
     for ours_name in ("ours", "ours (logits + CE)"):
         for label, name in (("default", default), ("fastest", fastest)):
-            print(f"{ours_name} vs transformers {label} ({name}): {med[name] / med[ours_name]:.2f}x  "
-                  f"[CPU time {med_cpu[name] / med_cpu[ours_name]:.2f}x, "
-                  f"best step {min(times[name]) / min(times[ours_name]):.2f}x]")
+            print(
+                f"{ours_name} vs transformers {label} ({name}): {med[name] / med[ours_name]:.2f}x  "
+                f"[CPU time {med_cpu[name] / med_cpu[ours_name]:.2f}x, "
+                f"best step {min(times[name]) / min(times[ours_name]):.2f}x]"
+            )
     return 0
 
 

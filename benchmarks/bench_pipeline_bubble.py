@@ -85,6 +85,7 @@ class Timer:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds[key] += time.perf_counter() - t0
+
         return timed
 
     def reset(self) -> None:
@@ -108,18 +109,34 @@ def worker(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == P, f"run with {P} ranks"
     device = torch.device("cpu")
-    cfg = ModelConfig(name=f"bench-dense-h{args.hidden}-l{args.layers}", arch="llama", vocab_size=320,
-                      hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75) // 64 * 64,
-                      num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-                      num_key_value_heads=args.hidden // 64, max_position_embeddings=4096).validate()
+    cfg = ModelConfig(
+        name=f"bench-dense-h{args.hidden}-l{args.layers}",
+        arch="llama",
+        vocab_size=320,
+        hidden_size=args.hidden,
+        intermediate_size=int(args.hidden * 2.75) // 64 * 64,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 64,
+        num_key_value_heads=args.hidden // 64,
+        max_position_embeddings=4096,
+    ).validate()
     gen = torch.Generator().manual_seed(0)
     results = []
     for schedule in args.schedules:
         for m in args.microbatches:
             # the plan seektrain train would resolve: P stages of 2 per rank under the multi-stage schedules
-            job = load_config(None, [f"parallel.pp={P}", "parallel.dp_shard=1", f"parallel.pp_schedule={schedule}",
-                                     "parallel.pp_stages_per_rank=2", f"parallel.pp_microbatches={m}",
-                                     f"train.micro_batch_size={args.mb}", f"train.global_batch_size={m * args.mb}"])
+            job = load_config(
+                None,
+                [
+                    f"parallel.pp={P}",
+                    "parallel.dp_shard=1",
+                    f"parallel.pp_schedule={schedule}",
+                    "parallel.pp_stages_per_rank=2",
+                    f"parallel.pp_microbatches={m}",
+                    f"train.micro_batch_size={args.mb}",
+                    f"train.global_batch_size={m * args.mb}",
+                ],
+            )
             plan = RunPlan.resolve(job, cfg, world, "cpu")
             per_rank, bounds = plan.pp_stages_per_rank, plan.pp_stage_layers
             parts, ids = pipeline.rank_stages(build_model(cfg, device="meta"), plan, rank)
@@ -127,7 +144,9 @@ def worker(args: argparse.Namespace) -> None:
                 part.to_empty(device=device)
                 part.init_weights(1234)
             timer = Timer()
-            loss_fn = timer.wrap("loss", lambda out, labels: model_loss(pipeline.from_wire(out), labels, 0.0)[0])
+            loss_fn = timer.wrap(
+                "loss", lambda out, labels: model_loss(pipeline.from_wire(out), labels, 0.0)[0]
+            )
             sched = pipeline.build_schedule(parts, ids, plan, device, loss_fn)
             stages = getattr(sched, "_stages", None) or [sched._stage]
             for st in stages:
@@ -156,19 +175,23 @@ def worker(args: argparse.Namespace) -> None:
             gathered = [None] * world
             dist.all_gather_object(gathered, rows)
             if rank == 0:
-                measured = [r for ranks in gathered for r in ranks[args.warmup:]]
+                measured = [r for ranks in gathered for r in ranks[args.warmup :]]
                 bubbles = [1 - r["compute"] / r["wall"] for r in measured]
-                per_rank_bubble = [statistics.median(1 - r["compute"] / r["wall"] for r in rk[args.warmup:])
-                                   for rk in gathered]
+                per_rank_bubble = [
+                    statistics.median(1 - r["compute"] / r["wall"] for r in rk[args.warmup :])
+                    for rk in gathered
+                ]
                 steady = measured
                 res = {
-                    "schedule": schedule, "m": m, "v": per_rank,
+                    "schedule": schedule,
+                    "m": m,
+                    "v": per_rank,
                     "bubble_median": statistics.median(bubbles),
                     "bubble_per_rank": per_rank_bubble,
                     "theory": theory(schedule, m, per_rank),
                     # torch's single-stage tables (gpipe, 1f1b) list no idle slots: no slot model there
                     "slot_model": slot_model(sched.pipeline_order) if hasattr(sched, "_stages") else None,
-                    "step_s": statistics.median(r["wall"] for r in gathered[0][args.warmup:]),
+                    "step_s": statistics.median(r["wall"] for r in gathered[0][args.warmup :]),
                     "F_ms_per_mb_stage": 1e3 * statistics.median(r["F"] for r in steady) / (m * per_rank),
                     "B_ms_per_mb_stage": 1e3 * statistics.median(r["B"] for r in steady) / (m * per_rank),
                     "W_ms_per_mb_stage": 1e3 * statistics.median(r["W"] for r in steady) / (m * per_rank),
@@ -179,8 +202,19 @@ def worker(args: argparse.Namespace) -> None:
             del sched, parts
             dist.barrier()
     if rank == 0:
-        print("RESULTS " + json.dumps({"results": results, "model": cfg.name, "seq": args.seq, "mb": args.mb,
-                                      "threads": args.threads}), flush=True)
+        print(
+            "RESULTS "
+            + json.dumps(
+                {
+                    "results": results,
+                    "model": cfg.name,
+                    "seq": args.seq,
+                    "mb": args.mb,
+                    "threads": args.threads,
+                }
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 
@@ -196,8 +230,16 @@ def main() -> None:
     load_before = os.getloadavg()
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
     env.pop("LOCAL_RANK", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={P}", __file__,
-           "--worker", *sys.argv[1:]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={P}",
+        __file__,
+        "--worker",
+        *sys.argv[1:],
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
@@ -205,26 +247,38 @@ def main() -> None:
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")), None)
     if proc.returncode != 0 or line is None:
         sys.exit(f"workers failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    data = json.loads(line[len("RESULTS "):])
-    print(f"p={P} gloo ranks, {args.threads} thread(s) each, {os.cpu_count()} CPU cores; model {data['model']} "
-          f"(llama, vocab 320), micro-batch {args.mb}x{args.seq} tokens, fp32; {args.warmup} warm-up + "
-          f"{args.steps} measured steps")
-    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (1 min); run took {elapsed:.0f} s")
+    data = json.loads(line[len("RESULTS ") :])
+    print(
+        f"p={P} gloo ranks, {args.threads} thread(s) each, {os.cpu_count()} CPU cores; model {data['model']} "
+        f"(llama, vocab 320), micro-batch {args.mb}x{args.seq} tokens, fp32; {args.warmup} warm-up + "
+        f"{args.steps} measured steps"
+    )
+    print(
+        f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (1 min); run took {elapsed:.0f} s"
+    )
     print()
-    head = (f"| {'schedule':<16} | {'m':>2} | {'layers/stage':<12} | {'measured bubble':>15} | {'per rank':>13} | "
-            f"{'theory':>7} | {'slot model':>10} | {'step s':>6} | {'F/B/W ms per mb·stage':<21} |")
+    head = (
+        f"| {'schedule':<16} | {'m':>2} | {'layers/stage':<12} | {'measured bubble':>15} | {'per rank':>13} | "
+        f"{'theory':>7} | {'slot model':>10} | {'step s':>6} | {'F/B/W ms per mb·stage':<21} |"
+    )
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     for r in data["results"]:
         per = "/".join(f"{100 * b:.0f}%" for b in r["bubble_per_rank"])
         fbw = f"{r['F_ms_per_mb_stage']:.0f}/{r['B_ms_per_mb_stage']:.0f}/{r['W_ms_per_mb_stage']:.0f}"
         layers = ",".join(map(str, r["layers_per_stage"]))
-        print(f"| {r['schedule']:<16} | {r['m']:>2} | {layers:<12} | {fmt(r['bubble_median']):>15} | {per:>13} | "
-              f"{fmt(r['theory']):>7} | {fmt(r['slot_model']):>10} | {r['step_s']:6.2f} | {fbw:<21} |")
+        print(
+            f"| {r['schedule']:<16} | {r['m']:>2} | {layers:<12} | {fmt(r['bubble_median']):>15} | {per:>13} | "
+            f"{fmt(r['theory']):>7} | {fmt(r['slot_model']):>10} | {r['step_s']:6.2f} | {fbw:<21} |"
+        )
     print()
-    print("theory: gpipe/1f1b (p-1)/(m+p-1); interleaved-1f1b (p-1)/(v*m+p-1), v=2; zbv: none in closed form -")
+    print(
+        "theory: gpipe/1f1b (p-1)/(m+p-1); interleaved-1f1b (p-1)/(v*m+p-1), v=2; zbv: none in closed form -"
+    )
     print("the slot model (idle share of torch's own action table, one slot per F, B, W) is its theory for")
-    print("T_F = T_B = T_W. Measured bubble = 1 - (time in stage forward/backward/weight-grad/loss) / step time,")
+    print(
+        "T_F = T_B = T_W. Measured bubble = 1 - (time in stage forward/backward/weight-grad/loss) / step time,"
+    )
     print("median over ranks x measured steps (per rank: rank0/rank1).")
     if args.json:
         with open(args.json, "w") as f:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import time
@@ -63,13 +62,24 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--overlap-comm", choices=["true", "false"], default="true",
-                    help="ZeRO-3 overlap_comm (DeepSpeed's default for stage 3 is true)")
-    ap.add_argument("--reduce-dtype", choices=["fp32", "bf16"], default="fp32",
-                    help="communication_data_type (seektrain's precision.reduce_dtype)")
-    ap.add_argument("--keep-freed-memory", action="store_true",
-                    help="the allocator setting seektrain's CPU workers use (cpu.keep_freed_memory: keep "
-                         "freed memory during a step, malloc_trim after it)")
+    ap.add_argument(
+        "--overlap-comm",
+        choices=["true", "false"],
+        default="true",
+        help="ZeRO-3 overlap_comm (DeepSpeed's default for stage 3 is true)",
+    )
+    ap.add_argument(
+        "--reduce-dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="communication_data_type (seektrain's precision.reduce_dtype)",
+    )
+    ap.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="the allocator setting seektrain's CPU workers use (cpu.keep_freed_memory: keep "
+        "freed memory during a step, malloc_trim after it)",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -114,8 +124,9 @@ def main() -> None:
     }
     # the fused loss uses the head's weight inside the root module's forward
     deepspeed.zero.register_external_parameter(model, model.lm_head.weight)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=ds_config)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+    )
     use_mtp = cfg.num_nextn_predict_layers > 0 and train_defaults.mtp_loss_weight > 0
     speed = train_defaults.bias_update_speed if cfg.topk_method == "noaux_tc" else 0.0
     batches = open_training_data(job, cfg, dp_rank=rank, dp_size=world, is_main=rank == 0).loader
@@ -138,17 +149,27 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         losses.append(float(loss_t) / world)
         if rank == 0:
-            print(f"[deepspeed] step {_step + 1}/{args.steps} loss {losses[-1]:.4f} "
-                  f"{times[-1]:.2f}s", flush=True)
+            print(
+                f"[deepspeed] step {_step + 1}/{args.steps} loss {losses[-1]:.4f} {times[-1]:.2f}s",
+                flush=True,
+            )
 
-    timed = times[args.warmup:] or times
+    timed = times[args.warmup :] or times
     tokens_per_step = args.global_batch * args.seq
     record = {
-        "rank": rank, "world_size": world, "threads": torch.get_num_threads(), "param_dtype": str(dtype),
-        "step_times_s": times, "losses": losses,
-        "median_step_s": statistics.median(timed), "tokens_per_s": tokens_per_step / statistics.median(timed),
-        "peak_rss_gib": _peak_rss_gib(), **_state_bytes(engine),
-        "n_params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters()),
+        "rank": rank,
+        "world_size": world,
+        "threads": torch.get_num_threads(),
+        "param_dtype": str(dtype),
+        "step_times_s": times,
+        "losses": losses,
+        "median_step_s": statistics.median(timed),
+        "tokens_per_s": tokens_per_step / statistics.median(timed),
+        "peak_rss_gib": _peak_rss_gib(),
+        **_state_bytes(engine),
+        "n_params": sum(
+            p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters()
+        ),
     }
     with open(f"{args.out}.rank{rank}", "w") as fh:
         fh.write(json.dumps(record) + "\n")

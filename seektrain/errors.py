@@ -35,5 +35,6 @@ def user_path(what: str, fix: str = "choose a folder you can write"):
     try:
         yield
     except OSError as err:
-        raise UserError(f"{what}: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}; "
-                        f"{fix}") from None
+        raise UserError(
+            f"{what}: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}; {fix}"
+        ) from None

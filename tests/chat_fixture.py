@@ -10,8 +10,14 @@ BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 SPECIALS = [BOS, EOS, "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"]
 # DeepSeek-V3's released template (the built-in copy chat_template.py ships), as the folder's own.
 TEMPLATE = (Path(__file__).resolve().parent.parent / "seektrain/data/templates/deepseek-v3.jinja").read_text()
-QUESTIONS = ["what is two plus two", "name a colour", "say hello", "what is the capital of france",
-             "count to three", "what do cats say"]
+QUESTIONS = [
+    "what is two plus two",
+    "name a colour",
+    "say hello",
+    "what is the capital of france",
+    "count to three",
+    "what do cats say",
+]
 ANSWERS = ["four", "blue", "hello there", "paris", "one two three", "meow"]
 
 
@@ -24,7 +30,10 @@ def conversations(n: int = 48) -> list[dict]:
             messages = [{"role": "system", "content": "be brief"}] + messages
         if i % 4 == 0:
             j = (i + 1) % len(QUESTIONS)
-            messages += [{"role": "user", "content": QUESTIONS[j]}, {"role": "assistant", "content": ANSWERS[j]}]
+            messages += [
+                {"role": "user", "content": QUESTIONS[j]},
+                {"role": "assistant", "content": ANSWERS[j]},
+            ]
         rows.append({"messages": messages})
     return rows
 
@@ -42,8 +51,9 @@ def build_chat_tokenizer(folder: Path, template: str | None = TEMPLATE) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(QUESTIONS + ANSWERS + ["be brief"] + ["one\n\n"] * 20, trainer)  # a \n\n token
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))

@@ -12,12 +12,30 @@ from pathlib import Path
 from seektrain.data.chat_template import _TEMPLATES_DIR
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
-SPECIALS = [BOS, EOS, "<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
-            "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>",
-            "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>", "<｜▁pad▁｜>"]
-_CORPUS = ["hello world, how are you today?", "the quick brown fox jumps over the lazy dog",
-           "User: what is two plus two?\n\nAssistant: four", "def main():\n    return 0\n",
-           "<think>\nlet me think about it\n</think>\n\nthe answer is 4", '{"city": "Paris"}']
+SPECIALS = [
+    BOS,
+    EOS,
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁outputs▁begin｜>",
+    "<｜tool▁outputs▁end｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+    "<｜▁pad▁｜>",
+]
+_CORPUS = [
+    "hello world, how are you today?",
+    "the quick brown fox jumps over the lazy dog",
+    "User: what is two plus two?\n\nAssistant: four",
+    "def main():\n    return 0\n",
+    "<think>\nlet me think about it\n</think>\n\nthe answer is 4",
+    '{"city": "Paris"}',
+]
 
 
 def builtin_template(name: str) -> str:
@@ -33,23 +51,38 @@ def make_tokenizer_folder(folder: Path, template: str | None = "deepseek-v3") ->
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(_CORPUS * 20, trainer)
     tok.save(str(folder / "tokenizer.json"))
     # the fields of DeepSeek-V3's own tokenizer_config.json (its class name included: transformers 5 reads a
     # byte-level tokenizer.json as it is whatever the class says)
-    config = {"tokenizer_class": "LlamaTokenizerFast", "legacy": True, "bos_token": BOS, "eos_token": EOS,
-              "pad_token": "<｜▁pad▁｜>", "unk_token": None, "add_bos_token": False, "add_eos_token": False,
-              "model_max_length": 16384, "clean_up_tokenization_spaces": False}
+    config = {
+        "tokenizer_class": "LlamaTokenizerFast",
+        "legacy": True,
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": "<｜▁pad▁｜>",
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "model_max_length": 16384,
+        "clean_up_tokenization_spaces": False,
+    }
     if template is not None:
         config["chat_template"] = builtin_template(template)
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8"
+    )
     return folder
 
 
 CONVERSATIONS = {
-    "single": [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": "how are you today?"}],
+    "single": [
+        {"role": "user", "content": "hello world"},
+        {"role": "assistant", "content": "how are you today?"},
+    ],
     "system_multi_turn": [
         {"role": "system", "content": "You are a lazy dog."},
         {"role": "user", "content": "what is two plus two?"},

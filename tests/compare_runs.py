@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from run_cli import metrics, train
 
 # lr 3e-2: with eps=1 the step is ~lr × gradient, 10x the default lr keeps the loss falling visibly.
@@ -61,8 +62,15 @@ EXACT = Tolerance(loss_rel=0, loss_abs=0, grad_norm_rel=0, param_rtol=0, param_a
 # Under bf16 autocast a parallel layout rounds at other points than one process and routing flips near
 # ties, so a rarely chosen expert's change can differ by ~90% (tiny-v3, TP=2): only whole tensors are
 # compared (measured <= 15%), and the loss and norm within 2e-2 (measured 3e-4 and 0.2%).
-BF16 = Tolerance(loss_rel=0, loss_abs=2e-2, grad_norm_rel=2e-2, param_rtol=0.4, buffer_atol=float("inf"),
-                 same_balance=False, per_expert=False)
+BF16 = Tolerance(
+    loss_rel=0,
+    loss_abs=2e-2,
+    grad_norm_rel=2e-2,
+    param_rtol=0.4,
+    buffer_atol=float("inf"),
+    same_balance=False,
+    per_expert=False,
+)
 
 
 @dataclass
@@ -107,17 +115,28 @@ def initial_weights(model_config_json: str, seed: int) -> tuple[dict[str, torch.
     from seektrain.models.transformer import build_model
 
     model = build_model(ModelConfig.from_dict(json.loads(model_config_json)), seed=seed)
-    return ({k: v.detach().clone() for k, v in model.state_dict().items()},
-            frozenset(name for name, _ in model.named_parameters()))
+    return (
+        {k: v.detach().clone() for k, v in model.state_dict().items()},
+        frozenset(name for name, _ in model.named_parameters()),
+    )
 
 
-def run_layout(run_dir: Path, model: str, nproc: int, *overrides: str, global_batch: int = 4,
-               steps: int = 5) -> Run:
+def run_layout(
+    run_dir: Path, model: str, nproc: int, *overrides: str, global_batch: int = 4, steps: int = 5
+) -> Run:
     """A ``steps``-step run of ``model`` with the tiny settings and ``LAYOUT_SETTINGS`` on ``nproc``
     ranks (``checkpoint.interval=0`` still writes the final checkpoint that ``Run.weights`` reads),
     which trained the layout it asked for (``assert_layout_ran``)."""
-    train(run_dir, *LAYOUT_SETTINGS, f"train.steps={steps}", f"model.preset={model}",
-          f"train.global_batch_size={global_batch}", *overrides, nproc=nproc, timeout=600)
+    train(
+        run_dir,
+        *LAYOUT_SETTINGS,
+        f"train.steps={steps}",
+        f"model.preset={model}",
+        f"train.global_batch_size={global_batch}",
+        *overrides,
+        nproc=nproc,
+        timeout=600,
+    )
     run = Run(Path(run_dir), metrics(run_dir))
     assert_layout_ran(run, nproc)
     return run
@@ -135,9 +154,14 @@ def expected_layout(parallel: dict, nproc: int) -> dict:
         kind = "replicate" if tp > 1 else "ddp"
     else:
         kind = "none"
-    want = {"mesh": {"pp": pp, "dp_replicate": rep, "dp_shard": shard, "tp": tp}, "data_parallel": kind,
-            "shard_group_size": shard if kind in ("fsdp", "hsdp") else 1,
-            "replicate_group_size": {"hsdp": rep, "replicate": rep, "ddp": dp}.get(kind, 1), "tp": tp, "ep": ep}
+    want = {
+        "mesh": {"pp": pp, "dp_replicate": rep, "dp_shard": shard, "tp": tp},
+        "data_parallel": kind,
+        "shard_group_size": shard if kind in ("fsdp", "hsdp") else 1,
+        "replicate_group_size": {"hsdp": rep, "replicate": rep, "ddp": dp}.get(kind, 1),
+        "tp": tp,
+        "ep": ep,
+    }
     if pp > 1:
         from seektrain.parallel.pipeline import SCHEDULES
 
@@ -160,11 +184,15 @@ def assert_layout_ran(run: Run, nproc: int) -> None:
     n_experts = json.loads((run.dir / "model_config.json").read_text())["n_routed_experts"]
     want = expected_layout(parallel, nproc)
     wrong = [f"{k} ran {ran[k]!r}, asked {v!r}" for k, v in want.items() if ran[k] != v]
-    assert not wrong, f"the run trained another layout than it asked for: {'; '.join(wrong)} (recorded: {ran})"
+    assert not wrong, (
+        f"the run trained another layout than it asked for: {'; '.join(wrong)} (recorded: {ran})"
+    )
     assert (ran["fsdp_units"] > 0) == (want["data_parallel"] in ("fsdp", "hsdp", "replicate")), ran
     assert (ran["tp_sharded_params"] > 0) == (want["tp"] > 1), ran
     if want["mesh"]["pp"] > 1:
-        assert ran["pp_stages"][0] == 0 and (len(ran["pp_stages"]) > 1) == (parallel["pp_schedule"] in MULTI_STAGE), ran
+        assert ran["pp_stages"][0] == 0 and (len(ran["pp_stages"]) > 1) == (
+            parallel["pp_schedule"] in MULTI_STAGE
+        ), ran
     if n_experts:
         split = want["ep"] if want["ep"] > 1 else want["tp"]
         assert ran["experts_per_rank"] == n_experts // split and ran["moe_layers"] > 0, ran
@@ -183,29 +211,37 @@ def groups(name: str, tensor: torch.Tensor, per_expert: bool = True) -> list[tup
     return [(name, tensor)]
 
 
-def weight_mismatches(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor],
-                      initial: dict[str, torch.Tensor], param_names: frozenset[str],
-                      tol: Tolerance = FP32) -> list[str]:
+def weight_mismatches(
+    got: dict[str, torch.Tensor],
+    want: dict[str, torch.Tensor],
+    initial: dict[str, torch.Tensor],
+    param_names: frozenset[str],
+    tol: Tolerance = FP32,
+) -> list[str]:
     """One line per parameter group whose change from ``initial`` differs between ``got`` and
     ``want`` by more than ``tol.param_rtol`` of the wanted change (+ ``tol.param_atol``), and per
     buffer that differs; empty when the runs agree."""
     problems = []
     if set(got) != set(want):
-        problems.append(f"different tensors: missing {sorted(set(want) - set(got))}, "
-                        f"extra {sorted(set(got) - set(want))}")
+        problems.append(
+            f"different tensors: missing {sorted(set(want) - set(got))}, extra {sorted(set(got) - set(want))}"
+        )
     for name in sorted(set(got) & set(want)):
         if name not in param_names:  # a buffer (balancing bias): the same values
             diff = (got[name].float() - want[name].float()).abs().max().item() if want[name].numel() else 0.0
             if diff > tol.buffer_atol:
                 problems.append(f"buffer {name}: differs by up to {diff:.3g}")
             continue
-        for (label, g), (_, w), (_, w0) in zip(*(groups(name, t[name], tol.per_expert)
-                                                 for t in (got, want, initial))):
+        for (label, g), (_, w), (_, w0) in zip(
+            *(groups(name, t[name], tol.per_expert) for t in (got, want, initial))
+        ):
             change = (w - w0).norm().item()
             diff = (g - w).norm().item()  # = |Δgot − Δwant|
             if not diff <= tol.param_rtol * change + tol.param_atol:
-                problems.append(f"{label}: change from init differs by {diff:.3g} "
-                                f"({diff / change if change else float('inf'):.2%} of the wanted change {change:.3g})")
+                problems.append(
+                    f"{label}: change from init differs by {diff:.3g} "
+                    f"({diff / change if change else float('inf'):.2%} of the wanted change {change:.3g})"
+                )
     return problems
 
 
@@ -216,8 +252,9 @@ def measured_differences(got: Run, want: Run, tol: Tolerance) -> dict:
     initial, param_names = want.initial
     worst, where = 0.0, None
     for name in sorted(param_names):
-        for (label, g), (_, w), (_, w0) in zip(*(groups(name, t[name], tol.per_expert)
-                                                 for t in (got.weights, want.weights, initial))):
+        for (label, g), (_, w), (_, w0) in zip(
+            *(groups(name, t[name], tol.per_expert) for t in (got.weights, want.weights, initial))
+        ):
             change = (w - w0).norm().item()
             if change > tol.param_atol and (g - w).norm().item() / change > worst:
                 worst, where = (g - w).norm().item() / change, label
@@ -231,8 +268,9 @@ def assert_same_run(got: Run, want: Run, tol: Tolerance = FP32) -> None:
     parameters and buffers after the steps (see the module docstring for why all of them)."""
     assert len(got.metrics) == len(want.metrics) > 0
     assert got.losses == pytest.approx(want.losses, rel=tol.loss_rel, abs=tol.loss_abs)
-    assert ([m["grad_norm"] for m in got.metrics]
-            == pytest.approx([m["grad_norm"] for m in want.metrics], rel=tol.grad_norm_rel))
+    assert [m["grad_norm"] for m in got.metrics] == pytest.approx(
+        [m["grad_norm"] for m in want.metrics], rel=tol.grad_norm_rel
+    )
     if "expert_imbalance" in want.metrics[0] and tol.same_balance:
         got_imbalance = [m["expert_imbalance"] for m in got.metrics]
         want_imbalance = [m["expert_imbalance"] for m in want.metrics]
@@ -245,4 +283,6 @@ def assert_same_run(got: Run, want: Run, tol: Tolerance = FP32) -> None:
         with open(os.environ[TOLERANCE_LOG], "a") as log:
             log.write(json.dumps({"run": str(got.dir), **measured_differences(got, want, tol)}) + "\n")
     problems = weight_mismatches(got.weights, want.weights, initial, param_names, tol)
-    assert not problems, f"{len(problems)} parameter groups differ from one process:\n" + "\n".join(problems[:20])
+    assert not problems, f"{len(problems)} parameter groups differ from one process:\n" + "\n".join(
+        problems[:20]
+    )

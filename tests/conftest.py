@@ -4,6 +4,7 @@ that no test may skip (no_skips_in_ci.py)."""
 from __future__ import annotations
 
 import pytest
+
 from compare_runs import Run, run_layout
 from no_skips_in_ci import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks)
 

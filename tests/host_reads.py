@@ -35,13 +35,28 @@ from pathlib import Path
 
 import torch
 
-READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "numpy", "cpu", "nonzero",
-         "masked_select")
+READS = (
+    "item",
+    "tolist",
+    "__float__",
+    "__int__",
+    "__bool__",
+    "__index__",
+    "numpy",
+    "cpu",
+    "nonzero",
+    "masked_select",
+)
 FUNCTIONS = ("nonzero", "masked_select", "argwhere")  # the same reads as torch.* functions
 PACKAGE = str(Path(__file__).resolve().parents[1] / "seektrain")
 # The negative control (--plant): one of each kind of read the count must see, after every step.
-PLANTED = {"cpu": lambda t: t.cpu(), "to": lambda t: t.to("cpu"), "nonzero": lambda t: t.nonzero(),
-           "masked_select": lambda t: t.masked_select(t > 0), "boolean-mask index": lambda t: t[t > 0]}
+PLANTED = {
+    "cpu": lambda t: t.cpu(),
+    "to": lambda t: t.to("cpu"),
+    "nonzero": lambda t: t.nonzero(),
+    "masked_select": lambda t: t.masked_select(t > 0),
+    "boolean-mask index": lambda t: t[t > 0],
+}
 
 
 def _caller() -> str:
@@ -60,7 +75,9 @@ def _is_bool_mask(index) -> bool:
 
 def _names_the_host(args, kwargs) -> bool:
     """``.to("cpu")``, ``.to(device="cpu")``: a copy to the host named as such."""
-    return any(isinstance(t, str) and torch.device(t).type == "cpu" for t in (*args[:1], kwargs.get("device")))
+    return any(
+        isinstance(t, str) and torch.device(t).type == "cpu" for t in (*args[:1], kwargs.get("device"))
+    )
 
 
 def _gpu_policy_class():
@@ -75,8 +92,11 @@ def _gpu_policy_class():
 
         def model_kernels(self, compute_dtype=torch.bfloat16) -> Kernels:
             plain = Kernels()
-            return replace(super().model_kernels(compute_dtype), grouped_mm_dtypes=plain.grouped_mm_dtypes,
-                           grouped_mm_dim_multiple=plain.grouped_mm_dim_multiple)
+            return replace(
+                super().model_kernels(compute_dtype),
+                grouped_mm_dtypes=plain.grouped_mm_dtypes,
+                grouped_mm_dim_multiple=plain.grouped_mm_dim_multiple,
+            )
 
     return GpuPolicy
 
@@ -95,6 +115,7 @@ def count_reads(run_dir: str, overrides: list[str], plant: bool = False) -> dict
             if step[0]:
                 reads[step[0]].append(f"{name} at {_caller()}")
             return original(self, *args, **kwargs)
+
         return read
 
     begin_step = faults.FaultGuard.begin_step
@@ -114,6 +135,7 @@ def count_reads(run_dir: str, overrides: list[str], plant: bool = False) -> dict
             if step[0] and is_read(args, kwargs):
                 reads[step[0]].append(f"{name} at {_caller()}")
             return original(self, *args, **kwargs)
+
         return call
 
     step_fn = trainer.train_step
@@ -131,8 +153,9 @@ def count_reads(run_dir: str, overrides: list[str], plant: bool = False) -> dict
     for name in READS:
         setattr(torch.Tensor, name, counted(name, originals[name]))
     torch.Tensor.to = counted_if("to", originals["to"], _names_the_host)
-    torch.Tensor.__getitem__ = counted_if("boolean-mask index", originals["__getitem__"],
-                                          lambda args, kwargs: _is_bool_mask(args[0]))
+    torch.Tensor.__getitem__ = counted_if(
+        "boolean-mask index", originals["__getitem__"], lambda args, kwargs: _is_bool_mask(args[0])
+    )
     for name, original in functions.items():
         setattr(torch, name, counted(name, original))
     if plant:

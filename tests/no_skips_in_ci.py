@@ -19,8 +19,10 @@ def _fail_skip(report, where: str) -> None:
         return
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     report.outcome = "failed"
-    report.longrepr = (f"{where} skipped in CI ({reason}); CI must run every test: make its condition "
-                       "hold there (.ci/run installs what tests need) or remove the skip")
+    report.longrepr = (
+        f"{where} skipped in CI ({reason}); CI must run every test: make its condition "
+        "hold there (.ci/run installs what tests need) or remove the skip"
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)

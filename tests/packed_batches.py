@@ -10,12 +10,14 @@ from seektrain.data.batch import Batch
 from seektrain.models.linear_cross_entropy import IGNORE
 
 
-def document(length: int, vocab: int, gen: torch.Generator, trained: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def document(
+    length: int, vocab: int, gen: torch.Generator, trained: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, mask) of one document; ``trained``: the share of its tokens with a loss, at its end
     (as an assistant turn after a prompt)."""
     tokens = torch.randint(1, vocab, (length,), generator=gen)
     mask = torch.zeros(length, dtype=torch.bool)
-    mask[length - max(1, round(trained * length)):] = True
+    mask[length - max(1, round(trained * length)) :] = True
     return tokens, mask
 
 
@@ -52,12 +54,22 @@ def uneven_rows(vocab: int, seq_len: int, seed: int) -> list[Batch]:
     return [
         pack([document(seq_len, vocab, gen, 1.0)], seq_len),
         pack([document(seq_len - 4, vocab, gen, 3 / (seq_len - 4))], seq_len),
-        pack([document(third, vocab, gen, 0.5), document(third, vocab, gen, 0.3),
-              document(seq_len - 2 * third - 3, vocab, gen, 0.8)], seq_len),
+        pack(
+            [
+                document(third, vocab, gen, 0.5),
+                document(third, vocab, gen, 0.3),
+                document(seq_len - 2 * third - 3, vocab, gen, 0.8),
+            ],
+            seq_len,
+        ),
         pack([document(third, vocab, gen, 0.6)], seq_len),
     ]
 
 
 def cat_rows(rows: list[Batch]) -> Batch:
-    return Batch(*(torch.cat([getattr(r, name) for r in rows])
-                   for name in ("tokens", "labels", "positions", "document_ids")))
+    return Batch(
+        *(
+            torch.cat([getattr(r, name) for r in rows])
+            for name in ("tokens", "labels", "positions", "document_ids")
+        )
+    )

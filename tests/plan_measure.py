@@ -56,9 +56,15 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
     from seektrain.train.precision import DynamicLossScaler
 
     plan = RunPlan.resolve(job, model_cfg, world, device.type)
-    loss_fn = PipelineLoss(DynamicLossScaler(False, 1.0, 1), job.train.mtp_loss_weight) if plan.pp > 1 else None
-    pm = parallelize_model(build_model(plan.model, device="meta", kernels=plan.platform.model_kernels(plan.compute_dtype)), plan,
-                           device, loss_fn=loss_fn)
+    loss_fn = (
+        PipelineLoss(DynamicLossScaler(False, 1.0, 1), job.train.mtp_loss_weight) if plan.pp > 1 else None
+    )
+    pm = parallelize_model(
+        build_model(plan.model, device="meta", kernels=plan.platform.model_kernels(plan.compute_dtype)),
+        plan,
+        device,
+        loss_fn=loss_fn,
+    )
     model = pm.model
     optimizer = build_optimizer(model, job.optim)
     dp_rank = plan.meshes.dp.get_local_rank()
@@ -88,8 +94,12 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
     grads = _local_bytes(p.grad for p in model.parameters() if p.grad is not None)
     optimizer.step()
     state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-    return {"params": _local_bytes(model.parameters()), "grads": grads, "optimizer": _local_bytes(state),
-            "activations": acts}
+    return {
+        "params": _local_bytes(model.parameters()),
+        "grads": grads,
+        "optimizer": _local_bytes(state),
+        "activations": acts,
+    }
 
 
 def worker(rank: int, port: int, out_dir: str) -> None:

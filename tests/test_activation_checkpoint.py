@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compare_runs import EXACT, assert_same_run, run_layout
-from test_float8 import cpu_fp8  # noqa: F401 (fixture)
 
+from compare_runs import EXACT, assert_same_run, run_layout
 from seektrain.config.loader import ConfigError, load_config
 from seektrain.models.presets import get_preset
+from test_float8 import cpu_fp8  # noqa: F401 (fixture)
 
 SELECTIVE = "train.activation_checkpoint=selective"
 
@@ -44,15 +44,29 @@ def test_policy_keeps_matmuls_attention_and_collectives():
     from seektrain.parallel.activation_checkpoint import selective_policy
 
     ops = torch.ops
-    kept = [ops.aten.mm.default, ops.aten.addmm.default, ops.aten.bmm.default, ops.aten._grouped_mm.default,
-            ops.aten._scaled_mm.default, ops.aten._scaled_dot_product_flash_attention.default,
-            ops.aten._scaled_dot_product_efficient_attention.default,
-            ops.aten._scaled_dot_product_cudnn_attention.default,
-            ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-            ops._c10d_functional.all_gather_into_tensor.default, ops._c10d_functional.reduce_scatter_tensor.default,
-            ops._c10d_functional.all_to_all_single.default]
-    recomputed = [ops.aten.mul.Tensor, ops.aten.silu.default, ops.aten.rsqrt.default, ops.aten.add.Tensor,
-                  ops.aten._to_copy.default, ops.aten.topk.default, ops._c10d_functional.wait_tensor.default]
+    kept = [
+        ops.aten.mm.default,
+        ops.aten.addmm.default,
+        ops.aten.bmm.default,
+        ops.aten._grouped_mm.default,
+        ops.aten._scaled_mm.default,
+        ops.aten._scaled_dot_product_flash_attention.default,
+        ops.aten._scaled_dot_product_efficient_attention.default,
+        ops.aten._scaled_dot_product_cudnn_attention.default,
+        ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+        ops._c10d_functional.all_gather_into_tensor.default,
+        ops._c10d_functional.reduce_scatter_tensor.default,
+        ops._c10d_functional.all_to_all_single.default,
+    ]
+    recomputed = [
+        ops.aten.mul.Tensor,
+        ops.aten.silu.default,
+        ops.aten.rsqrt.default,
+        ops.aten.add.Tensor,
+        ops.aten._to_copy.default,
+        ops.aten.topk.default,
+        ops._c10d_functional.wait_tensor.default,
+    ]
     assert all(selective_policy(None, op) == CheckpointPolicy.MUST_SAVE for op in kept)
     assert all(selective_policy(None, op) == CheckpointPolicy.PREFER_RECOMPUTE for op in recomputed)
 
@@ -84,9 +98,13 @@ def test_kept_bytes_equal_the_planner_model(preset):
         with tracker:
             y = layer(x, cos, sin)
             now = next(iter(tracker.get_tracker_snapshot("current").values()))
-        kept = sum(v for k, v in now.items() if str(k).endswith(("ACT", "TEMP"))) - y.numel() * y.element_size()
+        kept = (
+            sum(v for k, v in now.items() if str(k).endswith(("ACT", "TEMP"))) - y.numel() * y.element_size()
+        )
         want = layer_selective_bytes(cfg, int(key), 4, 1, 1, pad_values=True).kept * B * T
-        assert abs(kept - want) <= 64, f"{preset} layer {key}: kept {kept} bytes, planner {want:.0f}"  # 64: MoE counts
+        assert abs(kept - want) <= 64, (
+            f"{preset} layer {key}: kept {kept} bytes, planner {want:.0f}"
+        )  # 64: MoE counts
         y.sum().backward()
 
 

@@ -15,9 +15,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from bad_input_cases import ROWS, Case
 from run_cli import seektrain
-
 from seektrain.cli.main import main
 
 CORPUS = "\n".join(f"line {i}: the quick brown fox jumps over the lazy dog" for i in range(300))
@@ -32,11 +32,33 @@ def fx(tmp_path_factory) -> dict:
     assert main(["data", "prepare", "--input", str(root / "corpus.txt"), "--output", str(root / "data")]) == 0
     assert main(["convert", "--preset", "tiny-dense", "--to-hf", str(root / "hf")]) == 0
     _tokenizer(root / "tok")
-    seektrain("train", "--set", f"run.dir={root / 'run'}", "--set", f"data.path={root / 'data'}", "--set",
-              "model.preset=tiny-dense", "--set", "train.steps=1", "--set", "train.seq_len=32", "--set",
-              "train.global_batch_size=2", "--set", "train.micro_batch_size=2", "--set", "precision.dtype=fp32",
-              "--set", "checkpoint.interval=1", "--set", "train.eval_interval=0", "--set", "run.progress_bar=false",
-              "--set", "metrics.tensorboard=false")
+    seektrain(
+        "train",
+        "--set",
+        f"run.dir={root / 'run'}",
+        "--set",
+        f"data.path={root / 'data'}",
+        "--set",
+        "model.preset=tiny-dense",
+        "--set",
+        "train.steps=1",
+        "--set",
+        "train.seq_len=32",
+        "--set",
+        "train.global_batch_size=2",
+        "--set",
+        "train.micro_batch_size=2",
+        "--set",
+        "precision.dtype=fp32",
+        "--set",
+        "checkpoint.interval=1",
+        "--set",
+        "train.eval_interval=0",
+        "--set",
+        "run.progress_bar=false",
+        "--set",
+        "metrics.tensorboard=false",
+    )
     return {name: root / name for name in ("data", "run", "hf", "tok")}
 
 
@@ -115,7 +137,11 @@ def test_internal_error_is_one_line_naming_train_log(tmp_path, monkeypatch, caps
     monkeypatch.setattr(train_cmd, "run", broken)
     assert main(["train", "--set", f"run.dir={tmp_path / 'run'}"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and str(tmp_path / "run" / "train.log") in lines[0] and "an invariant broke" in lines[0]
+    assert (
+        len(lines) == 1
+        and str(tmp_path / "run" / "train.log") in lines[0]
+        and "an invariant broke" in lines[0]
+    )
     log = (tmp_path / "run" / "train.log").read_text()
     assert "Traceback" in log and "RuntimeError: an invariant broke" in log
 
@@ -140,10 +166,31 @@ def test_launcher_prints_each_worker_line_once(tmp_path, capsys):
 
 
 def _train_in_process(run: Path, fx: dict) -> list[str]:
-    return ["train", "--set", f"run.dir={run}", "--set", f"data.path={fx['data']}", "--set", "model.preset=tiny-dense",
-            "--set", "train.steps=2", "--set", "train.seq_len=32", "--set", "train.global_batch_size=2", "--set",
-            "train.micro_batch_size=2", "--set", "precision.dtype=fp32", "--set", "train.eval_interval=0", "--set",
-            "run.progress_bar=false", "--set", "metrics.tensorboard=false"]
+    return [
+        "train",
+        "--set",
+        f"run.dir={run}",
+        "--set",
+        f"data.path={fx['data']}",
+        "--set",
+        "model.preset=tiny-dense",
+        "--set",
+        "train.steps=2",
+        "--set",
+        "train.seq_len=32",
+        "--set",
+        "train.global_batch_size=2",
+        "--set",
+        "train.micro_batch_size=2",
+        "--set",
+        "precision.dtype=fp32",
+        "--set",
+        "train.eval_interval=0",
+        "--set",
+        "run.progress_bar=false",
+        "--set",
+        "metrics.tensorboard=false",
+    ]
 
 
 def test_bad_input_found_inside_the_step_is_one_line_exit_2(fx, tmp_path, monkeypatch, capsys):
@@ -157,14 +204,16 @@ def test_bad_input_found_inside_the_step_is_one_line_exit_2(fx, tmp_path, monkey
     monkeypatch.setattr(trainer, "train_step", refuses)
     assert main(_train_in_process(tmp_path / "run", fx)) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == ["seektrain: error: data.path=x: shard 3 holds token 70000, above the vocabulary; re-run "
-                     "data prepare"]
+    assert lines == [
+        "seektrain: error: data.path=x: shard 3 holds token 70000, above the vocabulary; re-run data prepare"
+    ]
     assert "Traceback" not in (tmp_path / "run" / "train.log").read_text()
 
 
 @pytest.mark.parametrize("bug", [TypeError, ValueError])
-def test_bug_inside_the_step_is_an_internal_error_with_its_traceback_in_train_log(bug, fx, tmp_path, monkeypatch,
-                                                                                    capsys):
+def test_bug_inside_the_step_is_an_internal_error_with_its_traceback_in_train_log(
+    bug, fx, tmp_path, monkeypatch, capsys
+):
     """A bug in the step (a ValueError too: not every ValueError is the user's) is no "user error": exit 1,
     one line saying it is internal and naming run.dir/train.log, which holds the whole traceback."""
     from seektrain.train import trainer
@@ -176,6 +225,8 @@ def test_bug_inside_the_step_is_an_internal_error_with_its_traceback_in_train_lo
     assert main(_train_in_process(tmp_path / "run", fx)) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     log = tmp_path / "run" / "train.log"
-    assert len(lines) == 1 and lines[0].startswith("seektrain: internal error: ") and str(log) in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith("seektrain: internal error: ") and str(log) in lines[0], (
+        lines
+    )
     text = log.read_text()
     assert "Traceback" in text and "in broken_step" in text and f"{bug.__name__}: unsupported operand" in text

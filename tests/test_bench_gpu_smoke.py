@@ -18,14 +18,29 @@ def test_smoke_run_measures_or_explains_every_row(tmp_path):
     out = tmp_path / "bench_gpu.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("OUT", None)
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--smoke", "--out", str(out),
-                           "--workdir", str(tmp_path / "work")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_gpu.py"),
+            "--smoke",
+            "--out",
+            str(out),
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
 
     assert data["smoke"] is True
-    assert data["device"]["type"] == "cpu" and data["device"]["name"] and data["device"]["peak_bf16_flops"] > 0
+    assert (
+        data["device"]["type"] == "cpu" and data["device"]["name"] and data["device"]["peak_bf16_flops"] > 0
+    )
     for package in ("torch", "transformers", "torchao"):
         assert package in data["versions"]
     assert data["versions"]["torch"] and data["versions"]["transformers"]
@@ -45,7 +60,10 @@ def test_smoke_run_measures_or_explains_every_row(tmp_path):
                 continue
             assert row["tokens_per_s"] > 0 and row["mfu"] > 0 and row["peak_mem_gib"] > 0, (model, name, row)
             assert len(row["step_s"]) == data["settings"]["iters"]
-        assert rows["compiled"]["compile_s"] > 0 and rows["compiled"]["compiled_blocks"] == facts["config"]["num_hidden_layers"]
+        assert (
+            rows["compiled"]["compile_s"] > 0
+            and rows["compiled"]["compiled_blocks"] == facts["config"]["num_hidden_layers"]
+        )
         assert rows["transformers"]["logits_max_abs_diff_fp32"] < 1e-3
         assert rows["trainer_bf16"]["ended"].startswith(("stopped after its last step", "exited"))
         assert rows["trainer_bf16"]["loss_last"] > 0

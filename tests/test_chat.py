@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from chat_fixture import EOS, build_chat_tokenizer
 from run_cli import seektrain
-
 from seektrain.cli.chat_cmd import _answer
 from seektrain.data.chat_template import load_chat_template
 from seektrain.data.tokenizer import load_tokenizer
@@ -71,10 +71,13 @@ def test_thinking_streams_apart_from_the_answer_and_stays_out_of_the_history(tok
     answer = "".join(t for k, t in pieces if k == "answer")
     assert think == "\nlet me count\n" and answer == "\n\nfour"  # EOS ends the reply, nothing after it
     assert len(pieces) > 4  # streamed, not one piece at the end
-    assert conv.last.stopped and conv.last.new_tokens == len(conv.chat.tokenizer.encode_chat(
-        f"<think>\nlet me count\n</think>\n\nfour{EOS}")[0])
-    assert conv.messages == [{"role": "user", "content": "what is two plus two"},
-                             {"role": "assistant", "content": "four"}]
+    assert conv.last.stopped and conv.last.new_tokens == len(
+        conv.chat.tokenizer.encode_chat(f"<think>\nlet me count\n</think>\n\nfour{EOS}")[0]
+    )
+    assert conv.messages == [
+        {"role": "user", "content": "what is two plus two"},
+        {"role": "assistant", "content": "four"},
+    ]
 
 
 def test_history_grows_and_reset_clears_it(tok_dir):
@@ -83,7 +86,8 @@ def test_history_grows_and_reset_clears_it(tok_dir):
     first = conv.last.prompt_tokens
     list(conv.reply("another one"))
     rendered = conv.chat.template.render(
-        [{"role": "system", "content": "be brief"}, *conv.messages[:3]], add_generation_prompt=True)
+        [{"role": "system", "content": "be brief"}, *conv.messages[:3]], add_generation_prompt=True
+    )
     assert conv.last.prompt_tokens == len(conv.chat.tokenizer.encode_chat(rendered)[0]) > first
     conv.reset()
     list(conv.reply("name a colour"))
@@ -107,7 +111,9 @@ def test_the_terminal_view_marks_the_thinking_block(tok_dir, capsys):
     assert re.fullmatch(r"# \d+ prompt tokens, \d+ generated \(\d+\.\d/s\), end of turn\n", err)
 
 
-@pytest.mark.parametrize("chunks", [["<th", "ink>a</thi", "nk>b"], ["<think>a</think>b"], list("<think>a</think>b")])
+@pytest.mark.parametrize(
+    "chunks", [["<th", "ink>a</thi", "nk>b"], ["<think>a</think>b"], list("<think>a</think>b")]
+)
 def test_think_tags_split_across_pieces(chunks):
     splitter = ThinkSplitter()
     out = [p for c in chunks for p in splitter.feed(c)] + list(splitter.flush())
@@ -126,8 +132,12 @@ def test_end_of_turn_is_eos_for_deepseek_and_the_template_marker_for_chatml(tok_
     tok = load_tokenizer(str(tok_dir))
     assert stop_token_ids(tok, load_chat_template(str(tok_dir), tok=tok)) == [tok.eos_id]
     chatml = load_chat_template(str(tok_dir), tok=tok)
-    chatml = type(chatml)("{% for m in messages %}<｜User｜>{{ m['content'] }}</think>\n{% endfor %}"
-                          "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}", "chatml-like", chatml.special_tokens)
+    chatml = type(chatml)(
+        "{% for m in messages %}<｜User｜>{{ m['content'] }}</think>\n{% endfor %}"
+        "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}",
+        "chatml-like",
+        chatml.special_tokens,
+    )
     assert stop_token_ids(tok, chatml) == [tok.eos_id, tok.encode_chat("</think>")[0][0]]
     blank = type(chatml)("{% for m in messages %}{{ m['content'] }}\n\n{% endfor %}", "blank", {})
     assert len(tok.encode_chat("\n\n")[0]) == 1  # one token, but blank: no end marker
@@ -156,10 +166,22 @@ def hf(tok_dir, tmp_path_factory) -> Path:
 
 
 def test_chat_cli_answers_a_prompt_and_stdin_turns_from_an_hf_folder(hf):
-    one = seektrain("chat", "--hf", str(hf), "--prompt", "say hello", "--max-new-tokens", "6", "--temperature", "0")
+    one = seektrain(
+        "chat", "--hf", str(hf), "--prompt", "say hello", "--max-new-tokens", "6", "--temperature", "0"
+    )
     assert one.stderr.startswith(f"# {hf}\n") and re.search(r"# \d+ prompt tokens, \d generated", one.stderr)
-    piped = seektrain("chat", "--hf", str(hf), "--max-new-tokens", "3", "--temperature", "0", "--system", "be brief",
-                      input="say hello\n\n/reset\nsay hello\nname a colour\n/exit\nnever read\n")
+    piped = seektrain(
+        "chat",
+        "--hf",
+        str(hf),
+        "--max-new-tokens",
+        "3",
+        "--temperature",
+        "0",
+        "--system",
+        "be brief",
+        input="say hello\n\n/reset\nsay hello\nname a colour\n/exit\nnever read\n",
+    )
     prompts = [int(n) for n in re.findall(r"# (\d+) prompt tokens", piped.stderr)]
     assert len(prompts) == 3 and prompts[0] == prompts[1] < prompts[2]  # /reset, then history grows
     assert "# new conversation" in piped.stderr
@@ -169,9 +191,24 @@ def test_chat_cli_on_a_terminal_prompts_for_each_turn(hf):
     """The interactive mode on a pseudo-terminal, as a user types: a `you>` prompt per turn, the reply,
     the statistics line; /exit ends it."""
     main, side = os.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "seektrain.cli.main", "chat", "--hf", str(hf), "--max-new-tokens",
-                             "3", "--temperature", "0"], stdin=side, stdout=side, stderr=side,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "seektrain.cli.main",
+            "chat",
+            "--hf",
+            str(hf),
+            "--max-new-tokens",
+            "3",
+            "--temperature",
+            "0",
+        ],
+        stdin=side,
+        stdout=side,
+        stderr=side,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     os.close(side)
     seen = bytearray()
 

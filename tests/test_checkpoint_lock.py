@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from run_cli import seektrain, train
 
+from run_cli import seektrain, train
 from seektrain.checkpoint import write_lock
 from seektrain.checkpoint.export import load_run_checkpoint
 from seektrain.checkpoint.finder import CHECKPOINTS, resolve_checkpoint
@@ -38,10 +38,17 @@ class Writer:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
-                                                            os.environ.get("PYTHONPATH", "")])}
-        self.proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _HOLD, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         assert self.proc.stdout.readline().strip() == "locked"
 
     def stop(self) -> None:
@@ -66,7 +73,10 @@ def stale_tmp(path: Path) -> Path:
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 def busy_run(run: Path, writers) -> tuple[Path, Path]:
@@ -103,7 +113,10 @@ def test_only_the_trainers_rank_0_tidies_and_never_a_live_tmp(tmp_path, writers)
     chosen = CheckpointManager(run, keep=2, async_save=False, rank=0).latest_valid()
     assert chosen == run / CHECKPOINTS / "step-00000002"
     assert sorted(p.name for p in (run / CHECKPOINTS).iterdir()) == [
-        "step-00000002", "step-00000003.corrupt", "step-00000005.tmp"]
+        "step-00000002",
+        "step-00000003.corrupt",
+        "step-00000005.tmp",
+    ]
     assert write_lock.in_use(live) and not stale.exists()
 
 
@@ -113,8 +126,11 @@ def test_resume_choice_on_rank_0_keeps_a_live_tmp(tmp_path, writers):
     choice = CheckpointManager(run, keep=2, async_save=False, rank=0).resume_choice("auto", DENSE)
     assert choice.checkpoint == run / CHECKPOINTS / "step-00000002" and choice.set_aside == ()
     assert live.is_dir() and not stale.exists()
-    with pytest.raises(ValueError, match=r"step-00000005.tmp is being written by another process .*; stop the "
-                                         r"job using this run.dir first, or use a new run.dir$"):
+    with pytest.raises(
+        ValueError,
+        match=r"step-00000005.tmp is being written by another process .*; stop the "
+        r"job using this run.dir first, or use a new run.dir$",
+    ):
         prepare_run_dir(run, resolve_resume(run, "never", DENSE))
     assert live.is_dir() and (run / CHECKPOINTS / "step-00000002").is_dir()
 
@@ -138,7 +154,9 @@ def test_a_save_never_takes_over_a_live_tmp(tmp_path, writers):
     with pytest.raises(CheckpointError) as err:
         manager.save(5, model, None, {"step": 5})
     text = str(err.value)
-    assert "\n" not in text and "another process" in text and text.endswith("two jobs must not share a run.dir")
+    assert (
+        "\n" not in text and "another process" in text and text.endswith("two jobs must not share a run.dir")
+    )
     stale_tmp(tmp_path / CHECKPOINTS / "step-00000006.tmp")
     manager.save(6, model, None, {"step": 6})  # a crashed save's leftover is replaced
     done = tmp_path / CHECKPOINTS / "step-00000006"

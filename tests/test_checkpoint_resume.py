@@ -95,7 +95,9 @@ def test_never_in_an_unused_run_dir_moves_nothing(tmp_path):
 def test_a_step_number_resumes_it_and_sets_newer_steps_aside(tmp_path):
     run = make_run(tmp_path / "run", [2, 4, 6])
     choice = resolve_resume(run, "4", DENSE)
-    assert choice.checkpoint == ckpt(run, 4) and choice.set_aside == (ckpt(run, 6),) and not choice.start_fresh
+    assert (
+        choice.checkpoint == ckpt(run, 4) and choice.set_aside == (ckpt(run, 6),) and not choice.start_fresh
+    )
     aside = prepare_run_dir(run, choice)
     assert names(run / CHECKPOINTS) == ["step-00000002", "step-00000004"]
     assert names(aside) == [MODEL_CONFIG, "step-00000006"]  # a copy: the run keeps its model config
@@ -110,8 +112,11 @@ def test_a_missing_or_corrupt_step_is_one_line_listing_the_steps(tmp_path):
     text = str(err.value)
     assert "\n" not in text and text.startswith("checkpoint.resume=3: ") and "available steps: 2, 4" in text
     truncate(ckpt(run, 4))
-    with pytest.raises(ValueError, match=r"^checkpoint.resume=4: checkpoint step-00000004 is unusable .*"
-                                         r"does not match its checksum.*available: 2, 4\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^checkpoint.resume=4: checkpoint step-00000004 is unusable .*"
+        r"does not match its checksum.*available: 2, 4\)$",
+    ):
         resolve_resume(run, "4", DENSE)
     with pytest.raises(ValueError, match=r"available steps: none"):
         resolve_resume(tmp_path / "empty", "1", DENSE)
@@ -127,12 +132,16 @@ def test_a_path_resumes_another_runs_checkpoint_with_that_runs_model(tmp_path):
     aside = prepare_run_dir(run, choice)
     assert names(aside) == ["metrics.jsonl", MODEL_CONFIG, "step-00000005", "step-00000006"]
     assert names(other / CHECKPOINTS) == ["step-00000003"]  # the source run is only read
-    assert resolve_resume(tmp_path / "x", str(other), V3).checkpoint == ckpt(other, 3)  # a run dir: its newest
+    assert resolve_resume(tmp_path / "x", str(other), V3).checkpoint == ckpt(
+        other, 3
+    )  # a run dir: its newest
 
 
 def test_bad_paths_are_one_line(tmp_path):
     run = make_run(tmp_path / "run", [1])
-    with pytest.raises(ValueError, match=r"^checkpoint.resume=.*nope: no such folder; use auto, never, a step"):
+    with pytest.raises(
+        ValueError, match=r"^checkpoint.resume=.*nope: no such folder; use auto, never, a step"
+    ):
         resolve_resume(run, str(tmp_path / "nope"), DENSE)
     tmp = run / CHECKPOINTS / "step-00000002.tmp"
     tmp.mkdir()
@@ -150,8 +159,11 @@ def test_another_model_over_a_training_checkpoint_is_refused(tmp_path):
     text = str(err.value)
     assert "\n" not in text and "holds model 'tiny-dense' but the config asks for model 'tiny-v3'" in text
     assert text.endswith("use a new run.dir, or checkpoint.resume=never to start fresh in this one")
-    with pytest.raises(ValueError, match=r"'tiny-dense' \(num_hidden_layers=4\) but the config asks for model "
-                                         r"'tiny-dense' \(num_hidden_layers=3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"'tiny-dense' \(num_hidden_layers=4\) but the config asks for model "
+        r"'tiny-dense' \(num_hidden_layers=3\)",
+    ):
         resolve_resume(run, "2", DENSE.replace(num_hidden_layers=3))
     renamed = DENSE.replace(name="custom")  # the same model under another label is the same model
     assert resolve_resume(run, "auto", renamed).model == DENSE
@@ -165,7 +177,11 @@ def test_a_converted_run_dir_defines_its_model(tmp_path, caplog):
     assert json.loads((run / MODEL_SOURCE).read_text())["source"] == "/hf/some-model"
     with caplog.at_level(logging.INFO, logger="seektrain.checkpoint"):
         choice = resolve_resume(run, "auto", V3)
-    assert choice.checkpoint == ckpt(run, 0) and choice.model == DENSE and choice.converted_from == "/hf/some-model"
+    assert (
+        choice.checkpoint == ckpt(run, 0)
+        and choice.model == DENSE
+        and choice.converted_from == "/hf/some-model"
+    )
     assert any("converted from /hf/some-model" in r.getMessage() for r in caplog.records)
     CheckpointManager(run, keep=5, async_save=False, rank=0).save(7, build_model(DENSE), None, {"step": 7})
     assert resolve_resume(run, "auto", V3).model == DENSE  # a training checkpoint of the converted run
@@ -188,8 +204,9 @@ def test_resuming_a_converted_checkpoint_elsewhere_marks_the_new_run_dir(tmp_pat
 def _two_ranks(rank: int, port: int, out_dir: str) -> None:
     import os
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     from seektrain.parallel.process_group import init_distributed
 
     init_distributed(60)

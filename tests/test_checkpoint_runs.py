@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from run_cli import TINY, metrics, train
 
 CKPT = ["train.steps=6", "checkpoint.interval=2", "train.deterministic=true"]
@@ -35,8 +36,11 @@ def load_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
-    state = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in meta.items()
-             if isinstance(v, TensorStorageMetadata)}
+    state = {
+        k: torch.empty(v.size, dtype=v.properties.dtype)
+        for k, v in meta.items()
+        if isinstance(v, TensorStorageMetadata)
+    }
     dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
     return state
 
@@ -62,10 +66,22 @@ def test_checkpoint_holds_everything(straight):
     assert names == ["step-00000004", "step-00000006"]  # checkpoint.keep = 2
     ckpt = straight / "checkpoints" / "step-00000004"
     files = {p.name for p in ckpt.iterdir()}
-    assert {"COMPLETE", "checksums.json", "trainer_state.json", ".metadata", "__0_0.distcp", "__1_0.distcp",
-            "rng-rank00000.cpu", "rng-rank00001.cpu"} <= files
+    assert {
+        "COMPLETE",
+        "checksums.json",
+        "trainer_state.json",
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "rng-rank00000.cpu",
+        "rng-rank00001.cpu",
+    } <= files
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    assert state["step"] == 4 and state["data"]["consumed_windows"] == 16 and state["scheduler"]["last_epoch"] == 4
+    assert (
+        state["step"] == 4
+        and state["data"]["consumed_windows"] == 16
+        and state["scheduler"]["last_epoch"] == 4
+    )
     tensors = load_tensors(ckpt)
     biases = [k for k in tensors if k.endswith("e_score_correction_bias")]
     assert biases and all(k.startswith("model.") for k in biases)
@@ -96,8 +112,14 @@ def test_killed_worker_is_restarted_and_async_saves_match(straight, tmp_path):
     """Rank 1 SIGKILLs itself at step 5 on the first attempt; torchrun restarts both workers, which resume
     from the last committed (async) checkpoint and finish. Async checkpoints equal sync ones."""
     run = tmp_path / "run"
-    proc = train(run, *CKPT, "checkpoint.async_save=true", nproc=2, extra_args=("--max-restarts", "1"),
-                 env={"SEEKTRAIN_TEST_KILL": "5:1"})
+    proc = train(
+        run,
+        *CKPT,
+        "checkpoint.async_save=true",
+        nproc=2,
+        extra_args=("--max-restarts", "1"),
+        env={"SEEKTRAIN_TEST_KILL": "5:1"},
+    )
     out = proc.stdout + proc.stderr
     assert "exitcode: -9" in out and "resumed from" in out
     assert step_losses(run) == step_losses(straight)
@@ -125,8 +147,13 @@ def test_sigterm_saves_a_loadable_checkpoint_and_nan_is_skipped(tmp_path):
         args += ["--set", item]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "SEEKTRAIN_TEST_NAN": "2"}
     env.pop("LOCAL_RANK", None)
-    proc = subprocess.Popen([sys.executable, "-m", "seektrain.cli.main", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seektrain.cli.main", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         if (run / "metrics.jsonl").is_file() and len(metrics(run)) >= 3:
@@ -149,13 +176,21 @@ def test_sigterm_saves_a_loadable_checkpoint_and_nan_is_skipped(tmp_path):
 
 
 def test_nan_loss_stops_with_one_line_and_saves_nothing_new(tmp_path):
-    proc = train(tmp_path, "train.steps=4", "checkpoint.interval=1", "train.on_bad_loss=stop",
-                 env={"SEEKTRAIN_TEST_NAN": "2"}, check=False)
+    proc = train(
+        tmp_path,
+        "train.steps=4",
+        "checkpoint.interval=1",
+        "train.on_bad_loss=stop",
+        env={"SEEKTRAIN_TEST_NAN": "2"},
+        check=False,
+    )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("seektrain:")]
-    assert errors == ["seektrain: error: training stopped at step 2: loss is nan (train.on_bad_loss=stop); no "
-                      "checkpoint was written for it. Resume from the last checkpoint, e.g. with a lower "
-                      "optim.lr, or set train.on_bad_loss=skip"]
+    assert errors == [
+        "seektrain: error: training stopped at step 2: loss is nan (train.on_bad_loss=stop); no "
+        "checkpoint was written for it. Resume from the last checkpoint, e.g. with a lower "
+        "optim.lr, or set train.on_bad_loss=skip"
+    ]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001"]
 
 
@@ -164,8 +199,18 @@ def test_export_to_hugging_face_matches_our_model(straight, tmp_path):
     from seektrain.checkpoint.export import load_run_checkpoint
     from seektrain.cli.convert import main as convert
 
-    assert convert(["convert", "--from-checkpoint", str(straight / "checkpoints" / "step-00000006"),
-                    "--to-hf", str(tmp_path / "hf")]) == 0
+    assert (
+        convert(
+            [
+                "convert",
+                "--from-checkpoint",
+                str(straight / "checkpoints" / "step-00000006"),
+                "--to-hf",
+                str(tmp_path / "hf"),
+            ]
+        )
+        == 0
+    )
     ours, _ = load_run_checkpoint(straight)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     tokens = torch.randint(0, ours.cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -179,20 +224,26 @@ def test_start_from_hugging_face_weights_on_two_ranks(straight, tmp_path):
     it: its first loss is the loss of those weights on the first global batch."""
     from seektrain.checkpoint.export import load_run_checkpoint
     from seektrain.cli.convert import main as convert
+    from seektrain.config.loader import load_config
     from seektrain.data.dataset import TokenDataset
     from seektrain.data.loader import DistributedBatchLoader
     from seektrain.train.loss import model_loss
     from seektrain.train.setup_data import data_dir
-    from seektrain.config.loader import load_config
 
     assert convert(["convert", "--from-checkpoint", str(straight), "--to-hf", str(tmp_path / "hf")]) == 0
-    assert convert(["convert", "--from-hf", str(tmp_path / "hf"), "--to-checkpoint", str(tmp_path / "run")]) == 0
-    assert convert(["convert", "--from-hf", str(tmp_path / "hf"), "--to-checkpoint", str(tmp_path / "run")]) == 2
+    assert (
+        convert(["convert", "--from-hf", str(tmp_path / "hf"), "--to-checkpoint", str(tmp_path / "run")]) == 0
+    )
+    assert (
+        convert(["convert", "--from-hf", str(tmp_path / "hf"), "--to-checkpoint", str(tmp_path / "run")]) == 2
+    )
     proc = train(tmp_path / "run", "train.steps=1", nproc=2)
     assert "resumed from" in proc.stdout + proc.stderr
     model, _ = load_run_checkpoint(straight)
     cfg = load_config(None, ["train.seq_len=64", "train.micro_batch_size=4", "train.global_batch_size=4"])
-    loader = DistributedBatchLoader(TokenDataset(data_dir(cfg, True), split="train"), 64, 4, seed=cfg.train.seed)
+    loader = DistributedBatchLoader(
+        TokenDataset(data_dir(cfg, True), split="train"), 64, 4, seed=cfg.train.seed
+    )
     batch = next(loader)
     tokens, labels = batch.tokens, batch.labels
     with torch.no_grad():

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from run_cli import train
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from run_cli import train
 from seektrain.checkpoint import rng
 from seektrain.checkpoint.manager import CheckpointError, CheckpointManager, describe_error
 from seektrain.checkpoint.staging import snapshot_stager, staging_options
@@ -68,13 +68,17 @@ def test_unwritable_run_dir_gives_one_line_error(tmp_path):
     blocker.write_text("not a folder")
     model, optimizer = tiny()
     with pytest.raises(CheckpointError) as err:
-        CheckpointManager(blocker / "run", keep=2, async_save=False, rank=0).save(1, model, optimizer, {"step": 1})
+        CheckpointManager(blocker / "run", keep=2, async_save=False, rank=0).save(
+            1, model, optimizer, {"step": 1}
+        )
     assert "\n" not in str(err.value) and "run.dir is writable" in str(err.value)
 
 
 def test_async_save_is_a_snapshot_while_training_continues(tmp_path):
     model, optimizer = tiny()
-    CheckpointManager(tmp_path / "sync", keep=2, async_save=False, rank=0).save(3, model, optimizer, {"step": 3})
+    CheckpointManager(tmp_path / "sync", keep=2, async_save=False, rank=0).save(
+        3, model, optimizer, {"step": 3}
+    )
     manager = CheckpointManager(tmp_path / "async", keep=2, async_save=True, rank=0)
     manager.save(3, model, optimizer, {"step": 3})
     with torch.no_grad():  # "training" goes on while the background thread writes
@@ -84,8 +88,10 @@ def test_async_save_is_a_snapshot_while_training_continues(tmp_path):
     sync_sd, sync_opt = state_of(tmp_path / "sync" / "checkpoints" / "step-00000003")
     async_sd, async_opt = state_of(tmp_path / "async" / "checkpoints" / "step-00000003")
     assert all(torch.equal(sync_sd[k], async_sd[k]) for k in sync_sd)
-    assert all(torch.equal(a["exp_avg"], b["exp_avg"]) for a, b in
-               zip(sync_opt["state"].values(), async_opt["state"].values()))
+    assert all(
+        torch.equal(a["exp_avg"], b["exp_avg"])
+        for a, b in zip(sync_opt["state"].values(), async_opt["state"].values())
+    )
 
 
 def test_async_snapshots_reuse_their_host_buffers_and_stay_snapshots():
@@ -94,6 +100,7 @@ def test_async_snapshots_reuse_their_host_buffers_and_stay_snapshots():
     model, optimizer = tiny()
     stager = snapshot_stager(pinned=False)
     try:
+
         def snapshot():
             model_sd, optim_sd = get_state_dict(model, optimizer)
             return stager.stage({"model": model_sd, "optim": optim_sd})
@@ -110,7 +117,9 @@ def test_async_snapshots_reuse_their_host_buffers_and_stay_snapshots():
             for p in model.parameters():
                 p.mul_(0.0)
         assert not any(t.is_pinned() for t in second["model"].values())  # CPU: nothing pinned
-        assert all(t.abs().sum() > 0 for k, t in second["model"].items() if k.endswith("weight"))  # a snapshot
+        assert all(
+            t.abs().sum() > 0 for k, t in second["model"].items() if k.endswith("weight")
+        )  # a snapshot
     finally:
         stager.close()
 
@@ -135,19 +144,26 @@ def test_async_saves_are_checksummed_in_the_background_and_their_stall_is_measur
     assert manager.take_stall_s() is None
     hashed_on = []
     real_sha = manager_module.sha256_file
-    monkeypatch.setattr(manager_module, "sha256_file",
-                        lambda p: hashed_on.append(threading.current_thread().name) or real_sha(p))
+    monkeypatch.setattr(
+        manager_module,
+        "sha256_file",
+        lambda p: hashed_on.append(threading.current_thread().name) or real_sha(p),
+    )
     manager.save(1, model, optimizer, {"step": 1})
     assert manager.take_stall_s() > 0 and manager.take_stall_s() is None
     manager.wait()
     assert manager.take_stall_s() > 0
     assert set(hashed_on) == {"seektrain-checkpoint-write"}
     assert verify(tmp_path / "checkpoints" / "step-00000001") is None
-    monkeypatch.setattr(manager_module, "sha256_file", lambda p: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    monkeypatch.setattr(
+        manager_module, "sha256_file", lambda p: (_ for _ in ()).throw(OSError(5, "I/O error"))
+    )
     manager.save(2, model, optimizer, {"step": 2})
     with pytest.raises(CheckpointError) as err:
         manager.wait()
-    assert "\n" not in str(err.value) and "step-00000002.tmp failed (OSError: [Errno 5] I/O error)" in str(err.value)
+    assert "\n" not in str(err.value) and "step-00000002.tmp failed (OSError: [Errno 5] I/O error)" in str(
+        err.value
+    )
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000001"]
     manager.close()
 
@@ -158,8 +174,11 @@ def test_old_checkpoints_are_pruned_off_the_training_thread(tmp_path, monkeypatc
     model, optimizer = tiny()
     pruned_on = []
     real_rmtree = manager_module.shutil.rmtree
-    monkeypatch.setattr(manager_module.shutil, "rmtree",
-                        lambda path, **kw: pruned_on.append(threading.current_thread().name) or real_rmtree(path, **kw))
+    monkeypatch.setattr(
+        manager_module.shutil,
+        "rmtree",
+        lambda path, **kw: pruned_on.append(threading.current_thread().name) or real_rmtree(path, **kw),
+    )
     manager = CheckpointManager(tmp_path, keep=1, async_save=False, rank=0)
     for step in (1, 2, 3):
         manager.save(step, model, optimizer, {"step": step})
@@ -224,15 +243,21 @@ _BIAS_SCRIPT = textwrap.dedent("""
 
 
 def test_moe_balance_bias_is_saved_and_loaded_under_ddp_and_fsdp(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", _BIAS_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                          timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BIAS_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ddp ok" in proc.stdout and "fsdp ok" in proc.stdout
 
 
 def test_describe_error_is_one_line_for_multi_rank_failures():
-    err = CheckpointException("save failed", {0: (OSError(28, "No space left on device"), None),
-                                              1: (OSError(28, "No space left on device"), None)})
+    err = CheckpointException(
+        "save failed",
+        {
+            0: (OSError(28, "No space left on device"), None),
+            1: (OSError(28, "No space left on device"), None),
+        },
+    )
     assert describe_error(err) == "rank 0,1: OSError: [Errno 28] No space left on device"
 
 
@@ -281,7 +306,10 @@ def _thrown_by_torch_distributed(message: str) -> RuntimeError:
 
     scope = {"torch": torch}
     where = os.path.join(os.path.dirname(dist.__file__), "distributed_c10d.py")
-    exec(compile("def collective(msg):\n    torch._assert_async(torch.tensor(False), msg)\n", where, "exec"), scope)
+    exec(
+        compile("def collective(msg):\n    torch._assert_async(torch.tensor(False), msg)\n", where, "exec"),
+        scope,
+    )
     try:
         scope["collective"](message)
     except RuntimeError as err:
@@ -292,16 +320,26 @@ def _thrown_by_torch_distributed(message: str) -> RuntimeError:
 def test_collective_failure_becomes_one_line_naming_rank_and_operation():
     """Told by type and origin: the same words thrown by other code are not a collective failure."""
     cfg = SimpleNamespace(on_bad_loss="skip", spike_factor=0.0)
-    guard = FaultGuard(cfg, SimpleNamespace(preempt_grace_s=10.0), rank=1, device=torch.device("cpu"),
-                       collective_timeout_s=5.0)
-    text = "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"
+    guard = FaultGuard(
+        cfg,
+        SimpleNamespace(preempt_grace_s=10.0),
+        rank=1,
+        device=torch.device("cpu"),
+        collective_timeout_s=5.0,
+    )
+    text = (
+        "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"
+    )
     try:
         guard.begin_step(7)
         with pytest.raises(CollectiveError) as got:
             guard.raise_readable(_thrown_by_torch_distributed(text))
         message = str(got.value)
         assert "\n" not in message and message.startswith("rank 1: a collective failed during step 7")
-        assert "Timed out waiting 5000ms for recv operation" in message and "dist.collective_timeout_s" in message
+        assert (
+            "Timed out waiting 5000ms for recv operation" in message
+            and "dist.collective_timeout_s" in message
+        )
         with pytest.raises(CollectiveError):
             guard.raise_readable(torch.distributed.DistBackendError("NCCL communicator was aborted"))
         guard.raise_readable(RuntimeError(text))  # the words alone, thrown elsewhere: left alone
@@ -311,10 +349,16 @@ def test_collective_failure_becomes_one_line_naming_rank_and_operation():
 
 
 def test_new_config_keys_are_validated():
-    cfg = load_config(None, ["train.on_bad_loss=stop", "train.spike_factor=3", "checkpoint.preempt_grace_s=5"])
+    cfg = load_config(
+        None, ["train.on_bad_loss=stop", "train.spike_factor=3", "checkpoint.preempt_grace_s=5"]
+    )
     assert cfg.train.on_bad_loss == "stop" and cfg.dist.collective_timeout_s == 600.0
-    for bad in ("train.on_bad_loss=ignore", "train.spike_factor=0.5", "dist.collective_timeout_s=0",
-                "checkpoint.preempt_grace_s=-1"):
+    for bad in (
+        "train.on_bad_loss=ignore",
+        "train.spike_factor=0.5",
+        "dist.collective_timeout_s=0",
+        "checkpoint.preempt_grace_s=-1",
+    ):
         with pytest.raises(ConfigError):
             load_config(None, [bad])
 
@@ -322,8 +366,16 @@ def test_new_config_keys_are_validated():
 def test_hung_rank_ends_with_a_message_naming_rank_and_operation(tmp_path):
     """A real gloo timeout: rank 1 hangs at step 2, so rank 0's next collective times out after
     dist.collective_timeout_s and the run ends with one line naming the rank, the step and the wait."""
-    proc = train(tmp_path, "train.steps=3", "dist.collective_timeout_s=5", "checkpoint.preempt_grace_s=2",
-                 nproc=2, env={"SEEKTRAIN_TEST_HANG": "2:1"}, check=False, timeout=240)
+    proc = train(
+        tmp_path,
+        "train.steps=3",
+        "dist.collective_timeout_s=5",
+        "checkpoint.preempt_grace_s=2",
+        nproc=2,
+        env={"SEEKTRAIN_TEST_HANG": "2:1"},
+        check=False,
+        timeout=240,
+    )
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "seektrain: error: rank 0: a collective failed during step 2" in out
@@ -334,8 +386,15 @@ def test_killed_rank_ends_with_a_message_naming_rank_and_operation(tmp_path):
     """A real lost peer: rank 1 SIGKILLs itself at step 2 (no restart), so rank 0's next collective fails
     (gloo: a plain RuntimeError, told as a collective failure by where it was thrown) and the run ends
     with rank 0's one line naming the step, not an internal error."""
-    proc = train(tmp_path, "train.steps=3", "checkpoint.preempt_grace_s=2", nproc=2,
-                 env={"SEEKTRAIN_TEST_KILL": "2:1"}, check=False, timeout=240)
+    proc = train(
+        tmp_path,
+        "train.steps=3",
+        "checkpoint.preempt_grace_s=2",
+        nproc=2,
+        env={"SEEKTRAIN_TEST_KILL": "2:1"},
+        check=False,
+        timeout=240,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "internal error" not in out, out[-3000:]
     assert "seektrain: error: rank 0: a collective failed during step 2" in out, out[-3000:]
@@ -348,8 +407,10 @@ def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypa
     from seektrain.checkpoint.atomic import write_text_atomic
 
     target = write_text_atomic(tmp_path / "config.toml", "old\n")
+
     def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OSError):
         write_text_atomic(target, "new\n")

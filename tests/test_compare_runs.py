@@ -5,6 +5,7 @@ weights it measures changes from are the trainer's."""
 from __future__ import annotations
 
 import pytest
+
 from compare_runs import BF16, FP32, Run, assert_same_run, groups, run_layout, weight_mismatches
 
 MODELS = ["tiny-dense", "tiny-v2", "tiny-v3"]
@@ -24,8 +25,9 @@ def _doubled(part_want, part_init):
     return part_init + 2 * (part_want - part_init)
 
 
-@pytest.mark.parametrize("model, tol", [(m, FP32) for m in MODELS] + [("tiny-v3", BF16)],
-                         ids=[*MODELS, "tiny-v3-bf16-tolerance"])
+@pytest.mark.parametrize(
+    "model, tol", [(m, FP32) for m in MODELS] + [("tiny-v3", BF16)], ids=[*MODELS, "tiny-v3-bf16-tolerance"]
+)
 def test_a_2x_error_in_any_one_parameter_group_is_reported(one_process_run, model, tol):
     """Double the change of one group (each tensor; under ``FP32`` each expert of the stacked expert
     weights) of a real run: the comparison names exactly that group. Groups that did not move at all
@@ -36,8 +38,9 @@ def test_a_2x_error_in_any_one_parameter_group_is_reported(one_process_run, mode
     assert weight_mismatches(want.weights, want.weights, initial, param_names, tol) == []
     caught, still = 0, []
     for name in sorted(param_names):
-        for index, ((label, w), (_, w0)) in enumerate(zip(groups(name, want.weights[name], tol.per_expert),
-                                                        groups(name, initial[name], tol.per_expert))):
+        for index, ((label, w), (_, w0)) in enumerate(
+            zip(groups(name, want.weights[name], tol.per_expert), groups(name, initial[name], tol.per_expert))
+        ):
             got = want.weights[name].clone()
             if label == name:
                 got = _doubled(w, w0)
@@ -50,7 +53,9 @@ def test_a_2x_error_in_any_one_parameter_group_is_reported(one_process_run, mode
                 caught += 1
             else:
                 change = (w - w0).norm()
-                assert change <= 2 * tol.param_atol, f"{label} moved by {change:.3g} and a 2x error went unseen"
+                assert change <= 2 * tol.param_atol, (
+                    f"{label} moved by {change:.3g} and a 2x error went unseen"
+                )
                 still.append(label)
     # measured: 39 / 92 / 134 caught (59 per tensor), and 0 / 2 / 1 that did not move
     assert caught >= 39 and len(still) <= 2, (caught, still)
@@ -63,7 +68,9 @@ def test_a_wrong_balancing_bias_or_gradient_norm_is_reported(one_process_run):
     got = dict(want.weights)
     got[bias] = want.weights[bias].clone()
     got[bias][0] += 0.01  # one step of train.bias_update_speed
-    assert [p.split(":")[0] for p in weight_mismatches(got, want.weights, initial, param_names)] == [f"buffer {bias}"]
+    assert [p.split(":")[0] for p in weight_mismatches(got, want.weights, initial, param_names)] == [
+        f"buffer {bias}"
+    ]
     doubled_norms = Run(want.dir, [dict(m, grad_norm=2 * m["grad_norm"]) for m in want.metrics])
     with pytest.raises(AssertionError):
         assert_same_run(doubled_norms, want)

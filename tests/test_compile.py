@@ -4,6 +4,7 @@ tiny run equal the eager run's."""
 from __future__ import annotations
 
 import pytest
+
 from run_cli import losses, train
 
 
@@ -28,13 +29,17 @@ def test_moe_blocks_do_not_recompile_per_micro_batch():
     torch._dynamo.reset()
     counters.clear()
     cfg = get_preset("tiny-v3").replace(num_nextn_predict_layers=0)
-    model = build_model(cfg, dtype=torch.bfloat16, seed=0, kernels=policy_for(torch.device("cpu")).model_kernels())
+    model = build_model(
+        cfg, dtype=torch.bfloat16, seed=0, kernels=policy_for(torch.device("cpu")).model_kernels()
+    )
     model.train()
     apply_compile(model)
     graphs = []
     for _ in range(2):  # steps
         for _ in range(6):  # micro-batches, counts piling up between clears as in the trainer
-            tokens = torch.randint(0, cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(len(graphs)))
+            tokens = torch.randint(
+                0, cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(len(graphs))
+            )
             model(tokens, labels=tokens).loss_sum.backward()
             graphs.append(counters["stats"]["unique_graphs"])
         for module in model.modules():

@@ -26,25 +26,32 @@ def facts(*flags: str, vendor: str = "GenuineIntel", capability: str = "AVX512",
     return CpuFacts(AVX512 | set(flags), vendor, capability, isa)
 
 
-@pytest.mark.parametrize("cpu, dtype, needle", [
-    (CpuFacts(frozenset({"avx", "avx2", "fma"}), "AuthenticAMD", "AVX2", ""), "fp32", "AVX2"),
-    (facts(capability="AVX512"), "fp32", "no native bf16"),
-    (facts("avx512_bf16", "amx_bf16", "amx_tile"), "bf16", "amx_bf16"),
-    (facts("avx512_bf16", vendor="AuthenticAMD"), "bf16", "AMD avx512_bf16"),
-    (facts("avx512_bf16"), "fp32", "without AMX"),  # this Xeon under KVM: bf16 matmuls at ~0.55x fp32
-    # the emulation of an AVX2-only CPU on an AMX machine
-    (facts("avx512_bf16", "amx_bf16", capability="AVX2", isa="AVX2"), "fp32", "ONEDNN_MAX_CPU_ISA=AVX2"),
-    (facts("avx512_bf16", "amx_bf16", capability="AVX2"), "fp32", "AVX2"),
-    (facts("avx512_bf16", "amx_bf16", isa="avx512_core_vnni"), "fp32", "ONEDNN_MAX_CPU_ISA"),
-    (facts("avx512_bf16", "amx_bf16", isa="AVX512_CORE_AMX"), "bf16", "amx_bf16"),
-])
+@pytest.mark.parametrize(
+    "cpu, dtype, needle",
+    [
+        (CpuFacts(frozenset({"avx", "avx2", "fma"}), "AuthenticAMD", "AVX2", ""), "fp32", "AVX2"),
+        (facts(capability="AVX512"), "fp32", "no native bf16"),
+        (facts("avx512_bf16", "amx_bf16", "amx_tile"), "bf16", "amx_bf16"),
+        (facts("avx512_bf16", vendor="AuthenticAMD"), "bf16", "AMD avx512_bf16"),
+        (facts("avx512_bf16"), "fp32", "without AMX"),  # this Xeon under KVM: bf16 matmuls at ~0.55x fp32
+        # the emulation of an AVX2-only CPU on an AMX machine
+        (facts("avx512_bf16", "amx_bf16", capability="AVX2", isa="AVX2"), "fp32", "ONEDNN_MAX_CPU_ISA=AVX2"),
+        (facts("avx512_bf16", "amx_bf16", capability="AVX2"), "fp32", "AVX2"),
+        (facts("avx512_bf16", "amx_bf16", isa="avx512_core_vnni"), "fp32", "ONEDNN_MAX_CPU_ISA"),
+        (facts("avx512_bf16", "amx_bf16", isa="AVX512_CORE_AMX"), "bf16", "amx_bf16"),
+    ],
+)
 def test_cpu_rule(cpu, dtype, needle):
     got = cpu_choice(cpu)
-    assert got.name == dtype and got.why.startswith(f"precision.dtype=auto -> {dtype}: ") and needle in got.why
+    assert (
+        got.name == dtype and got.why.startswith(f"precision.dtype=auto -> {dtype}: ") and needle in got.why
+    )
 
 
-@pytest.mark.parametrize("capability, dtype", [((9, 0), "bf16"), ((8, 0), "bf16"), ((8, 6), "bf16"),
-                                               ((7, 5), "fp32"), ((7, 0), "fp32")])
+@pytest.mark.parametrize(
+    "capability, dtype",
+    [((9, 0), "bf16"), ((8, 0), "bf16"), ((8, 6), "bf16"), ((7, 5), "fp32"), ((7, 0), "fp32")],
+)
 def test_cuda_rule(capability, dtype):
     """sm80+ has bf16 tensor cores; below, fp32 rather than fp16 (which needs a loss scale and may overflow:
     an unattended default must not risk it); the line says fp16 is there to be asked for."""
@@ -56,8 +63,9 @@ def test_cuda_rule(capability, dtype):
 def test_a_plan_for_a_gpu_this_process_cannot_see_takes_bf16():
     """``RunPlan.resolve(..., "cuda")`` runs without a GPU (the planner, the layout tests)."""
     if torch.cuda.is_available():
-        assert choose_dtype("auto", "cuda") == cuda_choice(torch.cuda.get_device_capability(),
-                                                            torch.cuda.get_device_name())
+        assert choose_dtype("auto", "cuda") == cuda_choice(
+            torch.cuda.get_device_capability(), torch.cuda.get_device_name()
+        )
     else:
         assert choose_dtype("auto", "cuda").name == "bf16"
 
@@ -69,8 +77,10 @@ def test_an_explicit_dtype_is_kept_on_any_device(name):
 
 def test_the_emulation_variables_reach_the_decision():
     """The real detection in a fresh process (torch reads ATEN_CPU_CAPABILITY at start-up)."""
-    code = ("from seektrain.platform.compute_dtype import choose_dtype, this_cpu; "
-            "c = choose_dtype('auto', 'cpu'); print(this_cpu().aten_capability, c.name, c.why)")
+    code = (
+        "from seektrain.platform.compute_dtype import choose_dtype, this_cpu; "
+        "c = choose_dtype('auto', 'cpu'); print(this_cpu().aten_capability, c.name, c.why)"
+    )
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -10,8 +10,8 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from run_cli import seektrain
 
+from run_cli import seektrain
 from seektrain import version as version_mod
 from seektrain.config.loader import RENAMED_KEYS, ConfigError, load_config
 from seektrain.config.reference import config_keys, format_keys
@@ -22,7 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def all_keys() -> list[str]:
     cfg = JobConfig()
-    return [f"{s.name}.{f.name}" for s in dataclasses.fields(cfg) for f in dataclasses.fields(getattr(cfg, s.name))]
+    return [
+        f"{s.name}.{f.name}"
+        for s in dataclasses.fields(cfg)
+        for f in dataclasses.fields(getattr(cfg, s.name))
+    ]
 
 
 def test_version_flag_prints_the_package_version():
@@ -60,11 +64,18 @@ def test_config_keys_lists_every_key_with_type_default_range_and_help():
     by_key = {line.split()[0]: line for line in out}
     assert set(by_key) == set(all_keys())
     assert re.fullmatch(r"train\.steps\s+int\s+300\s+>= 1\s+total optimizer steps .*", by_key["train.steps"])
-    assert re.fullmatch(r'checkpoint\.resume\s+str\s+"auto"\s+not empty\s+auto .*', by_key["checkpoint.resume"])
-    assert re.fullmatch(r"metrics\.trackers\s+list\[str\]\s+\[\]\s+wandb \| mlflow\s+experiment trackers.*", by_key["metrics.trackers"])
+    assert re.fullmatch(
+        r'checkpoint\.resume\s+str\s+"auto"\s+not empty\s+auto .*', by_key["checkpoint.resume"]
+    )
+    assert re.fullmatch(
+        r"metrics\.trackers\s+list\[str\]\s+\[\]\s+wandb \| mlflow\s+experiment trackers.*",
+        by_key["metrics.trackers"],
+    )
     assert re.fullmatch(r"optim\.lr\s+float\s+0\.003\s+> 0\s+peak .*", by_key["optim.lr"])
     assert re.fullmatch(r"parallel\.dp_shard\s+int\s+-1\s+>= 1 or -1\s+FSDP .*", by_key["parallel.dp_shard"])
-    assert re.fullmatch(r"cpu\.keep_freed_memory\s+bool\s+true\s+glibc keeps .*", by_key["cpu.keep_freed_memory"])
+    assert re.fullmatch(
+        r"cpu\.keep_freed_memory\s+bool\s+true\s+glibc keeps .*", by_key["cpu.keep_freed_memory"]
+    )
 
 
 def test_docs_configuration_holds_the_generated_table():
@@ -76,15 +87,27 @@ def test_docs_configuration_holds_the_generated_table():
 
 
 def test_new_keys_defaults_and_round_trip():
-    cfg = load_config(overrides=["checkpoint.resume=120", "train.eval_interval=0", "metrics.trackers=[]",
-                                 "cpu.keep_freed_memory=false"])
+    cfg = load_config(
+        overrides=[
+            "checkpoint.resume=120",
+            "train.eval_interval=0",
+            "metrics.trackers=[]",
+            "cpu.keep_freed_memory=false",
+        ]
+    )
     assert (cfg.checkpoint.resume, cfg.train.eval_interval, cfg.train.eval_steps) == ("120", 0, 4)
     assert cfg.metrics.trackers == [] and cfg.cpu.keep_freed_memory is False
     d = JobConfig()
-    assert (d.checkpoint.resume, d.train.eval_interval, d.metrics.tracker_project) == ("auto", 100, "seektrain")
+    assert (d.checkpoint.resume, d.train.eval_interval, d.metrics.tracker_project) == (
+        "auto",
+        100,
+        "seektrain",
+    )
 
 
-@pytest.mark.parametrize("spec", ["auto", "never", "0", "2000", "runs/x/checkpoints/step-00000100", "/abs/path"])
+@pytest.mark.parametrize(
+    "spec", ["auto", "never", "0", "2000", "runs/x/checkpoints/step-00000100", "/abs/path"]
+)
 def test_resume_forms_accepted(spec):
     assert load_config(overrides=[f"checkpoint.resume={spec}"]).checkpoint.resume == spec
 
@@ -95,15 +118,23 @@ def test_resume_existing_relative_path_accepted(tmp_path, monkeypatch):
     assert load_config(overrides=["checkpoint.resume=step-00000010"]).checkpoint.resume == "step-00000010"
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["checkpoint.resume=latest"], "checkpoint.resume='latest': use auto, never, a step number or a checkpoint path"),
-    (["checkpoint.resume=-3"], "checkpoint.resume='-3'"),
-    (["checkpoint.resume="], "checkpoint.resume=''"),
-    (["train.eval_interval=-1"], "train.eval_interval=-1: must be >= 0"),
-    (["train.eval_steps=0"], "train.eval_steps=0: must be >= 1"),
-    (["train.cpu_keep_freed_memory=false"],
-     "config key 'train.cpu_keep_freed_memory' moved to 'cpu.keep_freed_memory'"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (
+            ["checkpoint.resume=latest"],
+            "checkpoint.resume='latest': use auto, never, a step number or a checkpoint path",
+        ),
+        (["checkpoint.resume=-3"], "checkpoint.resume='-3'"),
+        (["checkpoint.resume="], "checkpoint.resume=''"),
+        (["train.eval_interval=-1"], "train.eval_interval=-1: must be >= 0"),
+        (["train.eval_steps=0"], "train.eval_steps=0: must be >= 1"),
+        (
+            ["train.cpu_keep_freed_memory=false"],
+            "config key 'train.cpu_keep_freed_memory' moved to 'cpu.keep_freed_memory'",
+        ),
+    ],
+)
 def test_bad_new_keys_are_one_line(overrides, needle):
     with pytest.raises(ConfigError) as err:
         load_config(overrides=overrides)
@@ -122,5 +153,7 @@ def test_renamed_key_in_a_toml_file(tmp_path):
 def test_cli_prints_the_rename_as_one_line():
     proc = seektrain("config", "show", "--set", "train.cpu_keep_freed_memory=false", check=False)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("seektrain: error: config key 'train.cpu_keep_freed_memory' moved to "
-                                   "'cpu.keep_freed_memory'; rename it in your config or --set")
+    assert proc.stderr.strip() == (
+        "seektrain: error: config key 'train.cpu_keep_freed_memory' moved to "
+        "'cpu.keep_freed_memory'; rename it in your config or --set"
+    )

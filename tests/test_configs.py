@@ -8,19 +8,29 @@ import shlex
 from pathlib import Path
 
 import pytest
-from run_cli import metrics, seektrain
 
-from seektrain.launch.preflight import check_layout
+from run_cli import metrics, seektrain
 from seektrain.config.loader import config_to_toml, load_config
 from seektrain.config.schema import JobConfig
+from seektrain.launch.preflight import check_layout
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # The world size each example is written for (the GPUs its header names).
-WORLD = {"default.toml": 2, "deepseek-llm-7b-8gpu.toml": 8, "deepseek-llm-67b-8x8gpu.toml": 64,
-         "deepseek-v2-lite-1node.toml": 8, "deepseek-v3-256nodes.toml": 2048, "deepseek-v2-lite-sft-8gpu.toml": 8}
-PRESET = {"deepseek-llm-7b-8gpu.toml": "deepseek-llm-7b", "deepseek-llm-67b-8x8gpu.toml": "deepseek-llm-67b",
-          "deepseek-v2-lite-1node.toml": "deepseek-v2-lite", "deepseek-v3-256nodes.toml": "deepseek-v3",
-          "deepseek-v2-lite-sft-8gpu.toml": "deepseek-v2-lite"}
+WORLD = {
+    "default.toml": 2,
+    "deepseek-llm-7b-8gpu.toml": 8,
+    "deepseek-llm-67b-8x8gpu.toml": 64,
+    "deepseek-v2-lite-1node.toml": 8,
+    "deepseek-v3-256nodes.toml": 2048,
+    "deepseek-v2-lite-sft-8gpu.toml": 8,
+}
+PRESET = {
+    "deepseek-llm-7b-8gpu.toml": "deepseek-llm-7b",
+    "deepseek-llm-67b-8x8gpu.toml": "deepseek-llm-67b",
+    "deepseek-v2-lite-1node.toml": "deepseek-v2-lite",
+    "deepseek-v3-256nodes.toml": "deepseek-v3",
+    "deepseek-v2-lite-sft-8gpu.toml": "deepseek-v2-lite",
+}
 
 
 def smoke_args(path: Path, run_dir: Path) -> list[str]:
@@ -28,7 +38,7 @@ def smoke_args(path: Path, run_dir: Path) -> list[str]:
     lines = path.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("# Smoke test"))
     command = ""
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         command += " " + line.removeprefix("#").strip().removesuffix("\\")
         if not line.endswith("\\"):
             break
@@ -68,7 +78,7 @@ def load_config_from_text(text: str):
 def test_default_is_the_built_in_default():
     text = (CONFIGS / "default.toml").read_text()
     assert load_config(CONFIGS / "default.toml") == JobConfig()
-    body = text[text.index("\n["):].lstrip("\n")  # after the header comment
+    body = text[text.index("\n[") :].lstrip("\n")  # after the header comment
     assert body == config_to_toml(JobConfig(), comments=True), "regenerate: seektrain config show --comments"
 
 
@@ -84,8 +94,9 @@ def test_smoke_command_in_the_header_validates_for_one_process(name, tmp_path):
 def test_v3_example_trains_two_steps_with_tiny_v3(tmp_path):
     run = tmp_path / "run"
     args = smoke_args(CONFIGS / "deepseek-v3-256nodes.toml", run)
-    seektrain("train", *args, "--set", "run.progress_bar=false", "--set", "metrics.prometheus_port=0",
-              timeout=600)
+    seektrain(
+        "train", *args, "--set", "run.progress_bar=false", "--set", "metrics.prometheus_port=0", timeout=600
+    )
     records = metrics(run)
     assert [r["step"] for r in records] == [1, 2] and "mtp_loss" in records[-1]
     assert (run / "checkpoints" / "step-00000002").is_dir()

@@ -30,14 +30,21 @@ def lint(text: str, tmp_path: Path) -> subprocess.CompletedProcess:
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text(text)
     # info is the lowest level: any finding at all fails
-    return subprocess.run([hadolint(), "--no-color", "--failure-threshold", "info", str(dockerfile)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [hadolint(), "--no-color", "--failure-threshold", "info", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
     joined = re.sub(r"\\\n", " ", text)
-    return [tuple(line.split(None, 1)) for line in joined.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        tuple(line.split(None, 1))
+        for line in joined.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def test_dockerfile_lints_clean(tmp_path):
@@ -70,8 +77,11 @@ def test_image_pins_the_tested_torch_runs_seektrain_as_non_root():
 
 
 def test_dockerignore_keeps_what_the_image_copies():
-    lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
-             if ln.strip() and not ln.startswith("#")]
+    lines = [
+        ln.strip()
+        for ln in (ROOT / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     assert lines[0] == "*"
     assert {"!pyproject.toml", "!README.md", "!seektrain/"} <= set(lines)
 

@@ -13,19 +13,26 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from compare_runs import assert_same_run, run_layout
-from spawn_ranks import spawn_ranks
 
+from compare_runs import assert_same_run, run_layout
 from seektrain.config.loader import ConfigError, load_config
 from seektrain.models.presets import get_preset
 from seektrain.plan.run_plan import RunPlan
+from spawn_ranks import spawn_ranks
 
 CLIP = "train.grad_clip=0.05"  # below the tiny model's gradient norms, so every step is clipped
 
 
 def test_offload_needs_fsdp():
-    job = load_config(None, ["parallel.cpu_offload=true", "parallel.data_parallel=ddp", "parallel.dp_shard=1",
-                             "parallel.dp_replicate=2"])
+    job = load_config(
+        None,
+        [
+            "parallel.cpu_offload=true",
+            "parallel.data_parallel=ddp",
+            "parallel.dp_shard=1",
+            "parallel.dp_replicate=2",
+        ],
+    )
     with pytest.raises(ConfigError, match="parallel.cpu_offload needs parallel.data_parallel=fsdp"):
         RunPlan.resolve(job, get_preset("tiny-v3"), 2, "cpu")
 
@@ -52,17 +59,28 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     plan = RunPlan.resolve(job, get_preset("tiny-v3"), 2, "cpu")
     model = parallelize_model(build_model(plan.model, device="meta"), plan, torch.device("cpu")).model
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    policies = [type(m._get_fsdp_state()._fsdp_param_group.offload_policy).__name__ for m in units
-                if m._get_fsdp_state()._fsdp_param_group is not None]
+    policies = [
+        type(m._get_fsdp_state()._fsdp_param_group.offload_policy).__name__
+        for m in units
+        if m._get_fsdp_state()._fsdp_param_group is not None
+    ]
     expert_units = sum(".experts" in name for name, m in model.named_modules() if isinstance(m, FSDPModule))
     tokens = torch.randint(0, plan.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(rank))
     loss, _ = model_loss(model(tokens, mtp_tokens=tokens), tokens, 0.3)
     loss.backward()
-    grads_on_host = all(p.grad.to_local().device.type == "cpu" for p in model.parameters() if p.grad is not None)
+    grads_on_host = all(
+        p.grad.to_local().device.type == "cpu" for p in model.parameters() if p.grad is not None
+    )
     before = clip_grad_norm(list(model.parameters()), max_norm=0.01)
     after = clip_grad_norm(list(model.parameters()), max_norm=0)
-    result = {"policies": policies, "expert_units": expert_units, "grads_on_host": grads_on_host,
-              "before": before.item(), "after": after.item(), "cpu_policy": CPUOffloadPolicy.__name__}
+    result = {
+        "policies": policies,
+        "expert_units": expert_units,
+        "grads_on_host": grads_on_host,
+        "before": before.item(),
+        "after": after.item(),
+        "cpu_policy": CPUOffloadPolicy.__name__,
+    }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()  # neither rank tears gloo down while the other still has collectives in flight

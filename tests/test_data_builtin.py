@@ -43,14 +43,23 @@ def test_prepares_once_and_loads(tmp_path: Path) -> None:
 def test_cache_root_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SEEKTRAIN_CACHE", str(tmp_path / "cache"))
     assert builtin_corpus_dir().parent == tmp_path / "cache"
-    assert builtin_corpus_dir(max_tokens=10) != builtin_corpus_dir()  # the key covers what changes the content
+    assert (
+        builtin_corpus_dir(max_tokens=10) != builtin_corpus_dir()
+    )  # the key covers what changes the content
 
 
 def test_concurrent_callers_share_one_preparation(tmp_path: Path) -> None:
-    code = ("import sys; from seektrain.data import ensure_builtin_corpus; "
-            "print(ensure_builtin_corpus(sys.argv[1], max_tokens=300_000))")
+    code = (
+        "import sys; from seektrain.data import ensure_builtin_corpus; "
+        "print(ensure_builtin_corpus(sys.argv[1], max_tokens=300_000))"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, env=env, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, env=env, text=True
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=60)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs) and len(set(outs)) == 1
     m = read_manifest(outs[0])

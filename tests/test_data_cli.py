@@ -22,7 +22,18 @@ def test_prepare_info_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"content": f"line {i} " * 20}) + "\n" for i in range(300)))
     out = tmp_path / "out"
-    argv = ["data", "prepare", "--input", str(src), "--output", str(out), "--text-field", "content", "--shard-tokens", "10000"]
+    argv = [
+        "data",
+        "prepare",
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--text-field",
+        "content",
+        "--shard-tokens",
+        "10000",
+    ]
     assert run(argv) == 0
     printed = capsys.readouterr().out
     assert "300 documents" in printed and "val       3 documents" in printed

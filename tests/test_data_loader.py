@@ -26,7 +26,9 @@ def arange_dir(tmp_path: Path) -> Path:
     val = ShardWriter(tmp_path, "val", np.dtype("<u2"), 150)
     val.write(np.arange(40))
     info = TokenizerInfo("test", 65536, 0, None, "x")
-    write_manifest(tmp_path, Manifest(info, "uint16", Split(writer.close(), n, 1), Split(val.close(), 40, 1), 0.1))
+    write_manifest(
+        tmp_path, Manifest(info, "uint16", Split(writer.close(), n, 1), Split(val.close(), 40, 1), 0.1)
+    )
     return tmp_path
 
 
@@ -57,7 +59,9 @@ def test_no_overlap_no_skew(arange_dir: Path, dp: int) -> None:
     mb = 3
     [single] = rank_loaders(arange_dir, 1, mb)
     global_order = [w for b in itertools.islice(single, single.steps_per_epoch) for w in windows(b)]
-    assert len(set(global_order)) == 48 and set(global_order) <= set(range(50))  # 50 windows, 2 dropped for mb=3
+    assert len(set(global_order)) == 48 and set(global_order) <= set(
+        range(50)
+    )  # 50 windows, 2 dropped for mb=3
     loaders = rank_loaders(arange_dir, dp, mb)
     steps = loaders[0].steps_per_epoch
     assert steps == 50 // (mb * dp)

@@ -36,12 +36,20 @@ def chat_dir(tmp_path_factory) -> Path:
     for _ in range(40):
         turns = []
         for _ in range(int(rng.integers(1, 3))):
-            turns += [{"role": "user", "content": _words(rng, int(rng.integers(1, 3)))},
-                      {"role": "assistant", "content": _words(rng, int(rng.integers(1, 3)))}]
+            turns += [
+                {"role": "user", "content": _words(rng, int(rng.integers(1, 3)))},
+                {"role": "assistant", "content": _words(rng, int(rng.integers(1, 3)))},
+            ]
         rows.append({"messages": turns})
     (root / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    prepare_dataset([root / "c.jsonl"], root / "data", "byte", val_fraction=0.0, shard_tokens=300,
-                    rows=RowOptions("deepseek-llm", max_len=SEQ))
+    prepare_dataset(
+        [root / "c.jsonl"],
+        root / "data",
+        "byte",
+        val_fraction=0.0,
+        shard_tokens=300,
+        rows=RowOptions("deepseek-llm", max_len=SEQ),
+    )
     return root / "data"
 
 
@@ -59,7 +67,10 @@ def text_dir(tmp_path_factory) -> Path:
 def _documents(ds: TokenDataset) -> list[tuple[np.ndarray, np.ndarray]]:
     ends = ds.document_ends()
     starts = np.concatenate([[0], ends[:-1]])
-    return [(ds.read(int(a), int(b - a)).astype(np.int64), ds.read_mask(int(a), int(b - a))) for a, b in zip(starts, ends)]
+    return [
+        (ds.read(int(a), int(b - a)).astype(np.int64), ds.read_mask(int(a), int(b - a)))
+        for a, b in zip(starts, ends)
+    ]
 
 
 def _alone(tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -76,7 +87,11 @@ def _segments(batch, pad: int) -> tuple[list, int]:
         ids = batch.document_ids[row].numpy()
         for doc in np.unique(ids):
             sel = ids == doc
-            seg = (batch.tokens[row].numpy()[sel], batch.labels[row].numpy()[sel], batch.positions[row].numpy()[sel])
+            seg = (
+                batch.tokens[row].numpy()[sel],
+                batch.labels[row].numpy()[sel],
+                batch.positions[row].numpy()[sel],
+            )
             if doc == ids[-1] and set(seg[0]) == {pad} and set(seg[1]) == {IGNORE}:
                 padded += 1
             else:
@@ -88,7 +103,10 @@ def test_rows_of_is_greedy_next_fit():
     ends = np.array([3, 8, 10, 20, 22])
     assert rows_of(ends, 6, "packed", False, "d").tolist() == [[0, 3], [3, 8], [8, 10], [10, 16], [16, 22]]
     assert rows_of(np.array([2, 4, 6, 7]), 6, "packed", False, "d").tolist() == [[0, 6], [6, 7]]
-    with pytest.raises(ValueError, match="d: document 3 has 10 tokens, more than train.seq_len=6; re-prepare with --max-len 6"):
+    with pytest.raises(
+        ValueError,
+        match="d: document 3 has 10 tokens, more than train.seq_len=6; re-prepare with --max-len 6",
+    ):
         rows_of(ends, 6, "packed", True, "d")
     with pytest.raises(ValueError, match="document 3 has 10 tokens"):
         rows_of(ends, 6, "documents", True, "d")
@@ -116,12 +134,16 @@ def test_packed_rows_hold_each_document_once_as_if_alone(which, chat_dir, text_d
     pieces = []  # documents as stored, text ones longer than SEQ cut into SEQ pieces
     for tokens, mask in _documents(ds):
         for a in range(0, tokens.size, SEQ):
-            pieces.append((tokens[a:a + SEQ], mask[a:a + SEQ]))
+            pieces.append((tokens[a : a + SEQ], mask[a : a + SEQ]))
     if which == "chat":
-        assert ds.has_mask and max(p[0].size for p in pieces) <= SEQ and len(pieces) == ds.manifest.train.documents
+        assert (
+            ds.has_mask
+            and max(p[0].size for p in pieces) <= SEQ
+            and len(pieces) == ds.manifest.train.documents
+        )
     assert len(segments) == len(pieces) and loader.num_windows < len(pieces)  # several documents per row
     expected = sorted((tuple(t), tuple(_alone(t, m)), tuple(range(t.size))) for t, m in pieces)
-    assert sorted((tuple(t), tuple(l), tuple(p)) for t, l, p in segments) == expected
+    assert sorted((tuple(t), tuple(lab), tuple(p)) for t, lab, p in segments) == expected
     assert padded >= 1  # rows are padded only at the end
 
 
@@ -131,7 +153,9 @@ def test_chat_without_packing_is_one_document_per_row(chat_dir):
     assert loader.layout == "documents" and loader.num_windows == ds.manifest.train.documents
     docs = {tuple(t): (t, m) for t, m in _documents(ds)}
     batch = next(loader)
-    assert batch.positions is None and batch.document_ids is None  # padding only at the end: plain causal attention
+    assert (
+        batch.positions is None and batch.document_ids is None
+    )  # padding only at the end: plain causal attention
     for row in range(4):
         tokens, labels = batch.tokens[row].numpy(), batch.labels[row].numpy()
         n = next(n for key, n in ((k, len(k)) for k in docs) if tuple(tokens[:n]) == key)
@@ -145,7 +169,7 @@ def test_document_mask_windows(text_dir):
     masked = DistributedBatchLoader(ds, SEQ, 2, seed=5, document_mask=True)
     starts = set(ds.document_ends()[:-1].tolist())
     for _ in range(plain.steps_per_epoch):
-        order = plain._epoch_order()[plain.offset:plain.offset + 2]
+        order = plain._epoch_order()[plain.offset : plain.offset + 2]
         a, b = next(plain), next(masked)
         assert a.positions is None and torch.equal(a.tokens, b.tokens)
         for row, window in enumerate(order):
@@ -191,7 +215,9 @@ def test_state_of_another_layout_is_refused(chat_dir):
 
 
 def test_long_chat_documents_are_refused_with_one_line(chat_dir):
-    with pytest.raises(ValueError, match=r"\(train\): document \d+ has \d+ tokens, more than train.seq_len=16"):
+    with pytest.raises(
+        ValueError, match=r"\(train\): document \d+ has \d+ tokens, more than train.seq_len=16"
+    ):
         DistributedBatchLoader(TokenDataset(chat_dir), 16, 1, packing=True)
 
 
@@ -230,3 +256,11 @@ def test_training_data_follows_the_config(chat_dir):
         assert data.loader.layout == "packed" and next(data.batches).packed
     finally:
         data.close()
+
+
+def test_the_data_and_the_loss_agree_on_the_ignored_label():
+    """data/ marks untrained labels with its own IGNORE (it imports nothing of models/); the model's loss
+    skips its IGNORE: they must be one value."""
+    from seektrain.data import batch
+
+    assert batch.IGNORE == IGNORE == torch.nn.CrossEntropyLoss().ignore_index

@@ -10,12 +10,12 @@ import time
 
 import pytest
 import torch
-from test_data_loader import arange_dir, rank_loaders  # noqa: F401 (fixture)
 
 from seektrain.data import prefetch
 from seektrain.data.batch import Batch
 from seektrain.data.prefetch import PrefetchingLoader
 from seektrain.platform import policy_for
+from test_data_loader import arange_dir, rank_loaders  # noqa: F401 (fixture)
 
 
 def prefetch_threads() -> list[threading.Thread]:
@@ -61,8 +61,10 @@ def test_an_error_in_the_thread_is_raised_unchanged_at_its_batch(arange_dir, mon
 
     def failing_read(start, length):
         if next(calls) == 5:  # the first window of batch 3
-            raise ValueError(f"{arange_dir}/shard-00001.bin: sha256 mismatch, the shard is corrupt or modified; "
-                             "re-run `seektrain data prepare ... --force`")
+            raise ValueError(
+                f"{arange_dir}/shard-00001.bin: sha256 mismatch, the shard is corrupt or modified; "
+                "re-run `seektrain data prepare ... --force`"
+            )
         return read(start, length)
 
     monkeypatch.setattr(loader.dataset, "read", failing_read)
@@ -98,7 +100,9 @@ def test_pinning_runs_in_the_thread_on_the_device_asked_for(arange_dir, monkeypa
     """Without a GPU: the pinning path is taken with fake pin/device functions, which record where they
     ran. With a device the thread makes it current once and pins every batch; without one it does neither."""
     seen = {"device": [], "pinned": []}
-    monkeypatch.setattr(prefetch, "use_device", lambda d: seen["device"].append((d, threading.current_thread().name)))
+    monkeypatch.setattr(
+        prefetch, "use_device", lambda d: seen["device"].append((d, threading.current_thread().name))
+    )
 
     def fake_pin(batch):
         seen["pinned"].append(threading.current_thread().name)

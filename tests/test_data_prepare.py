@@ -22,7 +22,11 @@ def build_tiny_tokenizer(path: Path) -> Path:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(DOCS, trainer)
     tok.save(str(path))
     return path
@@ -55,7 +59,9 @@ def test_text_directory_byte(tmp_path: Path) -> None:
     assert stream(tmp_path / "out").tolist() == expected_stream([DOCS[1], DOCS[0]], "byte", 0.0)
     assert m.documents == 2 and m.dtype == "uint16" and m.tokenizer.vocab_size == 259
     assert [Path(s["path"]).name for s in m.sources] == ["b.txt", "empty.txt", "a.md"]
-    with pytest.raises(ValueError, match="split 'val' is empty; re-prepare with more documents or a larger --val-fraction"):
+    with pytest.raises(
+        ValueError, match="split 'val' is empty; re-prepare with more documents or a larger --val-fraction"
+    ):
         TokenDataset(tmp_path / "out", "val")
 
 
@@ -85,7 +91,9 @@ def test_parquet_with_hf_tokenizer(tmp_path: Path) -> None:
 
     tok_path = build_tiny_tokenizer(tmp_path / "tokenizer.json")
     pq.write_table(pa.table({"body": DOCS[:10], "n": list(range(10))}), tmp_path / "d.parquet")
-    m = prepare_dataset([tmp_path / "d.parquet"], tmp_path / "out", str(tok_path), text_field="body", val_fraction=0.0)
+    m = prepare_dataset(
+        [tmp_path / "d.parquet"], tmp_path / "out", str(tok_path), text_field="body", val_fraction=0.0
+    )
     assert m.tokenizer.spec == str(tok_path.resolve()) and m.tokenizer.eos_id == 2
     assert stream(tmp_path / "out").tolist() == expected_stream(DOCS[:10], str(tok_path), 0.0)
     with pytest.raises(ValueError, match="no column 'text'"):
@@ -142,7 +150,7 @@ def test_max_tokens_stops_at_document_boundary(tmp_path: Path) -> None:
     for i, d in enumerate(DOCS[:20]):
         (tmp_path / f"{i:02d}.txt").write_text(d)
     m = prepare_dataset([tmp_path], tmp_path / "out", "byte", val_fraction=0.0, max_tokens=100)
-    assert stream(tmp_path / "out").tolist() == expected_stream(DOCS[:m.documents], "byte", 0.0)
+    assert stream(tmp_path / "out").tolist() == expected_stream(DOCS[: m.documents], "byte", 0.0)
     assert m.train.tokens >= 100 and m.documents < 20
 
 
@@ -158,7 +166,9 @@ def test_max_tokens_stops_at_document_boundary(tmp_path: Path) -> None:
         ("a.jsonl", "{oops\n", {}, "a.jsonl:1: invalid JSON"),
     ],
 )
-def test_bad_inputs_are_one_line_errors(tmp_path: Path, name: str, content: str | None, kwargs: dict, message: str) -> None:
+def test_bad_inputs_are_one_line_errors(
+    tmp_path: Path, name: str, content: str | None, kwargs: dict, message: str
+) -> None:
     path = tmp_path / name
     if content == "<dir>":
         path.mkdir()

@@ -11,15 +11,19 @@ from seektrain.data.tokenizer import ByteTokenizer, load_tokenizer
 
 def build_tiny_tokenizer(path: Path) -> Path:
     """Train a tiny BPE with the `tokenizers` library and save it as tokenizer.json."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=300,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(["hello world", "the quick brown fox", "def main():\n    return 0\n"] * 20, trainer)
+    tok.train_from_iterator(
+        ["hello world", "the quick brown fox", "def main():\n    return 0\n"] * 20, trainer
+    )
     tok.save(str(path))
     return path
 

@@ -8,15 +8,17 @@ import json
 import os
 
 import pytest
-from run_cli import seektrain
 
+from run_cli import seektrain
 from seektrain.doctor.storage import shared_storage_check
 
 FAST = ("--write-mib", "4")
 
 
 def _doctor(tmp_path, *args: str, env: dict | None = None):
-    return seektrain("doctor", "--run-dir", str(tmp_path / "run"), *FAST, *args, env=env, check=False, timeout=600)
+    return seektrain(
+        "doctor", "--run-dir", str(tmp_path / "run"), *FAST, *args, env=env, check=False, timeout=600
+    )
 
 
 def _checks(proc) -> dict[str, dict]:
@@ -45,8 +47,12 @@ def test_risky_environment_gets_its_remark(tmp_path):
 
 
 def test_broken_environment_is_a_blocker(tmp_path):
-    env = {"MASTER_ADDR": "localhost", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8",
-           "NCCL_SOCKET_IFNAME": "nosuchif"}
+    env = {
+        "MASTER_ADDR": "localhost",
+        "WORLD_SIZE": "16",
+        "LOCAL_WORLD_SIZE": "8",
+        "NCCL_SOCKET_IFNAME": "nosuchif",
+    }
     proc = _doctor(tmp_path, env=env)
     assert proc.returncode == 1
     assert "BLOCKER  env MASTER_ADDR" in proc.stdout and "other nodes cannot reach" in proc.stdout
@@ -76,6 +82,7 @@ def test_full_disk_is_a_blocker(tmp_path):
 
 def test_unshared_run_dir_is_a_blocker(tmp_path):
     """Rank 1 (simulated: another host) wrote its file somewhere rank 0 cannot see."""
+
     def gather(obj):
         fake = {"name": "x-rank1-abc", "host": "other-host", "result": ("", [])}
         if isinstance(obj, str) and "-rank0-" in obj:

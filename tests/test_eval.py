@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from run_cli import metrics, train
 
+from run_cli import metrics, train
 from seektrain.observe.names import EXPORTED_METRICS, metric_name, tb_tag
 
 
@@ -21,8 +21,15 @@ def test_val_loss_every_interval_and_at_the_end(tmp_path):
     assert all(math.isfinite(v) and 0 < v < 10 for v in values)
     assert values[-1] < values[0]  # the model learns, and the same val batches show it
 
-    train(tmp_path / "tp", "train.steps=5", "train.eval_interval=2", "train.eval_steps=2", "parallel.tp=2",
-          "parallel.dp_shard=1", nproc=2)
+    train(
+        tmp_path / "tp",
+        "train.steps=5",
+        "train.eval_interval=2",
+        "train.eval_steps=2",
+        "parallel.tp=2",
+        "parallel.dp_shard=1",
+        nproc=2,
+    )
     tp_values = [m["val_loss"] for m in metrics(tmp_path / "tp") if "val_loss" in m]
     assert tp_values == pytest.approx(values, rel=1e-4)
 

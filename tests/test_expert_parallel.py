@@ -43,7 +43,12 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 def _train(model, cfg: ModelConfig, rows: slice, steps: int, group=None, sync_grads=None) -> dict:
     """``steps`` AdamW steps, each followed by the balancing-bias update (0: one backward, gradients only)."""
-    from seektrain.train.balance import collect_expert_load, configure_aux_loss, moe_layers, update_balance_bias
+    from seektrain.train.balance import (
+        collect_expert_load,
+        configure_aux_loss,
+        moe_layers,
+        update_balance_bias,
+    )
     from seektrain.train.loss import model_loss
     from seektrain.train.optim import build_optimizer
 
@@ -69,8 +74,11 @@ def _train(model, cfg: ModelConfig, rows: slice, steps: int, group=None, sync_gr
         opt.step()
         opt.zero_grad(set_to_none=True)
         update_balance_bias(model, collect_expert_load(model, group), BIAS_SPEED)
-    biases = [m.gate.e_score_correction_bias.clone() for m in moe_layers(model)
-              if m.gate.e_score_correction_bias is not None]
+    biases = [
+        m.gate.e_score_correction_bias.clone()
+        for m in moe_layers(model)
+        if m.gate.e_score_correction_bias is not None
+    ]
     return {"losses": losses, "grads": grads, "biases": biases}
 
 
@@ -119,39 +127,51 @@ def _empty_experts_case(meshes, rank: int) -> dict:
     for p in plain.parameters():
         dist.all_reduce(p.grad)
         p.grad /= WORLD
+
     def rel(a, b):
         return float((a - b).abs().max() / b.abs().max())
 
     grads = zip(ep.parameters(), plain.parameters())
-    return {"out": rel(y_ep, y_plain), "grad": max(rel(_full(e.grad), p.grad) for e, p in grads),
-            "idle": float(ep.gate_up_proj.grad.to_local().abs().sum()) if rank else None}
+    return {
+        "out": rel(y_ep, y_plain),
+        "grad": max(rel(_full(e.grad), p.grad) for e, p in grads),
+        "idle": float(ep.gate_up_proj.grad.to_local().abs().sum()) if rank else None,
+    }
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-
     from types import SimpleNamespace
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from seektrain.parallel.mesh import build_meshes
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    meshes = build_meshes(SimpleNamespace(device_type="cpu", pp=1, dp_replicate=1, dp_shard=WORLD, tp=1, ep=WORLD))
+    meshes = build_meshes(
+        SimpleNamespace(device_type="cpu", pp=1, dp_replicate=1, dp_shard=WORLD, tp=1, ep=WORLD)
+    )
     rows = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
     results = {"empty": _empty_experts_case(meshes, rank)}
     for name in PRESETS:
         cfg = get_preset(name)
-        results[name, "dp"] = _train(_ep_model(cfg, meshes), cfg, rows, 0, dist.group.WORLD, _average_plain_grads)
+        results[name, "dp"] = _train(
+            _ep_model(cfg, meshes), cfg, rows, 0, dist.group.WORLD, _average_plain_grads
+        )
         model = _ep_model(cfg, meshes, fsdp_mesh=meshes.fsdp)
         expert = [p for n, p in model.named_parameters() if ".experts." in n]
-        results[name, "expert_numel"] = (sum(p.to_local().numel() for p in expert), sum(p.numel() for p in expert))
+        results[name, "expert_numel"] = (
+            sum(p.to_local().numel() for p in expert),
+            sum(p.numel() for p in expert),
+        )
         results[name, "fsdp"] = _train(model, cfg, rows, STEPS, dist.group.WORLD)
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         results[name, "state"] = state if rank == 0 else None
     if rank:
-        for key in list(results):  # only rank 0's gradients and weights are compared: keep rank 1's file small
+        for key in list(
+            results
+        ):  # only rank 0's gradients and weights are compared: keep rank 1's file small
             if isinstance(results[key], dict) and "grads" in results[key]:
                 results[key]["grads"] = None
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -183,7 +203,9 @@ def _assert_grads_match(got: dict, want: dict) -> None:
     assert got.keys() == want.keys()
     for name, grad in want.items():
         assert got[name].shape == grad.shape, name
-        torch.testing.assert_close(got[name], grad, rtol=0, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            got[name], grad, rtol=0, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -215,7 +237,9 @@ def test_training_with_fsdp_matches_one_process(ranks, reference, preset):
         # Adam turns last-bit gradient differences on near-zero gradients into up to ~lr-sized steps on
         # single elements; gradient scaling errors (to which Adam is blind) are caught by the test above.
         assert state[key].shape == value.shape, key
-        torch.testing.assert_close(state[key], value, rtol=0, atol=OPTIM.lr / 6, msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(
+            state[key], value, rtol=0, atol=OPTIM.lr / 6, msg=lambda m, key=key: f"{key}: {m}"
+        )
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -232,15 +256,24 @@ def test_rank_without_tokens_for_its_experts(ranks):
     assert ranks[1]["empty"]["idle"] == 0.0  # rank 1's experts saw no token: a zero gradient, not None
 
 
-@pytest.mark.parametrize("cfg_changes, ep, dp_shard, tp, message", [
-    ({}, 3, 6, 1, r"^parallel\.ep=3 does not divide the 8 routed experts"),
-    ({}, 4, 2, 1, r"^parallel\.ep=4 must divide parallel\.dp_shard=2"),
-    ({}, 3, 3, 2, r"^parallel\.ep=3 must be a multiple of parallel\.tp=2"),
-    ({}, 8, 2, 2, r"^parallel\.ep=8 must divide parallel\.dp_shard × tp = 2×2 = 4"),
-    ({"n_routed_experts": 12, "n_group": 1, "topk_group": 1}, 8, 4, 2, r"^parallel\.ep=8 does not divide the 12"),
-    ({"n_routed_experts": 0}, 2, 2, 1, r"^parallel\.ep=2 needs a MoE model"),
-    ({}, 0, 2, 1, r"^parallel\.ep=0 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "cfg_changes, ep, dp_shard, tp, message",
+    [
+        ({}, 3, 6, 1, r"^parallel\.ep=3 does not divide the 8 routed experts"),
+        ({}, 4, 2, 1, r"^parallel\.ep=4 must divide parallel\.dp_shard=2"),
+        ({}, 3, 3, 2, r"^parallel\.ep=3 must be a multiple of parallel\.tp=2"),
+        ({}, 8, 2, 2, r"^parallel\.ep=8 must divide parallel\.dp_shard × tp = 2×2 = 4"),
+        (
+            {"n_routed_experts": 12, "n_group": 1, "topk_group": 1},
+            8,
+            4,
+            2,
+            r"^parallel\.ep=8 does not divide the 12",
+        ),
+        ({"n_routed_experts": 0}, 2, 2, 1, r"^parallel\.ep=2 needs a MoE model"),
+        ({}, 0, 2, 1, r"^parallel\.ep=0 must be >= 1"),
+    ],
+)
 def test_plan_rejects_ep_that_does_not_fit(cfg_changes, ep, dp_shard, tp, message):
     cfg = get_preset("tiny-v3").replace(**cfg_changes)
     with pytest.raises(ValueError, match=message) as err:

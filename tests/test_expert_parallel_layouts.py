@@ -15,6 +15,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+
 from compare_runs import assert_same_run, run_layout
 from spawn_ranks import spawn_ranks
 
@@ -46,7 +47,9 @@ def test_dp2_x_tp2_x_ep4(tmp_path, one_process_run):
 def test_dp4_x_ep2_fsdp_sharded_experts(tmp_path, one_process_run):
     """4 ranks, FSDP=4 × EP=2: each expert's weights FSDP-sharded over the 2 ranks of its efsdp group
     (efsdp = 2), one sequence per rank."""
-    got = run_layout(tmp_path, "tiny-v3", 4, "parallel.ep=2", "parallel.dp_shard=4", "train.micro_batch_size=1")
+    got = run_layout(
+        tmp_path, "tiny-v3", 4, "parallel.ep=2", "parallel.dp_shard=4", "train.micro_batch_size=1"
+    )
     assert_same_run(got, one_process_run("tiny-v3"))
 
 
@@ -59,8 +62,16 @@ def test_dp2_x_tp2_x_ep2(tmp_path, one_process_run):
 def test_pp2_x_dp2_x_ep2(tmp_path, one_process_run):
     """4 ranks: 2 pipeline stages (1F1B, 2 micro-batches of 1 sequence), each an FSDP=2 × EP=2 group; with
     active clipping (the global norm summed over the pipeline stages)."""
-    got = run_layout(tmp_path, "tiny-v3", 4, "parallel.pp=2", "parallel.ep=2", "parallel.dp_shard=2",
-                     "parallel.pp_microbatches=2", CLIP)
+    got = run_layout(
+        tmp_path,
+        "tiny-v3",
+        4,
+        "parallel.pp=2",
+        "parallel.ep=2",
+        "parallel.dp_shard=2",
+        "parallel.pp_microbatches=2",
+        CLIP,
+    )
     assert_same_run(got, clipped_reference(one_process_run, "tiny-v3"))
 
 
@@ -72,7 +83,12 @@ LAYOUTS = {"ep4": 4, "ep2": 2, "ep1": 1}  # all dp_shard=2 × tp=2
 def _one_step_biases(model, plan) -> list[list[float]]:
     """One forward/backward on this dp rank's own batch, then the V3 balancing-bias update the trainer
     does (counts all-reduced over the dp ranks): every rank must end up with the same biases."""
-    from seektrain.train.balance import collect_expert_load, configure_aux_loss, moe_layers, update_balance_bias
+    from seektrain.train.balance import (
+        collect_expert_load,
+        configure_aux_loss,
+        moe_layers,
+        update_balance_bias,
+    )
     from seektrain.train.loss import model_loss
 
     configure_aux_loss(model, 1e-2, 1.0)
@@ -111,11 +127,16 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             numel[kind][1] += p.numel()
         result[name] = numel
         expert = model.get_parameter("layers.1.mlp.experts.gate_up_proj")  # a DTensor: FSDP's mesh × EP's
-        result[name]["expert_mesh"] = [list(expert.device_mesh.mesh_dim_names), list(expert.device_mesh.shape)]
+        result[name]["expert_mesh"] = [
+            list(expert.device_mesh.mesh_dim_names),
+            list(expert.device_mesh.shape),
+        ]
         if ep > 1:
             meshes = plan.meshes
-            result[name]["groups"] = {"ep": dist.get_process_group_ranks(meshes.ep.get_group()),
-                                      "efsdp": dist.get_process_group_ranks(meshes.efsdp.get_group())}
+            result[name]["groups"] = {
+                "ep": dist.get_process_group_ranks(meshes.ep.get_group()),
+                "efsdp": dist.get_process_group_ranks(meshes.efsdp.get_group()),
+            }
             result[name]["biases"] = _one_step_biases(model, plan)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)

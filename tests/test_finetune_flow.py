@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import torch
+
 from chat_fixture import (
     ANSWERS,
     EOS,
@@ -19,7 +20,6 @@ from chat_fixture import (
     write_chat_jsonl,
 )
 from run_cli import losses, seektrain, train
-
 from seektrain.data.chat_template import load_chat_template
 from seektrain.data.tokenizer import load_tokenizer
 from seektrain.train.generate import load_run_weights
@@ -41,8 +41,18 @@ def test_chat_jsonl_to_a_chat_with_the_fine_tuned_run(tmp_path):
 
     tok_dir = build_chat_tokenizer(tmp_path / "tok")
     data, hf, run, export = (tmp_path / name for name in ("data", "hf", "run", "export"))
-    seektrain("data", "prepare", "--input", str(write_chat_jsonl(tmp_path / "chat.jsonl")), "--tokenizer",
-              str(tok_dir), "--output", str(data), "--val-fraction", "0")
+    seektrain(
+        "data",
+        "prepare",
+        "--input",
+        str(write_chat_jsonl(tmp_path / "chat.jsonl")),
+        "--tokenizer",
+        str(tok_dir),
+        "--output",
+        str(data),
+        "--val-fraction",
+        "0",
+    )
 
     hf_tok, tok = AutoTokenizer.from_pretrained(tok_dir), load_tokenizer(str(tok_dir))
     for index in (0, 1, 4):  # system + two turns, one plain turn, system + ... as conversations() builds them
@@ -51,18 +61,37 @@ def test_chat_jsonl_to_a_chat_with_the_fine_tuned_run(tmp_path):
         assert shown["loss_mask"] == assistant_mask(shown["tokens"], tok) and sum(shown["loss_mask"]) > 0
 
     seektrain("convert", "--preset", "tiny-v3", "--to-hf", str(hf), "--tokenizer", str(tok_dir))
-    train(run, f"model.hf_path={hf}", f"data.path={data}", "data.packing=true", "train.steps=20", "optim.lr=3e-3",
-          "train.eval_interval=0", nproc=2, timeout=600)
+    train(
+        run,
+        f"model.hf_path={hf}",
+        f"data.path={data}",
+        "data.packing=true",
+        "train.steps=20",
+        "optim.lr=3e-3",
+        "train.eval_interval=0",
+        nproc=2,
+        timeout=600,
+    )
     assert losses(run)[-1] < losses(run)[0] - 4  # the answers are learnt (starts near ln 320 = 5.8 + 1.7)
     assert (run / "tokenizer" / "tokenizer.json").read_bytes() == (tok_dir / "tokenizer.json").read_bytes()
     assert json.loads((run / "tokenizer" / "tokenizer_config.json").read_text())["chat_template"] == TEMPLATE
 
     tok_dir.rename(tmp_path / "tok-moved")  # from here on only the run folder's copy holds the tokenizer
-    one = seektrain("chat", "--run", str(run), "--prompt", QUESTIONS[2], "--temperature", "0", "--max-new-tokens", "12")
+    one = seektrain(
+        "chat", "--run", str(run), "--prompt", QUESTIONS[2], "--temperature", "0", "--max-new-tokens", "12"
+    )
     answer = one.stdout.strip()
     assert answer in ANSWERS and "end of turn" in one.stderr and "step-00000020" in one.stderr
-    piped = seektrain("chat", "--run", str(run), "--temperature", "0", "--max-new-tokens", "12",
-                      input=f"{QUESTIONS[2]}\n{QUESTIONS[5]}\n")
+    piped = seektrain(
+        "chat",
+        "--run",
+        str(run),
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "12",
+        input=f"{QUESTIONS[2]}\n{QUESTIONS[5]}\n",
+    )
     replies = piped.stdout.splitlines()
     assert len(replies) == 2 and replies[0] == answer and replies[1] in ANSWERS
 
@@ -79,5 +108,5 @@ def test_chat_jsonl_to_a_chat_with_the_fine_tuned_run(tmp_path):
         theirs = model(x).logits
         torch.testing.assert_close(theirs, load_run_weights(run)[0](x).logits, rtol=1e-4, atol=1e-4)
     plain = exported_tok.apply_chat_template(messages[1:], add_generation_prompt=True)["input_ids"]
-    out = model.generate(torch.tensor([plain]), max_new_tokens=12, do_sample=False)[0, len(plain):].tolist()
+    out = model.generate(torch.tensor([plain]), max_new_tokens=12, do_sample=False)[0, len(plain) :].tolist()
     assert exported_tok.decode(out) == answer + EOS  # transformers stops at the same end of turn

@@ -16,13 +16,13 @@ import warnings
 
 import pytest
 import torch
-from compare_runs import Tolerance, weight_mismatches
 from torch import nn
 
+from compare_runs import Tolerance, weight_mismatches
 from seektrain.config.loader import ConfigError, load_config
 from seektrain.models import build_model
 from seektrain.models.layers import RMSNorm
-from seektrain.models.moe import GroupedExperts, Router
+from seektrain.models.moe import Router
 from seektrain.models.presets import get_preset
 from seektrain.parallel.float8 import apply_float8, float8_targets
 from seektrain.plan.fp8_flops import fp8_matmul_params
@@ -32,14 +32,24 @@ from seektrain.plan.speed import step_time
 from seektrain.platform.float8_support import TORCHAO_PIN, float8_environment_problem
 
 # tiny-v3: layer 0 dense, layers 1-3 and the MTP block (mtp.0.block) MoE; MLA with q_lora_rank.
-MLA = ["self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.kv_b_proj",
-       "self_attn.o_proj"]
+MLA = [
+    "self_attn.q_a_proj",
+    "self_attn.q_b_proj",
+    "self_attn.kv_a_proj_with_mqa",
+    "self_attn.kv_b_proj",
+    "self_attn.o_proj",
+]
 DENSE_MLP = ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
 SHARED = ["mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj"]
-TINY_V3_LINEARS = ([f"layers.0.{n}" for n in MLA + DENSE_MLP]
-                   + [f"{layer}.{n}" for layer in ("layers.1", "layers.2", "layers.3", "mtp.0.block")
-                      for n in MLA + SHARED])
-TINY_V3_EXPERTS = ["layers.1.mlp.experts", "layers.2.mlp.experts", "layers.3.mlp.experts", "mtp.0.block.mlp.experts"]
+TINY_V3_LINEARS = [f"layers.0.{n}" for n in MLA + DENSE_MLP] + [
+    f"{layer}.{n}" for layer in ("layers.1", "layers.2", "layers.3", "mtp.0.block") for n in MLA + SHARED
+]
+TINY_V3_EXPERTS = [
+    "layers.1.mlp.experts",
+    "layers.2.mlp.experts",
+    "layers.3.mlp.experts",
+    "mtp.0.block.mlp.experts",
+]
 
 
 def _meta(preset: str) -> nn.Module:
@@ -66,8 +76,9 @@ def test_rowwise_converts_exactly_the_dense_linears_and_experts():
             assert type(module) is Float8Linear, name
         elif isinstance(module, nn.Linear):  # the output head and the MTP projection stay bf16 linears
             assert type(module) is nn.Linear and name in ("lm_head", "mtp.0.eh_proj"), name
-    untouched = {name: type(m) for name, m in model.named_modules()
-                 if isinstance(m, (Router, RMSNorm, nn.Embedding))}
+    untouched = {
+        name: type(m) for name, m in model.named_modules() if isinstance(m, (Router, RMSNorm, nn.Embedding))
+    }
     assert untouched["embed_tokens"] is nn.Embedding and untouched["layers.1.mlp.gate"] is Router
     assert sum(t is RMSNorm for t in untouched.values()) == 5 * 4 + 1 + 3  # 5 blocks × 4, final, MTP's 3
     for name, param in model.named_parameters():
@@ -113,7 +124,9 @@ def test_checkpoints_hold_plain_tensors(tmp_path):
         assert torch.equal(loaded[key], value), key
     experts = back.get_submodule(TINY_V3_EXPERTS[0])
     assert isinstance(experts.gate_up_proj.data, Float8TrainingWeightWrapperTensor)
-    assert torch.equal(experts.gate_up_proj.data._data, plain.get_submodule(TINY_V3_EXPERTS[0]).gate_up_proj.data)
+    assert torch.equal(
+        experts.gate_up_proj.data._data, plain.get_submodule(TINY_V3_EXPERTS[0]).gate_up_proj.data
+    )
 
 
 def test_expert_row_padding_keeps_a_larger_platform_multiple():
@@ -139,7 +152,10 @@ def test_blockwise_keeps_what_torchao_blockwise_cannot_take():
     assert choice.experts == []
     kv_a = [n for n in choice.kept if n.endswith("kv_a_proj_with_mqa")]
     assert len(kv_a) == 7 and choice.kept[kv_a[0]] == "512x160 not multiples of 128"
-    assert "layers.0.self_attn.q_b_proj" in choice.linears and "layers.1.mlp.shared_experts.down_proj" in choice.linears
+    assert (
+        "layers.0.self_attn.q_b_proj" in choice.linears
+        and "layers.1.mlp.shared_experts.down_proj" in choice.linears
+    )
     tiny = float8_targets(_meta("tiny-dense"), "blockwise", experts=True)
     assert sorted(tiny.linears) == sorted(f"layers.{i}.self_attn.{p}_proj" for i in range(4) for p in "qo")
     v3 = float8_targets(_meta("deepseek-v3"), "blockwise", experts=True)
@@ -150,7 +166,10 @@ def test_blockwise_refuses_a_linear_with_bias():
     cfg = dataclasses.replace(get_preset("tiny-dense"), hidden_size=128, attention_bias=True)
     choice = float8_targets(build_model(cfg, device="meta"), "blockwise", experts=True)
     assert "bias" in choice.kept["layers.0.self_attn.q_proj"]
-    assert "layers.0.self_attn.q_proj" in float8_targets(build_model(cfg, device="meta"), "rowwise", True).linears
+    assert (
+        "layers.0.self_attn.q_proj"
+        in float8_targets(build_model(cfg, device="meta"), "rowwise", True).linears
+    )
 
 
 @pytest.mark.parametrize("preset", ["tiny-dense", "tiny-v3", "small-v3", "deepseek-v2-lite"])
@@ -163,7 +182,9 @@ def test_planner_fp8_params_match_the_converted_modules(preset, recipe):
     per_token = sum(model.get_submodule(n).weight.numel() for n in choice.linears)
     for name in choice.experts:
         experts = model.get_submodule(name)
-        per_token += cfg.num_experts_per_tok * (experts.gate_up_proj[0].numel() + experts.down_proj[0].numel())
+        per_token += cfg.num_experts_per_tok * (
+            experts.gate_up_proj[0].numel() + experts.down_proj[0].numel()
+        )
     assert fp8_matmul_params(cfg, recipe) == per_token
     assert fp8_matmul_params(cfg, "none") == 0
 
@@ -218,7 +239,12 @@ def _text_batches(steps: int, batch: int = 4, seq: int = 64) -> list[tuple[torch
     out = []
     for _ in range(steps):
         starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=gen).tolist()
-        out.append((torch.stack([data[s:s + seq] for s in starts]), torch.stack([data[s + 1:s + seq + 1] for s in starts])))
+        out.append(
+            (
+                torch.stack([data[s : s + seq] for s in starts]),
+                torch.stack([data[s + 1 : s + seq + 1] for s in starts]),
+            )
+        )
     return out
 
 
@@ -284,6 +310,7 @@ def test_hopper_with_torchao_is_accepted(monkeypatch):
     blockwise = float8_environment_problem("blockwise", "cuda")
     try:
         import triton  # noqa: F401
+
         assert blockwise is None
     except ImportError:  # CPU builds of torch ship no triton: the one line says so
         assert "triton" in blockwise and "precision.fp8=rowwise" in blockwise
@@ -306,15 +333,26 @@ def test_blockwise_refuses_tensor_parallelism_rowwise_takes_it():
     job = load_config(None, ["precision.fp8=blockwise", "parallel.tp=2"])
     with pytest.raises(ConfigError, match="precision.fp8=blockwise cannot run under parallel.tp=2"):
         RunPlan.resolve(job, get_preset("tiny-dense"), 2, "cuda")
-    RunPlan.resolve(load_config(None, ["precision.fp8=rowwise", "parallel.tp=2"]), get_preset("tiny-dense"), 2, "cuda")
-    RunPlan.resolve(load_config(None, ["precision.fp8=blockwise", "parallel.ep=2"]), get_preset("tiny-v3"), 2, "cuda")
+    RunPlan.resolve(
+        load_config(None, ["precision.fp8=rowwise", "parallel.tp=2"]), get_preset("tiny-dense"), 2, "cuda"
+    )
+    RunPlan.resolve(
+        load_config(None, ["precision.fp8=blockwise", "parallel.ep=2"]), get_preset("tiny-v3"), 2, "cuda"
+    )
 
 
 # ----------------------------------------------------------------------------- planner
 def test_planner_runs_converted_flops_at_the_fp8_peak():
     def compute(recipe: str, gpu: str) -> float:
-        job = load_config(None, [f"precision.fp8={recipe}", "train.seq_len=4096", "train.global_batch_size=64",
-                                 "train.micro_batch_size=1"])
+        job = load_config(
+            None,
+            [
+                f"precision.fp8={recipe}",
+                "train.seq_len=4096",
+                "train.global_batch_size=64",
+                "train.micro_batch_size=1",
+            ],
+        )
         plan = RunPlan.resolve(job, get_preset("deepseek-llm-7b"), 8, "cuda")
         return step_time(plan, hardware(gpu)).compute_s
 
@@ -339,8 +377,16 @@ def test_gpu_rowwise_run(tmp_path):
     5% of bf16's (the 1%-after-200-steps criterion is a measurement, docs/training.md)."""
     from run_cli import metrics, train
 
-    common = ["model.preset=small-v3", "precision.dtype=bf16", "train.steps=20", "train.seq_len=512", "train.global_batch_size=8",
-              "train.micro_batch_size=8", "train.eval_interval=0", "checkpoint.interval=0"]
+    common = [
+        "model.preset=small-v3",
+        "precision.dtype=bf16",
+        "train.steps=20",
+        "train.seq_len=512",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=8",
+        "train.eval_interval=0",
+        "checkpoint.interval=0",
+    ]
     losses = {}
     for recipe in ("none", "rowwise"):
         run = tmp_path / recipe
@@ -365,7 +411,9 @@ FP8_TOL = Tolerance(loss_rel=2e-3, param_rtol=0.25, per_expert=False)
 
 def _loss(model, plan, tokens, labels):
     with plan.autocast(tokens.device):
-        out = model(tokens, mtp_tokens=tokens if plan.use_mtp else None, labels=labels if plan.fused_loss else None)
+        out = model(
+            tokens, mtp_tokens=tokens if plan.use_mtp else None, labels=labels if plan.fused_loss else None
+        )
     with plan.loss_context():
         from seektrain.train.loss import model_loss
 
@@ -378,7 +426,10 @@ def _full(tensors: dict) -> dict[str, torch.Tensor]:
     """Whole fp32 tensors of possibly sharded DTensors (a collective: every rank calls it in one order)."""
     from torch.distributed.tensor import DTensor
 
-    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().float().clone() for k, v in tensors.items()}
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().float().clone()
+        for k, v in tensors.items()
+    }
 
 
 def _train_fp8(model, plan, rows: slice, group=None) -> dict:
@@ -453,8 +504,11 @@ def _expert_parallel_fp8_experts(rank: int) -> dict:
     model.init_weights(seed)
     single = build_model(get_preset("tiny-v3"), seed=seed)
     out = {"ep_wrapped": 0, "ep_equal": 0}
-    out["ep_state_plain"] = not any(isinstance(v.to_local(), Float8TrainingWeightWrapperTensor)
-                                    for k, v in model.state_dict().items() if ".experts." in k)
+    out["ep_state_plain"] = not any(
+        isinstance(v.to_local(), Float8TrainingWeightWrapperTensor)
+        for k, v in model.state_dict().items()
+        if ".experts." in k
+    )
     for name in TINY_V3_EXPERTS:
         for param in ("gate_up_proj", "down_proj"):
             local = getattr(model.get_submodule(name), param).to_local()
@@ -487,7 +541,9 @@ def test_rowwise_under_tensor_parallel_and_fsdp_matches_one_process(tmp_path, cp
     want, initial = got["single"], got["initial"]
     for name in LAYOUTS:
         run = got[name]
-        assert run["fp8_linears"] == len(float8_targets(_meta_of(MLA_DENSE), "rowwise", False).linears) > 0, name
+        assert run["fp8_linears"] == len(float8_targets(_meta_of(MLA_DENSE), "rowwise", False).linears) > 0, (
+            name
+        )
         problems = gradient_mismatches(run["grads"], want["grads"], FP8_GRAD_RTOL)
         if run["losses"] != pytest.approx(want["losses"], rel=FP8_TOL.loss_rel):
             problems.append(f"losses {run['losses']}, one process {want['losses']}")
@@ -495,4 +551,6 @@ def test_rowwise_under_tensor_parallel_and_fsdp_matches_one_process(tmp_path, cp
         assert not problems, f"{name}: {len(problems)} differ from one process:\n" + "\n".join(problems[:20])
     for rank in range(2):
         other = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
-        assert other["ep_wrapped"] == other["ep_equal"] == 2 * len(TINY_V3_EXPERTS) and other["ep_state_plain"]
+        assert (
+            other["ep_wrapped"] == other["ep_equal"] == 2 * len(TINY_V3_EXPERTS) and other["ep_state_plain"]
+        )

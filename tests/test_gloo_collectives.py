@@ -26,8 +26,11 @@ def _worker(rank: int, world: int, out_dir: str) -> None:
     failures = []
 
     def same(name, out, ref, exact=False):
-        ok = torch.equal(out, ref) if exact or world == 2 else torch.allclose(out.float(), ref.float(), rtol=1e-2,
-                                                                       atol=1e-2)
+        ok = (
+            torch.equal(out, ref)
+            if exact or world == 2
+            else torch.allclose(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
+        )
         if not ok:
             failures.append(f"{name}: max diff {(out.float() - ref.float()).abs().max().item()}")
 
@@ -75,7 +78,9 @@ def _worker(rank: int, world: int, out_dir: str) -> None:
         narrow(out, inp, dist.group.WORLD, dist.ReduceOp.AVG)
         same(f"narrow-wire reduce_scatter, {values} input", out, ref, exact=True)
         if narrow.narrow_sends - before != narrow_expected:
-            failures.append(f"{values} input: {narrow.narrow_sends - before} narrow sends, want {narrow_expected}")
+            failures.append(
+                f"{values} input: {narrow.narrow_sends - before} narrow sends, want {narrow_expected}"
+            )
     with open(os.path.join(out_dir, f"rank{rank}"), "w") as fh:
         fh.write("\n".join(failures))
     dist.destroy_process_group()
@@ -106,15 +111,18 @@ def _fsdp_bf16_worker(rank: int, port: int, out_dir: str) -> None:
     grads = {}
     platform, mp = policy_for(torch.device("cpu")), MixedPrecisionPolicy(torch.bfloat16, torch.float32)
     for narrow in (True, False):  # as training shards a model part: apply_fsdp, then the policy's collectives
-        model = apply_fsdp(build_model(cfg, seed=0, kernels=platform.model_kernels()), mesh, mp,
-                           reshard_after_forward=True)
+        model = apply_fsdp(
+            build_model(cfg, seed=0, kernels=platform.model_kernels()), mesh, mp, reshard_after_forward=True
+        )
         platform.configure_fsdp(model, mp)
         rs = next(m for m in model.modules() if isinstance(m, FSDPModule))._get_fsdp_state()._fsdp_param_group
         comm = rs._reduce_scatter_comm
         if not narrow:
             comm.wire_dtype = None
         model(tokens, labels=tokens).loss_sum.backward()
-        grads[narrow] = {n: p.grad.to_local().clone() for n, p in model.named_parameters() if p.grad is not None}
+        grads[narrow] = {
+            n: p.grad.to_local().clone() for n, p in model.named_parameters() if p.grad is not None
+        }
         grads[f"sends{narrow}"] = comm.narrow_sends
     torch.save(grads, os.path.join(out_dir, f"grads{rank}.pt"))
     dist.destroy_process_group()

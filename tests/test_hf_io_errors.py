@@ -64,16 +64,27 @@ def test_unsupported_architecture(tmp_path, v3_dir):
     def edit(c):
         c["architectures"] = ["MistralForCausalLM"]
         c["model_type"] = "mistral"
+
     _error(_copy(v3_dir, tmp_path / "m", config_edit=edit), r"unsupported architecture MistralForCausalLM")
 
 
 def test_missing_and_inconsistent_config_fields(tmp_path, v3_dir):
-    _error(_copy(v3_dir, tmp_path / "a", config_edit=lambda c: c.pop("hidden_size")),
-           r"config\.json: missing field 'hidden_size'")
-    _error(_copy(v3_dir, tmp_path / "b", config_edit=lambda c: c.update(num_experts_per_tok=99)),
-           r"config\.json: .*num_experts_per_tok must be in 1\.\.n_routed_experts")
-    _error(_copy(v3_dir, tmp_path / "c", config_edit=lambda c: c.update(rope_scaling={"type": "linear", "factor": 2})),
-           r"rope scaling type 'linear' is not supported")
+    _error(
+        _copy(v3_dir, tmp_path / "a", config_edit=lambda c: c.pop("hidden_size")),
+        r"config\.json: missing field 'hidden_size'",
+    )
+    _error(
+        _copy(v3_dir, tmp_path / "b", config_edit=lambda c: c.update(num_experts_per_tok=99)),
+        r"config\.json: .*num_experts_per_tok must be in 1\.\.n_routed_experts",
+    )
+    _error(
+        _copy(
+            v3_dir,
+            tmp_path / "c",
+            config_edit=lambda c: c.update(rope_scaling={"type": "linear", "factor": 2}),
+        ),
+        r"rope scaling type 'linear' is not supported",
+    )
 
 
 def test_no_weights(tmp_path, v3_dir):
@@ -90,7 +101,9 @@ def test_corrupt_safetensors(tmp_path, v3_dir):
 
 
 def test_missing_shard(tmp_path):
-    files = save_pretrained(build_model(get_preset("tiny-dense"), seed=0), tmp_path, max_shard_bytes=1_000_000)
+    files = save_pretrained(
+        build_model(get_preset("tiny-dense"), seed=0), tmp_path, max_shard_bytes=1_000_000
+    )
     assert files[1] == f"model-00002-of-{len(files):05d}.safetensors"
     (tmp_path / files[1]).unlink()
     _error(tmp_path, rf"{files[1]}: missing shard \(listed in model\.safetensors\.index\.json\)")
@@ -99,25 +112,37 @@ def test_missing_shard(tmp_path):
 def test_misshaped_tensor(tmp_path, v3_dir):
     def edit(t):
         t["model.layers.1.mlp.gate.weight"] = torch.zeros(8, 64)
+
     message = _error(_copy(v3_dir, tmp_path / "m", edit), r"")
-    assert message == "model.layers.1.mlp.gate.weight: expected shape (8, 128), got (8, 64) in model.safetensors"
+    assert (
+        message == "model.layers.1.mlp.gate.weight: expected shape (8, 128), got (8, 64) in model.safetensors"
+    )
 
 
 def test_missing_tensor(tmp_path, v3_dir):
-    _error(_copy(v3_dir, tmp_path / "a", lambda t: t.pop("model.layers.2.self_attn.o_proj.weight")),
-           r"^model\.layers\.2\.self_attn\.o_proj\.weight: missing tensor \(expected shape \(128, 128\)\)")
-    _error(_copy(v3_dir, tmp_path / "b", lambda t: t.pop("model.layers.3.mlp.experts.5.up_proj.weight")),
-           r"^model\.layers\.3\.mlp\.experts\.5\.up_proj\.weight: missing tensor \(expected shape \(64, 128\)\)")
+    _error(
+        _copy(v3_dir, tmp_path / "a", lambda t: t.pop("model.layers.2.self_attn.o_proj.weight")),
+        r"^model\.layers\.2\.self_attn\.o_proj\.weight: missing tensor \(expected shape \(128, 128\)\)",
+    )
+    _error(
+        _copy(v3_dir, tmp_path / "b", lambda t: t.pop("model.layers.3.mlp.experts.5.up_proj.weight")),
+        r"^model\.layers\.3\.mlp\.experts\.5\.up_proj\.weight: missing tensor \(expected shape \(64, 128\)\)",
+    )
     # an MTP layer that is only partly there is an error, not a silently dropped module
-    _error(_copy(v3_dir, tmp_path / "c", lambda t: t.pop("model.layers.4.enorm.weight")),
-           r"^model\.layers\.4\.enorm\.weight: missing tensor")
+    _error(
+        _copy(v3_dir, tmp_path / "c", lambda t: t.pop("model.layers.4.enorm.weight")),
+        r"^model\.layers\.4\.enorm\.weight: missing tensor",
+    )
 
 
 def test_unexpected_tensor(tmp_path, v3_dir):
     def edit(t):
         t["model.layers.1.mlp.experts.8.up_proj.weight"] = torch.zeros(64, 128)
-    _error(_copy(v3_dir, tmp_path / "m", edit),
-           r"^model\.layers\.1\.mlp\.experts\.8\.up_proj\.weight: unexpected tensor in model\.safetensors")
+
+    _error(
+        _copy(v3_dir, tmp_path / "m", edit),
+        r"^model\.layers\.1\.mlp\.experts\.8\.up_proj\.weight: unexpected tensor in model\.safetensors",
+    )
 
 
 def test_fp8_without_scale(tmp_path, v3_dir):
@@ -125,13 +150,17 @@ def test_fp8_without_scale(tmp_path, v3_dir):
 
     def edit(t):
         t[key] = t[key].to(torch.float8_e4m3fn)
+
     _error(_copy(v3_dir, tmp_path / "a", edit), rf"^{re.escape(key)}_scale_inv: missing tensor")
 
     def edit_bad_scale(t):
         edit(t)
         t[key + "_scale_inv"] = torch.ones(2, 2)
-    _error(_copy(v3_dir, tmp_path / "b", edit_bad_scale),
-           rf"^{re.escape(key)}_scale_inv: expected shape \(1, 1\), got \(2, 2\)")
+
+    _error(
+        _copy(v3_dir, tmp_path / "b", edit_bad_scale),
+        rf"^{re.escape(key)}_scale_inv: expected shape \(1, 1\), got \(2, 2\)",
+    )
 
 
 # ------------------------------------------------------------------------------ the convert command
@@ -142,23 +171,36 @@ def test_cli_user_error_is_one_line(tmp_path, capsys):
     assert err.startswith("seektrain convert: error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert convert.main(["convert", "--to-hf", str(tmp_path / "o")]) == convert.EXIT_USER_ERROR
     assert "give exactly one source: --from-hf or --preset" in capsys.readouterr().err
-    assert convert.main(["convert", "--preset", "nope", "--to-hf", str(tmp_path / "o")]) == convert.EXIT_USER_ERROR
+    assert (
+        convert.main(["convert", "--preset", "nope", "--to-hf", str(tmp_path / "o")])
+        == convert.EXIT_USER_ERROR
+    )
     assert "unknown model preset 'nope'" in capsys.readouterr().err
 
 
 def test_cli_preset_then_hf_to_hf(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
-    assert convert.main(["convert", "--preset", "tiny-v3", "--to-hf", str(first), "--seed", "3",
-                         "--dtype", "bf16"]) == 0
+    assert (
+        convert.main(
+            ["convert", "--preset", "tiny-v3", "--to-hf", str(first), "--seed", "3", "--dtype", "bf16"]
+        )
+        == 0
+    )
     assert json.loads((first / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    assert convert.main(["convert", "--from-hf", str(first), "--to-hf", str(second),
-                         "--max-shard-size", "200KB"]) == 0
+    assert (
+        convert.main(
+            ["convert", "--from-hf", str(first), "--to-hf", str(second), "--max-shard-size", "200KB"]
+        )
+        == 0
+    )
     assert (second / "model.safetensors.index.json").exists()
     a, b = from_pretrained(first).state_dict(), from_pretrained(second).state_dict()
     assert b["embed_tokens.weight"].dtype == torch.float32  # loaded in fp32: stored as bf16 both times
     assert all(torch.equal(a[k], b[k]) for k in a)
     ref = build_model(get_preset("tiny-v3"), dtype=torch.bfloat16, seed=3).state_dict()
-    assert torch.equal(a["layers.1.mlp.experts.gate_up_proj"], ref["layers.1.mlp.experts.gate_up_proj"].float())
+    assert torch.equal(
+        a["layers.1.mlp.experts.gate_up_proj"], ref["layers.1.mlp.experts.gate_up_proj"].float()
+    )
 
 
 def test_parse_size():

@@ -22,8 +22,15 @@ TOL = 1e-4
 # transformers -> ours runs our model with the kernels CPU training uses (value-padded MLA attention,
 # padded expert rows); ours -> transformers with the default ones
 CPU_KERNELS = policy_for(torch.device("cpu")).model_kernels()
-YARN = dict(type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0,
-            mscale=0.707, mscale_all_dim=0.707)
+YARN = dict(
+    type="yarn",
+    factor=4.0,
+    original_max_position_embeddings=64,
+    beta_fast=32.0,
+    beta_slow=1.0,
+    mscale=0.707,
+    mscale_all_dim=0.707,
+)
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:
@@ -60,21 +67,57 @@ def _hf_to_ours(hf_cfg, tmp_path, seed=0):
 
 
 def _v3_config(**kw):
-    base = dict(vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
-                n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
-                q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                routed_scaling_factor=2.5, norm_topk_prob=True, max_position_embeddings=256, rope_scaling=YARN)
+    base = dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        max_position_embeddings=256,
+        rope_scaling=YARN,
+    )
     base.update(kw)
     return transformers.DeepseekV3Config(**base)
 
 
 def _v2_config(**kw):
-    base = dict(vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
-                n_shared_experts=2, num_experts_per_tok=3, first_k_dense_replace=1, q_lora_rank=None,
-                kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                topk_method="greedy", norm_topk_prob=False, max_position_embeddings=256, rope_scaling=YARN)
+    base = dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        n_shared_experts=2,
+        num_experts_per_tok=3,
+        first_k_dense_replace=1,
+        q_lora_rank=None,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        topk_method="greedy",
+        norm_topk_prob=False,
+        max_position_embeddings=256,
+        rope_scaling=YARN,
+    )
     base.update(kw)
     return transformers.DeepseekV2Config(**base)
 
@@ -82,9 +125,17 @@ def _v2_config(**kw):
 # ------------------------------------------------------------------------- transformers -> ours
 @pytest.mark.parametrize("kv_heads,tied", [(2, False), (4, True)], ids=["gqa", "mha-tied"])
 def test_dense_llama_parity(tmp_path, kv_heads, tied):
-    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=kv_heads, rope_theta=5000.0,
-                                   max_position_embeddings=128, tie_word_embeddings=tied)
+    cfg = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        rope_theta=5000.0,
+        max_position_embeddings=128,
+        tie_word_embeddings=tied,
+    )
     hf_model, ours = _hf_to_ours(cfg, tmp_path)
     assert ours.cfg.arch == "llama" and ours.cfg.num_key_value_heads == kv_heads
     assert ours.cfg.rope_theta == 5000.0 and ours.cfg.tie_word_embeddings is tied
@@ -99,8 +150,13 @@ def test_v2_lite_style_parity(tmp_path):
 
 
 def test_v2_group_limited_greedy_parity(tmp_path):
-    cfg = _v2_config(q_lora_rank=32, topk_method="group_limited_greedy", n_group=4, topk_group=2,
-                     routed_scaling_factor=16.0)
+    cfg = _v2_config(
+        q_lora_rank=32,
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=16.0,
+    )
     hf_model, ours = _hf_to_ours(cfg, tmp_path, seed=1)
     assert ours.cfg.topk_method == "group_limited_greedy" and ours.cfg.n_group == 4
     assert _logits_diff(hf_model, ours, 96) <= TOL
@@ -140,10 +196,16 @@ def _ours(name: str, seed: int, **changes) -> torch.nn.Module:
 
 _EXPORTS = {
     "tiny-dense": {},
-    "tiny-v2": dict(rope_scaling=RopeScaling(factor=4.0, original_max_position_embeddings=512,
-                                             mscale=0.707, mscale_all_dim=0.707)),
-    "tiny-v3": dict(rope_scaling=RopeScaling(factor=8.0, original_max_position_embeddings=256,
-                                             mscale=1.0, mscale_all_dim=1.0)),
+    "tiny-v2": dict(
+        rope_scaling=RopeScaling(
+            factor=4.0, original_max_position_embeddings=512, mscale=0.707, mscale_all_dim=0.707
+        )
+    ),
+    "tiny-v3": dict(
+        rope_scaling=RopeScaling(
+            factor=8.0, original_max_position_embeddings=256, mscale=1.0, mscale_all_dim=1.0
+        )
+    ),
 }
 
 
@@ -172,10 +234,16 @@ def test_export_writes_release_layout_with_mtp_and_shards(tmp_path):
     assert config["torch_dtype"] == "bfloat16" and config["num_nextn_predict_layers"] == 1
     n = model.cfg.num_hidden_layers
     keys = index["weight_map"]
-    for key in ("model.layers.1.mlp.experts.7.up_proj.weight", f"model.layers.{n}.enorm.weight",
-                f"model.layers.{n}.eh_proj.weight", f"model.layers.{n}.shared_head.norm.weight",
-                f"model.layers.{n}.shared_head.head.weight", f"model.layers.{n}.embed_tokens.weight",
-                f"model.layers.{n}.mlp.experts.0.down_proj.weight", f"model.layers.{n}.self_attn.q_a_proj.weight"):
+    for key in (
+        "model.layers.1.mlp.experts.7.up_proj.weight",
+        f"model.layers.{n}.enorm.weight",
+        f"model.layers.{n}.eh_proj.weight",
+        f"model.layers.{n}.shared_head.norm.weight",
+        f"model.layers.{n}.shared_head.head.weight",
+        f"model.layers.{n}.embed_tokens.weight",
+        f"model.layers.{n}.mlp.experts.0.down_proj.weight",
+        f"model.layers.{n}.self_attn.q_a_proj.weight",
+    ):
         assert key in keys, key
     with safe_open(tmp_path / keys["model.layers.1.mlp.gate.e_score_correction_bias"], "pt") as fh:
         assert fh.get_tensor("model.layers.1.mlp.gate.e_score_correction_bias").dtype == torch.float32
@@ -200,12 +268,33 @@ def _quantize_fp8(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torc
 
 
 def test_official_fp8_layout_dequantises(tmp_path):
-    cfg = ModelConfig(name="fp8", arch="deepseek_v3", vocab_size=320, hidden_size=160, intermediate_size=200,
-                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=144,
-                      kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-                      n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=96,
-                      first_k_dense_replace=1, scoring_func="sigmoid", topk_method="noaux_tc", n_group=2,
-                      topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5, num_nextn_predict_layers=1)
+    cfg = ModelConfig(
+        name="fp8",
+        arch="deepseek_v3",
+        vocab_size=320,
+        hidden_size=160,
+        intermediate_size=200,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=144,
+        kv_lora_rank=64,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        moe_intermediate_size=96,
+        first_k_dense_replace=1,
+        scoring_func="sigmoid",
+        topk_method="noaux_tc",
+        n_group=2,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        num_nextn_predict_layers=1,
+    )
     original = build_model(cfg, seed=6)
     src = tmp_path / "bf16"
     save_pretrained(original, src)
@@ -224,14 +313,21 @@ def test_official_fp8_layout_dequantises(tmp_path):
     half = len(keys) // 2
     dst = tmp_path / "fp8"
     dst.mkdir()
-    shards = {"model-00001-of-00002.safetensors": keys[:half], "model-00002-of-00002.safetensors": keys[half:]}
+    shards = {
+        "model-00001-of-00002.safetensors": keys[:half],
+        "model-00002-of-00002.safetensors": keys[half:],
+    }
     for name, names in shards.items():
         save_file({k: quantized[k] for k in names}, dst / name, metadata={"format": "pt"})
     weight_map = {k: name for name, names in shards.items() for k in names}
     (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                     "weight_block_size": [128, 128]}
+    config["quantization_config"] = {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    }
     (dst / "config.json").write_text(json.dumps(config))
 
     loaded = from_pretrained(dst)
@@ -250,7 +346,9 @@ def test_official_fp8_layout_dequantises(tmp_path):
             ours, theirs = got["mtp.0.eh_proj.weight"], ref["mtp.0.eh_proj.weight"]
         elif m.group(3):
             e, kind = int(m.group(4)), m.group(5)
-            pname = prefix + rest + ("mlp.experts.down_proj" if kind == "down" else "mlp.experts.gate_up_proj")
+            pname = (
+                prefix + rest + ("mlp.experts.down_proj" if kind == "down" else "mlp.experts.gate_up_proj")
+            )
             ours, theirs = got[pname][e], ref[pname][e]
             if kind != "down":
                 sl = slice(0, rows) if kind == "gate" else slice(rows, 2 * rows)
@@ -262,8 +360,14 @@ def test_official_fp8_layout_dequantises(tmp_path):
         assert ((ours - theirs).abs() <= theirs.abs() / 16 + full / 1024 + 1e-12).all(), key
         n_checked += 1
     assert n_checked == len(scales)
-    for name in ("mtp.0.enorm.weight", "mtp.0.hnorm.weight", "mtp.0.norm.weight",
-                 "mtp.0.block.mlp.gate.weight", "embed_tokens.weight", "lm_head.weight"):
+    for name in (
+        "mtp.0.enorm.weight",
+        "mtp.0.hnorm.weight",
+        "mtp.0.norm.weight",
+        "mtp.0.block.mlp.gate.weight",
+        "embed_tokens.weight",
+        "lm_head.weight",
+    ):
         assert torch.equal(got[name], ref[name]), name
 
 
@@ -300,22 +404,65 @@ def test_full_presets_on_meta(preset, total, active, tol_total, tol_active):
 # ------------------------------------------------------------------------- config.json mapping
 # The config.json of the official DeepSeek-V3 release (auto_map trimmed).
 _V3_RELEASE = {
-    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}, "aux_loss_alpha": 0.001,
-    "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3, "hidden_act": "silu",
-    "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
-    "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
-    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
-    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
-    "num_nextn_predict_layers": 1, "pretraining_tp": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64, "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
-                                                    "quant_method": "fp8", "weight_block_size": [128, 128]},
-    "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
-                                            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
-                                            "type": "yarn"},
-    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": True,
-    "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
-    "transformers_version": "4.33.1", "use_cache": True, "v_head_dim": 128, "vocab_size": 129280,
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
+    "aux_loss_alpha": 0.001,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "ep_size": 1,
+    "first_k_dense_replace": 3,
+    "hidden_act": "silu",
+    "hidden_size": 7168,
+    "initializer_range": 0.02,
+    "intermediate_size": 18432,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1,
+    "n_group": 8,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 61,
+    "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1,
+    "pretraining_tp": 1,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "rope_theta": 10000,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "seq_aux": True,
+    "tie_word_embeddings": False,
+    "topk_group": 4,
+    "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.33.1",
+    "use_cache": True,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
 }
 
 
@@ -324,12 +471,18 @@ def test_official_v3_config_matches_preset():
 
     cfg = config_from_hf(_V3_RELEASE, name="deepseek-v3")
     assert cfg.replace(extra={}) == get_preset("deepseek-v3")
-    assert cfg.extra == {"aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1,
-                         "seq_aux": True}
+    assert cfg.extra == {
+        "aux_loss_alpha": 0.001,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "ep_size": 1,
+        "seq_aux": True,
+    }
 
 
-@pytest.mark.parametrize("preset", ["deepseek-v3", "deepseek-v2", "deepseek-v2-lite", "deepseek-llm-67b",
-                                    "tiny-dense", "tiny-v2"])
+@pytest.mark.parametrize(
+    "preset", ["deepseek-v3", "deepseek-v2", "deepseek-v2-lite", "deepseek-llm-67b", "tiny-dense", "tiny-v2"]
+)
 def test_config_roundtrip_and_transformers_reads_it(preset):
     from seektrain.models.hf_config import config_from_hf, config_to_hf
 
@@ -341,4 +494,3 @@ def test_config_roundtrip_and_transformers_reads_it(preset):
     if cfg.rope_scaling is not None:
         assert hf_cfg.rope_parameters["rope_type"] == "yarn"
         assert hf_cfg.rope_parameters["factor"] == cfg.rope_scaling.factor
-

@@ -2,7 +2,8 @@
 
 A read (``.item()``, ``float()``, ``bool()``, ``.tolist()``, ``.cpu()``, ``.to("cpu")``, ...) of a GPU
 tensor waits for the device to finish everything queued before it, and so does an operation whose output
-size depends on the values (``nonzero``, ``masked_select``, a boolean-mask index). ``host_reads.py`` counts the reads made in each iteration of a
+size depends on the values (``nonzero``, ``masked_select``, a boolean-mask index). ``host_reads.py`` counts
+the reads made in each iteration of a
 tiny in-process run's training loop (generic platform policy, i.e. the GPU path's kernels); only the
 flush steps (every ``run.log_interval``, the first and the last) may read. The runs cover MLA + MoE +
 MTP with the spike guard on, and a dense model under fp16 loss scaling with overflowing first steps.
@@ -22,24 +23,41 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-TINY = ["train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size=2", "checkpoint.interval=0",
-        "run.progress_bar=false", "metrics.tensorboard=false", "train.eval_interval=0", "checkpoint.resume=never",
-        "train.steps=7", "run.log_interval=3"]
+TINY = [
+    "train.seq_len=64",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=2",
+    "checkpoint.interval=0",
+    "run.progress_bar=false",
+    "metrics.tensorboard=false",
+    "train.eval_interval=0",
+    "checkpoint.resume=never",
+    "train.steps=7",
+    "run.log_interval=3",
+]
 FLUSH_STEPS = {1, 3, 6, 7}
 
 
 def _reads(run_dir: Path, overrides: list[str], *flags: str) -> dict[int, list[str]]:
     args = [a for item in (*TINY, *overrides) for a in ("--set", item)]
-    proc = subprocess.run([sys.executable, str(HERE / "host_reads.py"), str(run_dir), *flags, *args],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "host_reads.py"), str(run_dir), *flags, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1])["reads"].items()}
 
 
-@pytest.mark.parametrize("overrides", [
-    ["model.preset=tiny-v3", "precision.dtype=fp32", "train.spike_factor=3"],
-    ["model.preset=tiny-dense", "precision.dtype=fp16", "precision.loss_scale_init=1048576"],
-], ids=["tiny-v3-moe-mtp", "tiny-dense-fp16"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.preset=tiny-v3", "precision.dtype=fp32", "train.spike_factor=3"],
+        ["model.preset=tiny-dense", "precision.dtype=fp16", "precision.loss_scale_init=1048576"],
+    ],
+    ids=["tiny-v3-moe-mtp", "tiny-dense-fp16"],
+)
 def test_only_flush_steps_read_device_values(tmp_path, overrides):
     reads = _reads(tmp_path, overrides)
     assert {step: r for step, r in reads.items() if step not in FLUSH_STEPS} == {}
@@ -56,8 +74,11 @@ def test_a_planted_read_of_each_kind_is_reported(tmp_path):
     step, not only the flush steps."""
     from host_reads import PLANTED
 
-    reads = _reads(tmp_path, ["model.preset=tiny-dense", "precision.dtype=fp32", "train.steps=2",
-                              "run.log_interval=1"], "--plant")
+    reads = _reads(
+        tmp_path,
+        ["model.preset=tiny-dense", "precision.dtype=fp32", "train.steps=2", "run.log_interval=1"],
+        "--plant",
+    )
     assert sorted(reads) == [1, 2]
     for step, found in reads.items():
         for kind in PLANTED:

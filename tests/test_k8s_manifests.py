@@ -23,14 +23,22 @@ from seektrain.launch.image import DEFAULT_IMAGE
 from seektrain.launch.k8s import KINDS, WORKSPACE
 from seektrain.launch.yaml_text import to_yaml, to_yaml_documents
 
-K8S_VERSION = "1.33.0"  # a release kubernetes-validate ships; Indexed Jobs and their pod index annotation are GA
+K8S_VERSION = (
+    "1.33.0"  # a release kubernetes-validate ships; Indexed Jobs and their pod index annotation are GA
+)
 DATA = Path(__file__).parent / "data" / "k8s"
-CRD_SCHEMAS = {("kubeflow.org/v1", "PyTorchJob"): "pytorchjob-v1.schema.json",
-               ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobset-v1alpha2.schema.json"}
+CRD_SCHEMAS = {
+    ("kubeflow.org/v1", "PyTorchJob"): "pytorchjob-v1.schema.json",
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobset-v1alpha2.schema.json",
+}
 NODES, GPUS = 2, 4
 # a tiny run whose layout fits 2 x 4 = 8 ranks: micro 2 x data-parallel 8 divides 32
-RUN_SETS = ["train.global_batch_size=32", "train.micro_batch_size=2", "metrics.prometheus_port=9400",
-            "run.dir=runs/tiny-k8s"]
+RUN_SETS = [
+    "train.global_batch_size=32",
+    "train.micro_batch_size=2",
+    "metrics.prometheus_port=9400",
+    "run.dir=runs/tiny-k8s",
+]
 
 
 def generate(tmp_path: Path, *extra: str) -> list[dict]:
@@ -71,6 +79,7 @@ def container(doc: dict) -> dict:
 
 # --- validation ------------------------------------------------------------------------------------
 
+
 def validate_core(doc: dict) -> None:
     """kubernetes-validate (strict: unknown fields fail), plus the API server's rule the OpenAPI schema
     leaves out: a container of a workload needs an image."""
@@ -87,8 +96,11 @@ def _strict(schema):
     additionalProperties: false."""
     if isinstance(schema, dict):
         schema = {k: _strict(v) for k, v in schema.items()}
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             schema["additionalProperties"] = False
         return schema
     if isinstance(schema, list):
@@ -103,8 +115,9 @@ def crd_schema(doc: dict) -> dict:
 def validate_custom(doc: dict) -> None:
     """The CRD's published schema, and the pod (and JobSet's job) templates as core objects."""
     jsonschema.validate(doc, crd_schema(doc), cls=jsonschema.Draft7Validator)
-    validate_core({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
-                   "template": pod_template(doc)})
+    validate_core(
+        {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": pod_template(doc)}
+    )
     if doc["kind"] == "JobSet":
         job = doc["spec"]["replicatedJobs"][0]["template"]
         validate_core({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "t"}, **job})
@@ -119,9 +132,11 @@ def validate(doc: dict) -> None:
 
 def test_every_manifest_validates(manifests):
     kind, docs = manifests
-    expected = {"indexed-job": ["ConfigMap", "PersistentVolumeClaim", "Service", "Job"],
-                "jobset": ["ConfigMap", "PersistentVolumeClaim", "JobSet"],
-                "pytorchjob": ["ConfigMap", "PersistentVolumeClaim", "PyTorchJob"]}[kind]
+    expected = {
+        "indexed-job": ["ConfigMap", "PersistentVolumeClaim", "Service", "Job"],
+        "jobset": ["ConfigMap", "PersistentVolumeClaim", "JobSet"],
+        "pytorchjob": ["ConfigMap", "PersistentVolumeClaim", "PyTorchJob"],
+    }[kind]
     assert [d["kind"] for d in docs] == expected
     for doc in docs:
         validate(doc)
@@ -157,6 +172,7 @@ def test_custom_resource_schemas_catch_their_own_fields(tmp_path):
 
 # --- what the pods run -------------------------------------------------------------------------------
 
+
 def test_pods_run_seektrain_train_on_the_first_pods_rendezvous(manifests):
     kind, docs = manifests
     job = workload(docs)
@@ -164,7 +180,11 @@ def test_pods_run_seektrain_train_on_the_first_pods_rendezvous(manifests):
     assert c["command"] == ["seektrain"] and c["image"] == DEFAULT_IMAGE
     args = build_parser().parse_args([a.replace("$(NODE_RANK)", "1") for a in c["args"]])
     assert (args.command, args.config, args.nnodes, args.nproc_per_node) == (
-        "train", "/etc/seektrain/config.toml", str(NODES), GPUS)
+        "train",
+        "/etc/seektrain/config.toml",
+        str(NODES),
+        GPUS,
+    )
     host, port = args.rdzv_endpoint.rsplit(":", 1)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     name = job["metadata"]["name"]
@@ -214,20 +234,38 @@ def test_pods_carry_config_volume_shm_gpus_nccl_and_metrics(manifests, tmp_path)
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["NCCL_DEBUG"] and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     assert env["HF_HOME"].startswith(WORKSPACE + "/")  # hub ids are read from a cache on the volume
-    assert template["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9400",
-                                                   "prometheus.io/path": "/metrics"}
+    assert template["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9400",
+        "prometheus.io/path": "/metrics",
+    }
     assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in c["ports"]
     # a failed pod is restarted (in place, or the whole set), and the grace period covers the SIGTERM save
     assert template["spec"]["terminationGracePeriodSeconds"] >= cfg.checkpoint.preempt_grace_s + 30
-    restart = {"indexed-job": lambda: job["spec"]["backoffLimit"],
-               "jobset": lambda: job["spec"]["failurePolicy"]["maxRestarts"],
-               "pytorchjob": lambda: job["spec"]["runPolicy"]["backoffLimit"]}[kind]()
+    restart = {
+        "indexed-job": lambda: job["spec"]["backoffLimit"],
+        "jobset": lambda: job["spec"]["failurePolicy"]["maxRestarts"],
+        "pytorchjob": lambda: job["spec"]["runPolicy"]["backoffLimit"],
+    }[kind]()
     assert restart >= 1
 
 
 def test_existing_claim_options_and_namespace(tmp_path):
-    docs = generate(tmp_path, "--pvc", "shared-runs", "--namespace", "ml", "--image", "registry.local/st:1",
-                    "--env", "NCCL_IB_HCA=mlx5", "--env", "NCCL_DEBUG=INFO", "--name", "exp-7")
+    docs = generate(
+        tmp_path,
+        "--pvc",
+        "shared-runs",
+        "--namespace",
+        "ml",
+        "--image",
+        "registry.local/st:1",
+        "--env",
+        "NCCL_IB_HCA=mlx5",
+        "--env",
+        "NCCL_DEBUG=INFO",
+        "--name",
+        "exp-7",
+    )
     assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "Job"]
     assert all(d["metadata"]["namespace"] == "ml" for d in docs)
     job = workload(docs)
@@ -236,15 +274,32 @@ def test_existing_claim_options_and_namespace(tmp_path):
     assert volumes["workspace"]["persistentVolumeClaim"]["claimName"] == "shared-runs"
     c = container(job)
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert c["image"] == "registry.local/st:1" and env["NCCL_IB_HCA"] == "mlx5" and env["NCCL_DEBUG"] == "INFO"
+    assert (
+        c["image"] == "registry.local/st:1" and env["NCCL_IB_HCA"] == "mlx5" and env["NCCL_DEBUG"] == "INFO"
+    )
     for doc in docs:
         validate(doc)
 
 
 def test_one_node_needs_no_rendezvous(tmp_path):
     out = tmp_path / "one.yaml"
-    assert main(["launch", "k8s", "--nodes", "1", "--gpus-per-node", "1", "--set", "train.global_batch_size=8",
-                 "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "launch",
+                "k8s",
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "1",
+                "--set",
+                "train.global_batch_size=8",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     docs = list(yaml.safe_load_all(out.read_text()))
     args = container(workload(docs))["args"]
     assert "--rdzv-endpoint" not in args and "--node-rank" not in args
@@ -253,14 +308,17 @@ def test_one_node_needs_no_rendezvous(tmp_path):
         validate(doc)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--set", "parallel.tp=3"], "tp"),                       # the layout does not fit 2 x 4 ranks
-    (["--set", "run.dir=/scratch/run"], "run.dir"),           # checkpoints would not be on the volume
-    (["--name", "Bad_Name"], "--name"),
-    (["--pvc-size", "lots"], "--pvc-size"),
-    (["--env", "NCCL_DEBUG"], "--env"),
-    (["--set", "metrics.prometheus_port=29400"], "rendezvous port"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--set", "parallel.tp=3"], "tp"),  # the layout does not fit 2 x 4 ranks
+        (["--set", "run.dir=/scratch/run"], "run.dir"),  # checkpoints would not be on the volume
+        (["--name", "Bad_Name"], "--name"),
+        (["--pvc-size", "lots"], "--pvc-size"),
+        (["--env", "NCCL_DEBUG"], "--env"),
+        (["--set", "metrics.prometheus_port=29400"], "rendezvous port"),
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
     out = tmp_path / "job.yaml"
     base = ["launch", "k8s", "--nodes", str(NODES), "--gpus-per-node", str(GPUS), "-o", str(out)]
@@ -274,14 +332,62 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, messag
 
 # --- the YAML writer ---------------------------------------------------------------------------------
 
+
 def test_yaml_writer_round_trips_through_a_yaml_reader():
-    tricky = ["yes", "No", "on", "OFF", "y", "null", "~", "", "1", "1.5", "1e3", "0x1f", "0o17", "012", "1:20",
-              "-", "- a", "a: b", "a #b", "#c", "$(NODE_RANK)", "--nnodes", "*x", "&y", "!z", "@a", "`b", "%c",
-              "{a}", "[1]", "'q'", '"d"', "tab\there", "é", "2026-11-30", "nvidia.com/gpu", " lead", "trail ",
-              "multi\nline\n", "no newline\nat end", "two\n\n", "\nleading newline\n", "  indented\nx\n"]
-    doc = {"strings": tricky, "numbers": [0, -3, 2.5, True, False, None], "empty": {"d": {}, "l": []},
-           "nested": [{"a": 1, "b": [{"c": "d"}, ["x", "y"]]}, []], "yes": "no", "1": "one",
-           "config.toml": "[run]\ndir = \"/workspace/runs/x\"\n\n[metrics]\nprometheus_port = 9400\n"}
+    tricky = [
+        "yes",
+        "No",
+        "on",
+        "OFF",
+        "y",
+        "null",
+        "~",
+        "",
+        "1",
+        "1.5",
+        "1e3",
+        "0x1f",
+        "0o17",
+        "012",
+        "1:20",
+        "-",
+        "- a",
+        "a: b",
+        "a #b",
+        "#c",
+        "$(NODE_RANK)",
+        "--nnodes",
+        "*x",
+        "&y",
+        "!z",
+        "@a",
+        "`b",
+        "%c",
+        "{a}",
+        "[1]",
+        "'q'",
+        '"d"',
+        "tab\there",
+        "é",
+        "2026-11-30",
+        "nvidia.com/gpu",
+        " lead",
+        "trail ",
+        "multi\nline\n",
+        "no newline\nat end",
+        "two\n\n",
+        "\nleading newline\n",
+        "  indented\nx\n",
+    ]
+    doc = {
+        "strings": tricky,
+        "numbers": [0, -3, 2.5, True, False, None],
+        "empty": {"d": {}, "l": []},
+        "nested": [{"a": 1, "b": [{"c": "d"}, ["x", "y"]]}, []],
+        "yes": "no",
+        "1": "one",
+        "config.toml": '[run]\ndir = "/workspace/runs/x"\n\n[metrics]\nprometheus_port = 9400\n',
+    }
     assert yaml.safe_load(to_yaml(doc)) == doc
     assert list(yaml.safe_load_all(to_yaml_documents([doc, {"k": "v"}]))) == [doc, {"k": "v"}]
     assert "config.toml: |\n  [run]\n" in to_yaml(doc)  # a config file stays readable

@@ -61,7 +61,7 @@ def test_all_labels_ignored_gives_zero_loss_and_grads():
 def test_autocast_computes_in_bf16_and_returns_fp32_loss():
     h, w, labels = _inputs(torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, gh, gw = _grads(lce.linear_cross_entropy, h, w, labels)
+        loss, _gh, _gw = _grads(lce.linear_cross_entropy, h, w, labels)
         ref = _grads(lambda *a: _plain(a[0].bfloat16(), a[1].bfloat16(), a[2]), h, w, labels)
     assert loss.dtype == torch.float32 and h.grad.dtype == torch.float32
     torch.testing.assert_close(loss, ref[0], rtol=1e-4, atol=1e-3)
@@ -86,10 +86,11 @@ def test_model_training_forward_matches_logits_path(preset):
     for fused in (False, True):
         model.zero_grad(set_to_none=True)
         out = model(inputs, mtp_tokens=mtp, labels=labels if fused else None)
-        loss, parts = model_loss(out, labels, 0.3)
+        loss, _parts = model_loss(out, labels, 0.3)
         loss.backward()
-        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                                        if p.grad is not None}))
+        results.append(
+            (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        )
     (l0, g0), (l1, g1) = results
     torch.testing.assert_close(l1, l0, rtol=1e-6, atol=1e-6)
     assert g0.keys() == g1.keys()

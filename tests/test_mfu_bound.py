@@ -38,8 +38,14 @@ def test_the_monitor_reports_at_most_100_percent_with_a_slow_probe(tmp_path, mon
     try:
         for step, seconds in enumerate((step_s, step_s * 2, step_s / 2), start=1):
             mon.log(step, {"loss": 5.0, "lr": 1e-3, "grad_norm": 1.0, "step_time_s": seconds})
-        one_process = {"data_parallel": "none", "shard_group_size": 1, "replicate_group_size": 1, "tp": 1, "ep": 1,
-                       "pp_stages": [0]}
+        one_process = {
+            "data_parallel": "none",
+            "shard_group_size": 1,
+            "replicate_group_size": 1,
+            "tp": 1,
+            "ep": 1,
+            "pp_stages": [0],
+        }
         summary = mon.summarise(3.0, 1, one_process)
     finally:
         mon.close()

@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+
 from compare_runs import BF16, assert_same_run, run_layout
 from run_cli import seektrain, train
 
@@ -30,17 +31,29 @@ def test_pipeline_1f1b(tmp_path, one_process_run, model):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "interleaved-1f1b", "zbv"])
 def test_pipeline_schedules_v3(tmp_path, one_process_run, schedule):
-    got = run_layout(tmp_path, "tiny-v3", 2, "parallel.pp=2", "parallel.dp_shard=1",
-                     f"parallel.pp_schedule={schedule}")
+    got = run_layout(
+        tmp_path, "tiny-v3", 2, "parallel.pp=2", "parallel.dp_shard=1", f"parallel.pp_schedule={schedule}"
+    )
     assert_same_run(got, one_process_run("tiny-v3"))
 
 
-@pytest.mark.parametrize("model, schedule", [
-    pytest.param(model, schedule, marks=() if (model, schedule) == ("tiny-dense", "interleaved-1f1b") else pytest.mark.slow)
-    for model in ("tiny-dense", "tiny-v2") for schedule in ("gpipe", "interleaved-1f1b", "zbv")])
+@pytest.mark.parametrize(
+    "model, schedule",
+    [
+        pytest.param(
+            model,
+            schedule,
+            marks=() if (model, schedule) == ("tiny-dense", "interleaved-1f1b") else pytest.mark.slow,
+        )
+        for model in ("tiny-dense", "tiny-v2")
+        for schedule in ("gpipe", "interleaved-1f1b", "zbv")
+    ],
+)
 def test_pipeline_schedules_other_models(tmp_path, one_process_run, model, schedule):
     """A dense model under interleaved 1F1B (two stages per rank) runs in CI; the other pairs are slow."""
-    got = run_layout(tmp_path, model, 2, "parallel.pp=2", "parallel.dp_shard=1", f"parallel.pp_schedule={schedule}")
+    got = run_layout(
+        tmp_path, model, 2, "parallel.pp=2", "parallel.dp_shard=1", f"parallel.pp_schedule={schedule}"
+    )
     assert_same_run(got, one_process_run(model))
 
 
@@ -59,8 +72,15 @@ def test_tp2_x_dp2(tmp_path, one_process_run, model):
 
 def test_tp2_x_ddp2(tmp_path, one_process_run):
     """TP=2 × dp_replicate=2 with data_parallel=ddp (FSDP2's replicate mode: DDP cannot hold DTensors)."""
-    got = run_layout(tmp_path, "tiny-v3", 4, "parallel.tp=2", "parallel.dp_shard=1", "parallel.dp_replicate=2",
-                     "parallel.data_parallel=ddp")
+    got = run_layout(
+        tmp_path,
+        "tiny-v3",
+        4,
+        "parallel.tp=2",
+        "parallel.dp_shard=1",
+        "parallel.dp_replicate=2",
+        "parallel.data_parallel=ddp",
+    )
     assert_same_run(got, one_process_run("tiny-v3"))
 
 
@@ -89,9 +109,12 @@ def test_tp2_x_pp2_other_models(tmp_path, one_process_run, model):
 def test_parameter_memory_per_rank(tmp_path):
     """Parameter elements on rank 0 shrink with each way of splitting the model."""
     sizes = {}
-    for name, nproc, extra in [("one", 1, []), ("tp", 2, ["parallel.tp=2", "parallel.dp_shard=1"]),
-                               ("pp", 2, ["parallel.pp=2", "parallel.dp_shard=1"]),
-                               ("fsdp_ep", 2, ["parallel.ep=2"])]:
+    for name, nproc, extra in [
+        ("one", 1, []),
+        ("tp", 2, ["parallel.tp=2", "parallel.dp_shard=1"]),
+        ("pp", 2, ["parallel.pp=2", "parallel.dp_shard=1"]),
+        ("fsdp_ep", 2, ["parallel.ep=2"]),
+    ]:
         train(tmp_path / name, "train.steps=1", "model.preset=tiny-v3", *extra, nproc=nproc)
         sizes[name] = json.loads((tmp_path / name / "summary.json").read_text())["param_elements_rank0"]
     assert sizes["tp"] < 0.6 * sizes["one"]
@@ -99,24 +122,64 @@ def test_parameter_memory_per_rank(tmp_path):
     assert sizes["fsdp_ep"] < 0.6 * sizes["one"]
 
 
-@pytest.mark.parametrize("overrides, nproc, needle", [
-    (["parallel.tp=3", "parallel.dp_shard=1"], 3, "num_attention_heads"),
-    (["parallel.pp=8", "parallel.dp_shard=1"], 8, "only 4 layers"),
-    (["parallel.ep=3", "parallel.dp_shard=3"], 3, "does not divide the 8 routed experts"),
-    (["parallel.ep=4", "parallel.dp_shard=1"], 1, "parallel.ep=4 must divide parallel.dp_shard=1"),
-    (["parallel.ep=3", "parallel.dp_shard=3", "parallel.tp=2"], 6, "parallel.ep=3 must be a multiple of parallel.tp=2"),
-    (["parallel.ep=8", "parallel.dp_shard=2", "parallel.tp=2"], 4, "parallel.ep=8 must divide parallel.dp_shard × tp"),
-    (["parallel.ep=16", "parallel.dp_shard=8", "parallel.tp=2"], 16, "does not divide the 8 routed experts"),
-    (["parallel.ep=2", "parallel.dp_shard=1", "parallel.tp=2", "parallel.dp_replicate=2", "parallel.data_parallel=ddp"],
-     4, "parallel.ep=2 needs parallel.data_parallel=fsdp"),
-    (["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_microbatches=1"], 2,
-     "parallel.pp_schedule=1f1b needs at least parallel.pp=2 micro-batches"),
-    (["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=zigzag"], 2, "parallel.pp_schedule='zigzag'"),
-    (["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_split=1,2"], 2, "parallel.pp_split=[1, 2]"),
-])
+@pytest.mark.parametrize(
+    "overrides, nproc, needle",
+    [
+        (["parallel.tp=3", "parallel.dp_shard=1"], 3, "num_attention_heads"),
+        (["parallel.pp=8", "parallel.dp_shard=1"], 8, "only 4 layers"),
+        (["parallel.ep=3", "parallel.dp_shard=3"], 3, "does not divide the 8 routed experts"),
+        (["parallel.ep=4", "parallel.dp_shard=1"], 1, "parallel.ep=4 must divide parallel.dp_shard=1"),
+        (
+            ["parallel.ep=3", "parallel.dp_shard=3", "parallel.tp=2"],
+            6,
+            "parallel.ep=3 must be a multiple of parallel.tp=2",
+        ),
+        (
+            ["parallel.ep=8", "parallel.dp_shard=2", "parallel.tp=2"],
+            4,
+            "parallel.ep=8 must divide parallel.dp_shard × tp",
+        ),
+        (
+            ["parallel.ep=16", "parallel.dp_shard=8", "parallel.tp=2"],
+            16,
+            "does not divide the 8 routed experts",
+        ),
+        (
+            [
+                "parallel.ep=2",
+                "parallel.dp_shard=1",
+                "parallel.tp=2",
+                "parallel.dp_replicate=2",
+                "parallel.data_parallel=ddp",
+            ],
+            4,
+            "parallel.ep=2 needs parallel.data_parallel=fsdp",
+        ),
+        (
+            ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_microbatches=1"],
+            2,
+            "parallel.pp_schedule=1f1b needs at least parallel.pp=2 micro-batches",
+        ),
+        (
+            ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=zigzag"],
+            2,
+            "parallel.pp_schedule='zigzag'",
+        ),
+        (["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_split=1,2"], 2, "parallel.pp_split=[1, 2]"),
+    ],
+)
 def test_invalid_layouts_rejected_before_start(tmp_path, overrides, nproc, needle):
-    args = ["train", "--nproc-per-node", str(nproc), "--set", f"run.dir={tmp_path / 'r'}",
-            "--set", "train.global_batch_size=24", "--set", "train.micro_batch_size=1"]
+    args = [
+        "train",
+        "--nproc-per-node",
+        str(nproc),
+        "--set",
+        f"run.dir={tmp_path / 'r'}",
+        "--set",
+        "train.global_batch_size=24",
+        "--set",
+        "train.micro_batch_size=1",
+    ]
     for item in overrides:
         args += ["--set", item]
     proc = seektrain(*args, check=False, timeout=120)

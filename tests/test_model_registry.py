@@ -41,7 +41,7 @@ def test_lookups_fail_in_one_line():
 class ToyConfig(ModelConfig):
     """A second family's config: DeepSeek's fields under arch 'toy'."""
 
-    def validate(self) -> "ToyConfig":
+    def validate(self) -> ToyConfig:
         ModelConfig.validate(dataclasses.replace(self, arch="llama"))
         return self
 
@@ -54,9 +54,14 @@ def test_a_second_family_is_one_entry(monkeypatch):
     cast = []
     deepseek = registry.get_family("deepseek")
     toy = dataclasses.replace(
-        deepseek, name="toy", config_class=ToyConfig, archs=("toy",), module_class=ToyModel,
+        deepseek,
+        name="toy",
+        config_class=ToyConfig,
+        archs=("toy",),
+        module_class=ToyModel,
         pipeline=dataclasses.replace(deepseek.pipeline, first=()),  # toy stages all keep the embedding
-        keep_fp32=lambda model: cast.append(type(model).__name__))
+        keep_fp32=lambda model: cast.append(type(model).__name__),
+    )
     monkeypatch.setitem(registry.FAMILIES, "toy", toy)
     cfg = ToyConfig(**{**dataclasses.asdict(get_preset("tiny-dense")), "arch": "toy", "rope_scaling": None})
 
@@ -64,9 +69,13 @@ def test_a_second_family_is_one_entry(monkeypatch):
     assert type(model) is ToyModel and registry.family_of(model) is toy and cast == ["ToyModel"]
     stage = build_stage_model(model, [1], first=False, last=False)
     assert stage.embed_tokens is not None and stage.norm is None and list(stage.layers) == ["1"]
-    deepseek_stage = build_stage_model(registry.build_model(get_preset("tiny-dense"), device="meta"), [1],
-                                       first=False, last=False)
+    deepseek_stage = build_stage_model(
+        registry.build_model(get_preset("tiny-dense"), device="meta"), [1], first=False, last=False
+    )
     assert deepseek_stage.embed_tokens is None
-    monkeypatch.setitem(registry.FAMILIES, "toy", dataclasses.replace(toy, pipeline=dataclasses.replace(
-        toy.pipeline, blocks=("layers",))))
+    monkeypatch.setitem(
+        registry.FAMILIES,
+        "toy",
+        dataclasses.replace(toy, pipeline=dataclasses.replace(toy.pipeline, blocks=("layers",))),
+    )
     assert registry.model_blocks(model) == list(model.layers.values())

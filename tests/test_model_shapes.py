@@ -12,8 +12,16 @@ from seektrain.models.layers import RMSNorm
 from seektrain.models.moe import GroupedExperts, Router
 from seektrain.models.presets import PRESETS, get_preset
 from seektrain.models.registry import build_model
-from seektrain.models.shapes import (EMBEDDING, EXPERTS, LINEAR, NORM, ROUTER, TP_STYLES, model_weights,
-                                     weights_by_path)
+from seektrain.models.shapes import (
+    EMBEDDING,
+    EXPERTS,
+    LINEAR,
+    NORM,
+    ROUTER,
+    TP_STYLES,
+    model_weights,
+    weights_by_path,
+)
 from seektrain.plan import memory
 
 # every preset, and the switches the presets leave at one value
@@ -35,7 +43,13 @@ def _leaf_shapes(model: nn.Module) -> dict[str, tuple]:
         elif isinstance(module, GroupedExperts):
             e, two_f, d = module.gate_up_proj.shape
             found[f"{name}.gate_up_proj"] = (EXPERTS, d, two_f, False, e)
-            found[f"{name}.down_proj"] = (EXPERTS, module.down_proj.shape[2], module.down_proj.shape[1], False, e)
+            found[f"{name}.down_proj"] = (
+                EXPERTS,
+                module.down_proj.shape[2],
+                module.down_proj.shape[1],
+                False,
+                e,
+            )
         elif isinstance(module, Router):
             found[name] = (ROUTER, module.weight.shape[1], module.weight.shape[0], False, 0)
         elif isinstance(module, RMSNorm):
@@ -43,7 +57,9 @@ def _leaf_shapes(model: nn.Module) -> dict[str, tuple]:
         elif isinstance(module, nn.Embedding):
             found[name] = (EMBEDDING, module.num_embeddings, module.embedding_dim, False, 0)
         else:
-            assert not list(module.parameters(recurse=False)), f"{name}: a {type(module).__name__} holds weights"
+            assert not list(module.parameters(recurse=False)), (
+                f"{name}: a {type(module).__name__} holds weights"
+            )
     return found
 
 
@@ -51,7 +67,9 @@ def _leaf_shapes(model: nn.Module) -> dict[str, tuple]:
 def test_description_is_the_built_model(name):
     cfg = VARIANTS[name]
     model = build_model(cfg, device="meta")
-    described = {w.path: (w.kind, w.in_features, w.out_features, w.bias, w.experts) for w in model_weights(cfg)}
+    described = {
+        w.path: (w.kind, w.in_features, w.out_features, w.bias, w.experts) for w in model_weights(cfg)
+    }
     built = _leaf_shapes(model)
     assert sorted(set(built) - set(described)) == [], "modules the shape description does not describe"
     assert sorted(set(described) - set(built)) == [], "described weights the model does not build"
@@ -70,7 +88,12 @@ def test_dtype_policy_follows_deepseek_v3():
     (DeepSeek-V3 sec. 3.3.1); every other linear and the routed experts are FP8-convertible."""
     kept = {w.pattern: w.high_precision for w in model_weights(get_preset("tiny-v3")) if w.high_precision}
     assert {p for p, why in kept.items() if why != "norm"} == {
-        "embed_tokens", "layers.*.mlp.gate", "mtp.*.block.mlp.gate", "lm_head", "mtp.*.eh_proj"}
+        "embed_tokens",
+        "layers.*.mlp.gate",
+        "mtp.*.block.mlp.gate",
+        "lm_head",
+        "mtp.*.eh_proj",
+    }
     assert kept["lm_head"] == "output head" and kept["mtp.*.eh_proj"] == "MTP projection"
     assert {w.kind for w in model_weights(get_preset("tiny-v3")) if w.high_precision == "norm"} == {NORM}
 
@@ -79,22 +102,44 @@ def test_patterns_and_tp_styles_of_deepseek_v3():
     weights = weights_by_path(get_preset("deepseek-v3"))
     styles = {w.pattern: w.tp for w in weights.values() if w.kind != NORM}
     assert styles == {
-        "embed_tokens": "vocab-embedding", "lm_head": "vocab-head", "mtp.*.eh_proj": "sequence",
-        "layers.*.self_attn.q_a_proj": "replicated", "layers.*.self_attn.q_b_proj": "colwise",
-        "layers.*.self_attn.kv_a_proj_with_mqa": "replicated", "layers.*.self_attn.kv_b_proj": "colwise",
+        "embed_tokens": "vocab-embedding",
+        "lm_head": "vocab-head",
+        "mtp.*.eh_proj": "sequence",
+        "layers.*.self_attn.q_a_proj": "replicated",
+        "layers.*.self_attn.q_b_proj": "colwise",
+        "layers.*.self_attn.kv_a_proj_with_mqa": "replicated",
+        "layers.*.self_attn.kv_b_proj": "colwise",
         "layers.*.self_attn.o_proj": "rowwise",
-        "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
         "layers.*.mlp.gate": "replicated",
-        "layers.*.mlp.experts.gate_up_proj": "expert", "layers.*.mlp.experts.down_proj": "expert",
-        "layers.*.mlp.shared_experts.gate_proj": "colwise", "layers.*.mlp.shared_experts.up_proj": "colwise",
+        "layers.*.mlp.experts.gate_up_proj": "expert",
+        "layers.*.mlp.experts.down_proj": "expert",
+        "layers.*.mlp.shared_experts.gate_proj": "colwise",
+        "layers.*.mlp.shared_experts.up_proj": "colwise",
         "layers.*.mlp.shared_experts.down_proj": "rowwise-partial",
-        **{f"mtp.*.block.{p.split('.', 2)[2]}": s for p, s in [
-            ("layers.*.self_attn.q_a_proj", "replicated"), ("layers.*.self_attn.q_b_proj", "colwise"),
-            ("layers.*.self_attn.kv_a_proj_with_mqa", "replicated"), ("layers.*.self_attn.kv_b_proj", "colwise"),
-            ("layers.*.self_attn.o_proj", "rowwise"), ("layers.*.mlp.gate", "replicated"),
-            ("layers.*.mlp.experts.gate_up_proj", "expert"), ("layers.*.mlp.experts.down_proj", "expert"),
-            ("layers.*.mlp.shared_experts.gate_proj", "colwise"), ("layers.*.mlp.shared_experts.up_proj", "colwise"),
-            ("layers.*.mlp.shared_experts.down_proj", "rowwise-partial")]},
+        **{
+            f"mtp.*.block.{p.split('.', 2)[2]}": s
+            for p, s in [
+                ("layers.*.self_attn.q_a_proj", "replicated"),
+                ("layers.*.self_attn.q_b_proj", "colwise"),
+                ("layers.*.self_attn.kv_a_proj_with_mqa", "replicated"),
+                ("layers.*.self_attn.kv_b_proj", "colwise"),
+                ("layers.*.self_attn.o_proj", "rowwise"),
+                ("layers.*.mlp.gate", "replicated"),
+                ("layers.*.mlp.experts.gate_up_proj", "expert"),
+                ("layers.*.mlp.experts.down_proj", "expert"),
+                ("layers.*.mlp.shared_experts.gate_proj", "colwise"),
+                ("layers.*.mlp.shared_experts.up_proj", "colwise"),
+                ("layers.*.mlp.shared_experts.down_proj", "rowwise-partial"),
+            ]
+        },
     }
     experts = weights["layers.3.mlp.experts.gate_up_proj"]
-    assert (experts.experts, experts.active, experts.in_features, experts.out_features) == (256, 8, 7168, 4096)
+    assert (experts.experts, experts.active, experts.in_features, experts.out_features) == (
+        256,
+        8,
+        7168,
+        4096,
+    )

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from run_cli import seektrain, train
 
 import seektrain.models as models
+from run_cli import seektrain, train
 from seektrain.data.tokenizer import load_tokenizer
 from seektrain.models import hf_io
 from seektrain.models.hub import is_hub_id, resolve_local_path
@@ -24,7 +24,8 @@ def tiny_model(seed: int = 5):
 
 
 def build_tokenizer(path: Path) -> None:
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tok_models
 
     vocab = {"<unk>": 0, "</s>": 1, "hello": 2, "world": 3}
     tok = Tokenizer(tok_models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -118,12 +119,25 @@ def test_convert_and_data_prepare_read_hub_ids_offline(hub_cache, tmp_path):
     assert all(torch.equal(want[k], got[k]) for k in want)
 
     (tmp_path / "text.txt").write_text("hello world\n\nworld hello hello\n")
-    seektrain("data", "prepare", "--input", str(tmp_path / "text.txt"), "--output", str(tmp_path / "data"),
-              "--tokenizer", "org/tiny", "--val-fraction", "0", env=env)
+    seektrain(
+        "data",
+        "prepare",
+        "--input",
+        str(tmp_path / "text.txt"),
+        "--output",
+        str(tmp_path / "data"),
+        "--tokenizer",
+        "org/tiny",
+        "--val-fraction",
+        "0",
+        env=env,
+    )
     manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
     assert manifest["tokenizer"]["spec"] == "org/tiny" and manifest["tokenizer"]["vocab_size"] == 4
 
-    proc = seektrain("convert", "--from-hf", "org/absent", "--to-hf", str(tmp_path / "o2"), env=env, check=False)
+    proc = seektrain(
+        "convert", "--from-hf", "org/absent", "--to-hf", str(tmp_path / "o2"), env=env, check=False
+    )
     assert proc.returncode == 2 and "hf download org/absent" in proc.stderr
 
 

@@ -34,7 +34,9 @@ def _swiglu_outputs(counts, row_multiple: int, dtype, grouped: bool = True):
     x = torch.randn(int(counts.sum()), D, generator=gen).to(dtype).requires_grad_()
     gate_up = (torch.randn(E, 2 * F, D, generator=gen) / D**0.5).to(dtype).requires_grad_()
     down = (torch.randn(E, D, F, generator=gen) / F**0.5).to(dtype).requires_grad_()
-    kernels = Kernels(expert_row_multiple=row_multiple, grouped_mm_dtypes=Kernels().grouped_mm_dtypes if grouped else ())
+    kernels = Kernels(
+        expert_row_multiple=row_multiple, grouped_mm_dtypes=Kernels().grouped_mm_dtypes if grouped else ()
+    )
     out = moe.grouped_swiglu(x, counts, gate_up, down, kernels)
     out.backward(torch.randn(out.shape, generator=gen).to(dtype))
     return [t.detach().float() for t in (out, x.grad, gate_up.grad, down.grad)]
@@ -42,7 +44,9 @@ def _swiglu_outputs(counts, row_multiple: int, dtype, grouped: bool = True):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_group_padding_changes_no_output_or_gradient(dtype):
-    assert policy_for(torch.device("cpu")).model_kernels().grouped_mm_covers(torch.zeros(1, dtype=dtype), 48, 32)
+    assert (
+        policy_for(torch.device("cpu")).model_kernels().grouped_mm_covers(torch.zeros(1, dtype=dtype), 48, 32)
+    )
     counts = torch.tensor([5, 0, 17, 16, 1, 40])  # empty, below, at and above a multiple of 16
     multiple = policy_for(torch.device("cpu")).model_kernels().expert_row_multiple
     assert multiple == 16

@@ -40,28 +40,60 @@ def hosts():
 
 
 def node_command(run_dir: Path, port: int, nproc: int, overrides: tuple[str, ...], extra: tuple[str, ...]):
-    args = [sys.executable, "-m", "seektrain.cli.main", "train", "--nnodes", "2", "--nproc-per-node", str(nproc),
-            "--rdzv-endpoint", f"{ENDPOINT}:{port}", *extra, "--set", f"run.dir={run_dir}"]
+    args = [
+        sys.executable,
+        "-m",
+        "seektrain.cli.main",
+        "train",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-endpoint",
+        f"{ENDPOINT}:{port}",
+        *extra,
+        "--set",
+        f"run.dir={run_dir}",
+    ]
     for item in (*TINY, *overrides):
         args += ["--set", item]
     return args
 
 
-def run_nodes(hosts, run_dir: Path, port: int, *overrides: str, nproc: int = 1, extra: tuple[str, ...] = (),
-              node_env: dict[int, dict] | None = None, nodes: tuple[int, ...] = (0, 1), timeout: float = 400):
+def run_nodes(
+    hosts,
+    run_dir: Path,
+    port: int,
+    *overrides: str,
+    nproc: int = 1,
+    extra: tuple[str, ...] = (),
+    node_env: dict[int, dict] | None = None,
+    nodes: tuple[int, ...] = (0, 1),
+    timeout: float = 400,
+):
     """Start ``seektrain train`` on the given nodes (one shared run dir, as on shared storage) and wait
     for all; returns [(exit code, output)] per node."""
     argvs = {k: node_command(run_dir, port, nproc, overrides, ("--node-rank", str(k), *extra)) for k in nodes}
     return run_on_nodes(hosts, argvs, node_env, timeout)
 
 
-def run_on_nodes(hosts, argvs: dict[int, list[str]], node_env: dict[int, dict] | None = None, timeout: float = 400):
+def run_on_nodes(
+    hosts, argvs: dict[int, list[str]], node_env: dict[int, dict] | None = None, timeout: float = 400
+):
     """Run ``argvs[k]`` inside host k's namespace, all at once, with a clean launcher environment."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     for var in ("LOCAL_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    procs = [subprocess.Popen(hosts[k].command(argv), env={**env, **(node_env or {}).get(k, {})}, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for k, argv in argvs.items()]
+    procs = [
+        subprocess.Popen(
+            hosts[k].command(argv),
+            env={**env, **(node_env or {}).get(k, {})},
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for k, argv in argvs.items()
+    ]
     results = []
     try:
         for proc in procs:
@@ -93,12 +125,16 @@ def one_node_losses(tmp_dir: Path, world: int, overrides: tuple[str, ...]) -> di
 FSDP_6 = ("train.steps=6", "checkpoint.interval=2")  # shared by the loss test and the restart test
 
 
-@pytest.mark.parametrize("nproc,overrides,port", [
-    (1, FSDP_6, 29401),
-    (1, ("train.steps=3", "parallel.tp=2"), 29402),  # TP across the two nodes
-    # pipeline stages on different nodes, FSDP inside each
-    (2, ("train.steps=3", "parallel.pp=2", "parallel.pp_microbatches=2"), 29403),
-], ids=["fsdp-2x1", "tp-2x1", "pp-fsdp-2x2"])
+@pytest.mark.parametrize(
+    "nproc,overrides,port",
+    [
+        (1, FSDP_6, 29401),
+        (1, ("train.steps=3", "parallel.tp=2"), 29402),  # TP across the two nodes
+        # pipeline stages on different nodes, FSDP inside each
+        (2, ("train.steps=3", "parallel.pp=2", "parallel.pp_microbatches=2"), 29403),
+    ],
+    ids=["fsdp-2x1", "tp-2x1", "pp-fsdp-2x2"],
+)
 def test_two_nodes_train_like_one_node(hosts, tmp_path_factory, nproc, overrides, port):
     run = tmp_path_factory.mktemp("multinode")
     results = run_nodes(hosts, run, port, *overrides, nproc=nproc)
@@ -119,8 +155,9 @@ def test_two_nodes_train_like_one_node(hosts, tmp_path_factory, nproc, overrides
 
 def test_killed_worker_on_node_1_resumes_both_nodes(hosts, tmp_path_factory):
     run = tmp_path_factory.mktemp("restart")
-    results = run_nodes(hosts, run, 29480, *FSDP_6, extra=("--max-restarts", "1"),
-                        node_env={1: {"SEEKTRAIN_TEST_KILL": "4"}})  # node 1's worker SIGKILLs itself
+    results = run_nodes(
+        hosts, run, 29480, *FSDP_6, extra=("--max-restarts", "1"), node_env={1: {"SEEKTRAIN_TEST_KILL": "4"}}
+    )  # node 1's worker SIGKILLs itself
     for rc, out in results:
         assert rc == 0, out[-4000:]
     assert "exitcode: -9" in results[1][1]
@@ -136,15 +173,20 @@ def test_missing_node_and_unreachable_endpoint_end_with_one_line(hosts, tmp_path
     Both end within the timeout with one line naming the endpoint, the node and the fix."""
     run = tmp_path_factory.mktemp("missing")
     t0 = time.monotonic()
-    waiting = run_nodes(hosts, run, 29490, "train.steps=2", extra=("--rdzv-timeout", "6"), nodes=(0,),
-                        timeout=120)
-    lonely = run_nodes(hosts, run, 29491, "train.steps=2", extra=("--rdzv-timeout", "6"), nodes=(1,),
-                       timeout=120)
+    waiting = run_nodes(
+        hosts, run, 29490, "train.steps=2", extra=("--rdzv-timeout", "6"), nodes=(0,), timeout=120
+    )
+    lonely = run_nodes(
+        hosts, run, 29491, "train.steps=2", extra=("--rdzv-timeout", "6"), nodes=(1,), timeout=120
+    )
     assert time.monotonic() - t0 < 120
-    for (rc, out), expected in ((waiting[0], "node 0 (10.77.0.1): not all 2 nodes joined the rendezvous at "
-                                              "10.77.0.1:29490 within 6 s"),
-                                (lonely[0], "node 1 (10.77.0.2) could not reach the rendezvous store at "
-                                            "10.77.0.1:29491 within 6 s")):
+    for (rc, out), expected in (
+        (
+            waiting[0],
+            "node 0 (10.77.0.1): not all 2 nodes joined the rendezvous at 10.77.0.1:29490 within 6 s",
+        ),
+        (lonely[0], "node 1 (10.77.0.2) could not reach the rendezvous store at 10.77.0.1:29491 within 6 s"),
+    ):
         assert rc == 1, out
         errors = [line for line in out.splitlines() if "error" in line.lower()]
         assert len(errors) == 1 and errors[0].startswith(f"seektrain: error: {expected}"), out
@@ -155,16 +197,43 @@ def test_doctor_comm_measures_the_link_between_the_nodes(hosts, tmp_path_factory
     """`seektrain doctor --comm` across the two hosts: the bandwidth table on 2 ranks, the one link named
     by both nodes' advertised addresses, and the run dir seen by both (it is shared here)."""
     run = tmp_path_factory.mktemp("doctor")
-    argvs = {k: [sys.executable, "-m", "seektrain.cli.main", "doctor", "--comm", "--sizes", "4K,64K", "--iters", "2",
-                 "--write-mib", "4", "--run-dir", str(run), "--json", "--nnodes", "2", "--node-rank", str(k),
-                 "--rdzv-endpoint", f"{ENDPOINT}:29470"] for k in (0, 1)}
+    argvs = {
+        k: [
+            sys.executable,
+            "-m",
+            "seektrain.cli.main",
+            "doctor",
+            "--comm",
+            "--sizes",
+            "4K,64K",
+            "--iters",
+            "2",
+            "--write-mib",
+            "4",
+            "--run-dir",
+            str(run),
+            "--json",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(k),
+            "--rdzv-endpoint",
+            f"{ENDPOINT}:29470",
+        ]
+        for k in (0, 1)
+    }
     (rc0, out0), (rc1, out1) = run_on_nodes(hosts, argvs, timeout=300)
     assert rc0 == 0 and rc1 == 0, out0[-3000:] + out1[-3000:]
     lines = out0.splitlines()  # the agent's log lines are mixed in: the report is from "{" to "}"
-    report = json.loads("\n".join(lines[lines.index("{"):len(lines) - lines[::-1].index("}")]))
+    report = json.loads("\n".join(lines[lines.index("{") : len(lines) - lines[::-1].index("}")]))
     comm = report["comm"]
     assert comm["world_size"] == 2 and comm["backend"] == "gloo"
-    assert sorted({row["op"] for row in comm["rows"]}) == ["all_gather", "all_reduce", "all_to_all", "reduce_scatter"]
+    assert sorted({row["op"] for row in comm["rows"]}) == [
+        "all_gather",
+        "all_reduce",
+        "all_to_all",
+        "reduce_scatter",
+    ]
     assert all(row["algbw_gbps"] > 0 for row in comm["rows"])
     [link] = comm["links"]
     assert link["src_host"].endswith("(10.77.0.1)") and link["dst_host"].endswith("(10.77.0.2)")
@@ -172,23 +241,46 @@ def test_doctor_comm_measures_the_link_between_the_nodes(hosts, tmp_path_factory
     assert storage["status"] == "ok" and "all 2 ranks on 2 host(s)" in storage["detail"]
 
 
-@pytest.mark.parametrize("node1_extra,port,expected", [
-    # node 1 asks for 2 processes: the rendezvous completes, the workers compare launch options at start-up
-    (("--nproc-per-node", "2"), 29460, ["nodes were started with different launch options: vm (10.77.0.1) (rank 0) "
-                                        "with --nnodes 2 --nproc-per-node 1, vm (10.77.0.2) was started with "
-                                        "--nnodes 2 --nproc-per-node 2"] * 2),
-    # node 1 asks for 3 nodes: it stops at the store, and node 0's rendezvous is closed
-    (("--nnodes", "3"), 29461, ["node 0 (10.77.0.1): another node stopped the rendezvous at 10.77.0.1:29461",
-                                "node 1 (10.77.0.2) at 10.77.0.1:29461: this node was started with --nnodes 3 but "
-                                "the nodes already at the rendezvous with --nnodes 2"]),
-], ids=["nproc", "nnodes"])
-def test_nodes_with_different_launch_options_end_with_one_line(hosts, tmp_path_factory, node1_extra, port, expected):
+@pytest.mark.parametrize(
+    "node1_extra,port,expected",
+    [
+        # node 1 asks for 2 processes: the rendezvous completes, the workers compare launch options at start-up
+        (
+            ("--nproc-per-node", "2"),
+            29460,
+            [
+                "nodes were started with different launch options: vm (10.77.0.1) (rank 0) "
+                "with --nnodes 2 --nproc-per-node 1, vm (10.77.0.2) was started with "
+                "--nnodes 2 --nproc-per-node 2"
+            ]
+            * 2,
+        ),
+        # node 1 asks for 3 nodes: it stops at the store, and node 0's rendezvous is closed
+        (
+            ("--nnodes", "3"),
+            29461,
+            [
+                "node 0 (10.77.0.1): another node stopped the rendezvous at 10.77.0.1:29461",
+                "node 1 (10.77.0.2) at 10.77.0.1:29461: this node was started with --nnodes 3 but "
+                "the nodes already at the rendezvous with --nnodes 2",
+            ],
+        ),
+    ],
+    ids=["nproc", "nnodes"],
+)
+def test_nodes_with_different_launch_options_end_with_one_line(
+    hosts, tmp_path_factory, node1_extra, port, expected
+):
     """Nodes started with different --nproc-per-node or --nnodes stop within seconds, each with one line
     naming the mismatch, before anything trains (a batch valid for every world size they could form)."""
     run = tmp_path_factory.mktemp("mismatch")
     steps = ("train.steps=2", "train.global_batch_size=24")  # divides 2 x 2, 2 x 3 and 2 x 4
-    argvs = {k: node_command(run, port, 1, steps, ("--node-rank", str(k), "--rdzv-timeout", "120",
-                                                   *(node1_extra if k else ()))) for k in (0, 1)}
+    argvs = {
+        k: node_command(
+            run, port, 1, steps, ("--node-rank", str(k), "--rdzv-timeout", "120", *(node1_extra if k else ()))
+        )
+        for k in (0, 1)
+    }
     t0 = time.monotonic()
     results = run_on_nodes(hosts, argvs, timeout=300)
     assert time.monotonic() - t0 < 90  # well inside the rendezvous timeout
@@ -206,15 +298,21 @@ from seektrain.launch.network import node_network, parse_endpoint  # noqa: E402
 from seektrain.parallel.dist_env import mismatched_launch, mismatched_versions, worker_environment  # noqa: E402
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(nnodes="0"), "--nnodes '0': need 1 <= MIN <= MAX"),
-    (dict(nnodes="2:1"), "--nnodes '2:1': need 1 <= MIN <= MAX"),
-    (dict(nnodes="two"), "--nnodes 'two': give a node count N"),
-    (dict(nnodes="2", node_rank=2, rdzv_endpoint="10.0.0.1:1"), "--node-rank 2 is out of range for --nnodes 2"),
-    (dict(nnodes="2"), "--nnodes > 1 needs --rdzv-endpoint"),
-    (dict(max_restarts=-1), "--max-restarts -1: must be >= 0"),
-    (dict(rdzv_timeout_s=0), "--rdzv-timeout 0: must be > 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(nnodes="0"), "--nnodes '0': need 1 <= MIN <= MAX"),
+        (dict(nnodes="2:1"), "--nnodes '2:1': need 1 <= MIN <= MAX"),
+        (dict(nnodes="two"), "--nnodes 'two': give a node count N"),
+        (
+            dict(nnodes="2", node_rank=2, rdzv_endpoint="10.0.0.1:1"),
+            "--node-rank 2 is out of range for --nnodes 2",
+        ),
+        (dict(nnodes="2"), "--nnodes > 1 needs --rdzv-endpoint"),
+        (dict(max_restarts=-1), "--max-restarts -1: must be >= 0"),
+        (dict(rdzv_timeout_s=0), "--rdzv-timeout 0: must be > 0"),
+    ],
+)
 def test_bad_launch_options_are_one_line(kwargs, message):
     with pytest.raises(ValueError) as err:
         LaunchOptions(**kwargs).validate()
@@ -242,14 +340,17 @@ def test_cli_refuses_bad_node_count_before_training(tmp_path):
 
     proc = seektrain("train", "--nnodes", "2:1", "--set", f"run.dir={tmp_path}", check=False, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        "seektrain: error: --nnodes '2:1': need 1 <= MIN <= MAX nodes, e.g. 2 or 2:4")
+        "seektrain: error: --nnodes '2:1': need 1 <= MIN <= MAX nodes, e.g. 2 or 2:4"
+    )
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
 def test_an_endpoint_needs_an_explicit_node_count():
     """A forgotten --nnodes must not train alone; an explicit --nnodes 1 (a one-node Slurm job) is one node,
     which needs no rendezvous endpoint."""
-    with pytest.raises(ValueError, match=r"--rdzv-endpoint/--local-addr are for several nodes; add --nnodes N"):
+    with pytest.raises(
+        ValueError, match=r"--rdzv-endpoint/--local-addr are for several nodes; add --nnodes N"
+    ):
         LaunchOptions(rdzv_endpoint="127.0.0.1:29500").validate()
     one = LaunchOptions(nnodes="1", rdzv_endpoint="127.0.0.1:29500")
     one.validate()
@@ -269,27 +370,41 @@ def test_interface_choice_respects_the_user():
     from seektrain.config.schema import DistSection
 
     auto = DistSection()
-    assert worker_environment(auto, {}, "eth1") == {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "eth1"}
+    assert worker_environment(auto, {}, "eth1") == {
+        "GLOO_SOCKET_IFNAME": "eth1",
+        "NCCL_SOCKET_IFNAME": "eth1",
+    }
     assert worker_environment(auto, {"NCCL_SOCKET_IFNAME": "ib0"}, "eth1") == {"GLOO_SOCKET_IFNAME": "eth1"}
     forced = DistSection(socket_ifname="ib0", env=["NCCL_DEBUG=WARN", "NCCL_IB_HCA=mlx5_0,mlx5_1"])
     assert worker_environment(forced, {"GLOO_SOCKET_IFNAME": "eth0"}, "eth1") == {
-        "GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib0", "NCCL_DEBUG": "WARN",
-        "NCCL_IB_HCA": "mlx5_0,mlx5_1"}
+        "GLOO_SOCKET_IFNAME": "ib0",
+        "NCCL_SOCKET_IFNAME": "ib0",
+        "NCCL_DEBUG": "WARN",
+        "NCCL_IB_HCA": "mlx5_0,mlx5_1",
+    }
     net = node_network("127.0.0.1:29500")
-    env = worker_env(LaunchOptions(nnodes="2", rdzv_endpoint="127.0.0.1:29500"), net, {"GLOO_SOCKET_IFNAME": "x"})
+    env = worker_env(
+        LaunchOptions(nnodes="2", rdzv_endpoint="127.0.0.1:29500"), net, {"GLOO_SOCKET_IFNAME": "x"}
+    )
     assert env["SEEKTRAIN_LOCAL_ADDR"] == "127.0.0.1" and "GLOO_SOCKET_IFNAME" not in env
     assert env["NCCL_SOCKET_IFNAME"] == "lo"
     assert env["SEEKTRAIN_LAUNCH"] == "--nnodes 2 --nproc-per-node 1"
 
 
 def test_dist_section_keys():
-    cfg = load_config(None, ["dist.backend=gloo", "dist.env=[NCCL_DEBUG=INFO, TORCH_NCCL_ASYNC_ERROR_HANDLING=1]"])
+    cfg = load_config(
+        None, ["dist.backend=gloo", "dist.env=[NCCL_DEBUG=INFO, TORCH_NCCL_ASYNC_ERROR_HANDLING=1]"]
+    )
     assert cfg.dist.env == ["NCCL_DEBUG=INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1"]
-    for bad, message in (("dist.backend=mpi", "dist.backend='mpi': use one of auto, nccl, gloo"),
-                         ("dist.env=NCCL_DEBUG", "dist.env: 'NCCL_DEBUG' is not NAME=VALUE"),
-                         ("dist.init_timeout_s=0", "dist.init_timeout_s=0.0: must be > 0"),
-                         ("train.collective_timeout_s=5", "config key 'train.collective_timeout_s' moved to "
-                                                          "'dist.collective_timeout_s'")):
+    for bad, message in (
+        ("dist.backend=mpi", "dist.backend='mpi': use one of auto, nccl, gloo"),
+        ("dist.env=NCCL_DEBUG", "dist.env: 'NCCL_DEBUG' is not NAME=VALUE"),
+        ("dist.init_timeout_s=0", "dist.init_timeout_s=0.0: must be > 0"),
+        (
+            "train.collective_timeout_s=5",
+            "config key 'train.collective_timeout_s' moved to 'dist.collective_timeout_s'",
+        ),
+    ):
         with pytest.raises(ConfigError) as err:
             load_config(None, [bad])
         assert str(err.value).startswith(message)
@@ -302,7 +417,8 @@ def test_mixed_versions_are_named():
     assert mismatched_versions([facts("a", "2.13.0"), facts("b", "2.13.0")]) is None
     assert mismatched_versions([facts("a", "2.13.0"), facts("b", "2.12.1")]) == (
         "mixed torch versions across nodes: rank 0 on a has 2.13.0, rank 1 on b has 2.12.1; install the same "
-        "torch on every node")
+        "torch on every node"
+    )
 
 
 def test_mixed_launch_options_are_named():
@@ -311,7 +427,10 @@ def test_mixed_launch_options_are_named():
 
     same = "--nnodes 2 --nproc-per-node 1"
     assert mismatched_launch([facts("10.0.0.1", same), facts("10.0.0.2", same)]) is None
-    assert mismatched_launch([facts("10.0.0.1", same), facts("10.0.0.2", "--nnodes 3 --nproc-per-node 1")]) == (
+    assert mismatched_launch(
+        [facts("10.0.0.1", same), facts("10.0.0.2", "--nnodes 3 --nproc-per-node 1")]
+    ) == (
         "nodes were started with different launch options: vm (10.0.0.1) (rank 0) with --nnodes 2 "
         "--nproc-per-node 1, vm (10.0.0.2) was started with --nnodes 3 --nproc-per-node 1; start every "
-        "node with the same --nnodes and --nproc-per-node")
+        "node with the same --nnodes and --nproc-per-node"
+    )

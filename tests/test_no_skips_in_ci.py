@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SAMPLE = '''
+SAMPLE = """
 import pytest
 
 def test_skips_in_body():
@@ -25,8 +25,10 @@ def test_expected_failure():
 
 def test_passes():
     pass
-'''
-MISSING_IMPORT = 'import pytest\npytest.importorskip("no_such_module_here")\n\ndef test_never_runs():\n    pass\n'
+"""
+MISSING_IMPORT = (
+    'import pytest\npytest.importorskip("no_such_module_here")\n\ndef test_never_runs():\n    pass\n'
+)
 
 
 def _pytest(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
@@ -36,9 +38,30 @@ def _pytest(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     if ci is not None:
         env["CI"] = ci
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p",
-                           "no_skips_in_ci", "--continue-on-collection-errors", "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no_skips_in_ci",
+            "--continue-on-collection-errors",
+            "--rootdir",
+            str(tmp_path),
+            "-c",
+            os.devnull,
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("ci", ["true", "1"])

@@ -12,8 +12,21 @@ ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "seektrain-dashboard.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 
-PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool",
-                "and", "or", "unless", "inf", "nan"}
+PROMQL_WORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "inf",
+    "nan",
+}
 PROMETHEUS_BUILTIN = {"up"}  # synthesized by Prometheus for every target
 
 
@@ -27,7 +40,7 @@ def metric_identifiers(expr: str) -> set[str]:
     text = re.sub(r"\$\{?\w+\}?", "", text)
     names = set()
     for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
-        word, rest = match.group(0), text[match.end():].lstrip()
+        word, rest = match.group(0), text[match.end() :].lstrip()
         if rest.startswith("(") or word.lower() in PROMQL_WORDS:
             continue
         if match.start() > 0 and (text[match.start() - 1].isdigit() or text[match.start() - 1] == "."):
@@ -65,13 +78,23 @@ def test_dashboard_queries_only_exported_metrics():
     used = set()
     for expr in exprs:
         if expr.startswith("label_values("):  # label_values(metric, label): only the metric counts
-            expr = expr[len("label_values("):].split(",")[0]
+            expr = expr[len("label_values(") :].split(",")[0]
         used |= metric_identifiers(expr)
     assert used, exprs
     assert used <= EXPORTED_METRICS, sorted(used - EXPORTED_METRICS)
     titles = " ".join(p["title"].lower() for p in dash["panels"])
-    for topic in ("loss", "learning rate", "gradient norm", "throughput", "mfu", "loss scale",
-                  "step time", "memory", "expert imbalance", "gpu utilisation"):
+    for topic in (
+        "loss",
+        "learning rate",
+        "gradient norm",
+        "throughput",
+        "mfu",
+        "loss scale",
+        "step time",
+        "memory",
+        "expert imbalance",
+        "gpu utilisation",
+    ):
         assert topic in titles, topic
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))

@@ -9,8 +9,14 @@ import torch
 
 from seektrain.models import build_model, get_preset
 from seektrain.observe.counting import ModuleFlopCounter
-from seektrain.observe.flops import (active_matmul_params, attention_flops_per_token, gpu_peak_from_name,
-                                     mfu, model_flops_per_token, peak_flops)
+from seektrain.observe.flops import (
+    active_matmul_params,
+    attention_flops_per_token,
+    gpu_peak_from_name,
+    mfu,
+    model_flops_per_token,
+    peak_flops,
+)
 from seektrain.observe.profiler import flops_breakdown, format_flops_table
 
 
@@ -89,18 +95,21 @@ def test_flops_breakdown_attributes_backward_to_the_right_module():
     assert "lm_head" in table and "layers" in table and "self_attn" not in table
 
 
-@pytest.mark.parametrize("name,dtype,tf32,tflops", [
-    ("NVIDIA H100 80GB HBM3", torch.bfloat16, False, 989.4),
-    ("NVIDIA H100 PCIe", torch.float16, False, 756.0),
-    ("NVIDIA H200", torch.bfloat16, False, 989.4),
-    ("NVIDIA H800", torch.bfloat16, False, 989.4),
-    ("NVIDIA A100-SXM4-80GB", torch.float32, True, 156.0),
-    ("NVIDIA A100-PCIE-40GB", torch.float32, False, 19.5),
-    ("NVIDIA A800-SXM4-80GB", torch.bfloat16, False, 312.0),
-    ("NVIDIA L40S", torch.bfloat16, False, 362.05),
-    ("NVIDIA GeForce RTX 4090", torch.bfloat16, False, 165.2),
-    ("Tesla V100-SXM2-32GB", torch.float16, False, 125.0),
-])
+@pytest.mark.parametrize(
+    "name,dtype,tf32,tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", torch.bfloat16, False, 989.4),
+        ("NVIDIA H100 PCIe", torch.float16, False, 756.0),
+        ("NVIDIA H200", torch.bfloat16, False, 989.4),
+        ("NVIDIA H800", torch.bfloat16, False, 989.4),
+        ("NVIDIA A100-SXM4-80GB", torch.float32, True, 156.0),
+        ("NVIDIA A100-PCIE-40GB", torch.float32, False, 19.5),
+        ("NVIDIA A800-SXM4-80GB", torch.bfloat16, False, 312.0),
+        ("NVIDIA L40S", torch.bfloat16, False, 362.05),
+        ("NVIDIA GeForce RTX 4090", torch.bfloat16, False, 165.2),
+        ("Tesla V100-SXM2-32GB", torch.float16, False, 125.0),
+    ],
+)
 def test_gpu_peak_table(name, dtype, tf32, tflops):
     flops, source = gpu_peak_from_name(name, dtype, tf32)
     assert flops == pytest.approx(tflops * 1e12)

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from run_cli import stop_process
-
 from seektrain.observe.sink import MetricsSink
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
@@ -73,7 +72,8 @@ def test_real_prometheus_scrapes_a_training_sink(tmp_path):
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         f"rule_files:\n  - {DEPLOY / 'alerts.yml'}\n"
         "scrape_configs:\n  - job_name: seektrain\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{sink_port}']\n")
+        f"      - targets: ['127.0.0.1:{sink_port}']\n"
+    )
     sink = MetricsSink(tmp_path / "run", rank=0, prometheus_port=sink_port, tensorboard=False)
     sink.set_run_info(model="tiny-dense", world_size=1)
     stop = threading.Event()
@@ -82,16 +82,33 @@ def test_real_prometheus_scrapes_a_training_sink(tmp_path):
         step, deadline = 0, time.monotonic() + 60
         while not stop.is_set() and time.monotonic() < deadline:
             step += 1
-            sink.log(step, {"loss": 4.0 / step, "lr": 1e-3, "tokens_per_s": 1000.0 + step, "mfu": 0.3,
-                            "grad_norm": 1.0, "fwd_bwd_s": 0.05, "data_wait_s": 0.001})
+            sink.log(
+                step,
+                {
+                    "loss": 4.0 / step,
+                    "lr": 1e-3,
+                    "tokens_per_s": 1000.0 + step,
+                    "mfu": 0.3,
+                    "grad_norm": 1.0,
+                    "fwd_bwd_s": 0.05,
+                    "data_wait_s": 0.001,
+                },
+            )
             stop.wait(0.1)
 
     feeder = threading.Thread(target=fake_training, daemon=True)
     feeder.start()
     log = open(tmp_path / "prometheus.log", "w")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{web_port}"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{web_port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     api = f"http://127.0.0.1:{web_port}/api/v1"
     try:
         step_value, rules_ok, deadline = None, False, time.monotonic() + 30

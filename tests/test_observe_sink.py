@@ -13,8 +13,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from seektrain.observe.names import EXPORTED_METRICS, STANDARD_KEYS, metric_name, tb_tag
 from seektrain.observe.sink import MetricsSink
 
-REQUIRED = {"seektrain_step", "seektrain_loss", "seektrain_tokens_per_second", "seektrain_mfu",
-            "seektrain_grad_norm", "seektrain_learning_rate", "seektrain_run_info"}
+REQUIRED = {
+    "seektrain_step",
+    "seektrain_loss",
+    "seektrain_tokens_per_second",
+    "seektrain_mfu",
+    "seektrain_grad_norm",
+    "seektrain_learning_rate",
+    "seektrain_run_info",
+}
 
 
 def free_port() -> int:
@@ -79,7 +86,9 @@ def test_run_info_labels(tmp_path):
     with MetricsSink(tmp_path / "myrun", rank=0, prometheus_port=port, tensorboard=False) as sink:
         sink.set_run_info(model="tiny-v3", world_size=8)
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    info = [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == "seektrain_run_info"]
+    info = [
+        s for f in text_string_to_metric_families(text) for s in f.samples if s.name == "seektrain_run_info"
+    ]
     assert info[0].labels == {"run": "myrun", "rank": "0", "model": "tiny-v3", "world_size": "8"}
 
 
@@ -135,8 +144,9 @@ def two_adjacent_free_ports() -> int:
 
 def test_all_ranks_serve_on_port_plus_local_rank(tmp_path):
     base = two_adjacent_free_ports()
-    with MetricsSink(tmp_path, rank=3, local_rank=1, prometheus_port=base, all_ranks_serve=True,
-                     tensorboard=False) as sink:
+    with MetricsSink(
+        tmp_path, rank=3, local_rank=1, prometheus_port=base, all_ranks_serve=True, tensorboard=False
+    ) as sink:
         sink.log(5, {"mem_allocated_gib": 1.25})
         assert sink.port == base + 1
         samples = scrape(base + 1)

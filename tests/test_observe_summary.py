@@ -17,9 +17,19 @@ from seektrain.observe.summary import format_summary, write_summary
 def records(n: int = 10, **overrides) -> list[dict]:
     out = []
     for i in range(1, n + 1):
-        record = {"step": i, "loss": 5.0 - 0.1 * i, "tokens_per_s": 1000.0, "mfu": 0.4,
-                  "step_time_s": 1.0, "data_wait_s": 0.02, "fwd_bwd_s": 0.8, "optim_s": 0.1, "comm_s": 0.0,
-                  "mem_peak_gib": 10.0 + i, "expert_imbalance": 1.1}
+        record = {
+            "step": i,
+            "loss": 5.0 - 0.1 * i,
+            "tokens_per_s": 1000.0,
+            "mfu": 0.4,
+            "step_time_s": 1.0,
+            "data_wait_s": 0.02,
+            "fwd_bwd_s": 0.8,
+            "optim_s": 0.1,
+            "comm_s": 0.0,
+            "mem_peak_gib": 10.0 + i,
+            "expert_imbalance": 1.1,
+        }
         record.update({k: (v(i) if callable(v) else v) for k, v in overrides.items()})
         out.append(record)
     out[0]["tokens_per_s"] = 10.0  # warm-up step: compile, allocator growth
@@ -52,8 +62,12 @@ def test_checkpoint_stalls_are_summed_over_the_steps_that_logged_one(tmp_path):
 
 
 def test_advice_for_numbers_that_look_wrong(tmp_path):
-    bad = records(data_wait_s=0.3, expert_imbalance=lambda i: 1.0 + 0.1 * i, mfu=0.02,
-                  loss_scale=lambda i: 2.0 ** (16 - 2 * i))
+    bad = records(
+        data_wait_s=0.3,
+        expert_imbalance=lambda i: 1.0 + 0.1 * i,
+        mfu=0.02,
+        loss_scale=lambda i: 2.0 ** (16 - 2 * i),
+    )
     summary = write_summary(tmp_path, bad, {"device": "cuda:0"})
     advice = "\n".join(summary["advice"])
     assert "data wait is 30%" in advice
@@ -102,8 +116,12 @@ def test_gpu_stats_start_nvml_once_per_run(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(calls))
     stats = GpuStats(3)
     for _ in range(4):
-        assert stats.sample() == {"gpu_util_pct": 55.0, "gpu_mem_used_gib": 2.0, "gpu_power_w": 300.0,
-                                  "gpu_temp_c": 60.0}
+        assert stats.sample() == {
+            "gpu_util_pct": 55.0,
+            "gpu_mem_used_gib": 2.0,
+            "gpu_power_w": 300.0,
+            "gpu_temp_c": 60.0,
+        }
     stats.close()
     assert calls == {"init": 1, "read": 4, "shutdown": 1}
     assert gpu_stats(0)["gpu_util_pct"] == 55.0 and calls["init"] == calls["shutdown"] == 2
@@ -119,7 +137,10 @@ def test_monitor_samples_the_gpu_every_interval_steps(monkeypatch):
     monitor.profiler, monitor.device, monitor._ended = None, torch.device("cpu"), {}
     monitor._all_to_all_at_start, monitor.all_to_all_per_step = 0, []
     monitor.progress = SimpleNamespace(advance=lambda step: None)
-    monitor.gpu, monitor.gpu_interval = SimpleNamespace(sample=lambda: calls.update(["sample"]) or {"gpu_util_pct": 1.0}), 10
+    monitor.gpu, monitor.gpu_interval = (
+        SimpleNamespace(sample=lambda: calls.update(["sample"]) or {"gpu_util_pct": 1.0}),
+        10,
+    )
     sampled = []
     for step in range(1, 26):
         values: dict = {}
@@ -131,10 +152,21 @@ def test_monitor_samples_the_gpu_every_interval_steps(monkeypatch):
 
 
 def test_the_layout_that_ran_gets_a_line(tmp_path):
-    ran = {"mesh": {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 1}, "data_parallel": "fsdp",
-           "shard_group_size": 2, "replicate_group_size": 1, "tp": 1, "ep": 2, "experts_per_rank": 4,
-           "all_to_all_per_step": 20, "pp_stages": [0], "pp_schedule": None}
+    ran = {
+        "mesh": {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 1},
+        "data_parallel": "fsdp",
+        "shard_group_size": 2,
+        "replicate_group_size": 1,
+        "tp": 1,
+        "ep": 2,
+        "experts_per_rank": 4,
+        "all_to_all_per_step": 20,
+        "pp_stages": [0],
+        "pp_schedule": None,
+    }
     summary = write_summary(tmp_path, [{"step": 1, "loss": 2.0}], {"layout_ran": ran})
     assert json.loads((tmp_path / "summary.json").read_text())["layout_ran"] == ran
-    assert ("layout ran   fsdp (shard 2, replicate 1), tp 1, ep 2 (4 experts per rank, 20 all-to-alls per step), "
-            "pp stages [0]") in format_summary(summary)
+    assert (
+        "layout ran   fsdp (shard 2, replicate 1), tp 1, ep 2 (4 experts per rank, 20 all-to-alls per step), "
+        "pp stages [0]"
+    ) in format_summary(summary)

@@ -35,8 +35,9 @@ def mlflow_client(run_dir):
 def test_mlflow_logs_params_once_and_every_step(tmp_path):
     pytest.importorskip("mlflow")
     params = config_to_dict(JobConfig())
-    with MetricsSink(tmp_path, rank=0, tensorboard=False, trackers=["mlflow"], run_name="first",
-                     params=params) as sink:
+    with MetricsSink(
+        tmp_path, rank=0, tensorboard=False, trackers=["mlflow"], run_name="first", params=params
+    ) as sink:
         log_steps(sink, (1, 2, 3))
     client = mlflow_client(tmp_path)
     run_id = json.loads((tmp_path / "trackers.json").read_text())["mlflow"]
@@ -78,8 +79,9 @@ def test_only_rank_zero_tracks(tmp_path):
 def test_bad_mlflow_uri_is_one_line(tmp_path):
     pytest.importorskip("mlflow")
     with pytest.raises(ValueError) as err:
-        MetricsSink(tmp_path, rank=0, tensorboard=False, trackers=["mlflow"],
-                    mlflow_tracking_uri="nosuchscheme://x")
+        MetricsSink(
+            tmp_path, rank=0, tensorboard=False, trackers=["mlflow"], mlflow_tracking_uri="nosuchscheme://x"
+        )
     assert "metrics.mlflow_tracking_uri" in str(err.value) and "\n" not in str(err.value)
 
 
@@ -94,8 +96,8 @@ def read_wandb_records(path) -> list:
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk += data[pos + 7:pos + 7 + length]
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST
             rec = pb.Record()
@@ -116,8 +118,15 @@ def wandb_offline(tmp_path, monkeypatch):
 
 def test_wandb_offline_writes_config_and_metrics_under_the_run_dir(tmp_path, wandb_offline):
     run_dir = tmp_path / "run"
-    with MetricsSink(run_dir, rank=0, tensorboard=False, trackers=["wandb"], run_name="wb",
-                     tracker_project="proj", params={"train": {"steps": 2}}) as sink:
+    with MetricsSink(
+        run_dir,
+        rank=0,
+        tensorboard=False,
+        trackers=["wandb"],
+        run_name="wb",
+        tracker_project="proj",
+        params={"train": {"steps": 2}},
+    ) as sink:
         log_steps(sink, (1, 2))
     run_id = json.loads((run_dir / "trackers.json").read_text())["wandb"]
     (run_file,) = (run_dir / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
@@ -125,13 +134,17 @@ def test_wandb_offline_writes_config_and_metrics_under_the_run_dir(tmp_path, wan
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert run.project == "proj" and run.display_name == "wb"
     assert {i.key: json.loads(i.value_json) for i in run.config.update}["train"] == {"steps": 2}
-    history = [{"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]
+    history = [
+        {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
     assert [(h["_step"], h["loss"], h["lr"]) for h in history] == [(1, 9.0, 0.001), (2, 8.0, 0.002)]
     assert all("note" not in h for h in history)
 
-    with MetricsSink(run_dir, rank=0, tensorboard=False, trackers=["wandb"], tracker_project="proj",
-                     resume=True) as sink:
+    with MetricsSink(
+        run_dir, rank=0, tensorboard=False, trackers=["wandb"], tracker_project="proj", resume=True
+    ) as sink:
         log_steps(sink, (3,))
     assert json.loads((run_dir / "trackers.json").read_text())["wandb"] == run_id  # the same run goes on
     # wandb adds "-1" to a second folder of the same run started within the same second
@@ -156,11 +169,17 @@ def test_missing_package_is_one_config_error_naming_pip_install(monkeypatch):
     assert plan.job.metrics.trackers == ["mlflow"]  # a tracking server needs no SQL packages here
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["metrics.trackers=tensorboardx"], r"metrics\.trackers=\[\"tensorboardx\"\]: item 'tensorboardx': use one of wandb, mlflow"),
-    (["metrics.trackers=mlflow,mlflow"], "listed twice"),
-    (["metrics.tracker_project="], r"metrics\.tracker_project='': must not be empty"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (
+            ["metrics.trackers=tensorboardx"],
+            r"metrics\.trackers=\[\"tensorboardx\"\]: item 'tensorboardx': use one of wandb, mlflow",
+        ),
+        (["metrics.trackers=mlflow,mlflow"], "listed twice"),
+        (["metrics.tracker_project="], r"metrics\.tracker_project='': must not be empty"),
+    ],
+)
 def test_bad_tracker_keys(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config(overrides=overrides)
@@ -190,4 +209,8 @@ def test_a_failing_tracker_is_dropped_and_training_goes_on(caplog):
 
 
 def test_flat_params():
-    assert trackers_mod.flat_params({"a": {"b": 1, "c": [1, 2]}, "d": "x"}) == {"a.b": "1", "a.c": "[1, 2]", "d": "x"}
+    assert trackers_mod.flat_params({"a": {"b": 1, "c": [1, 2]}, "d": "x"}) == {
+        "a.b": "1",
+        "a.c": "[1, 2]",
+        "d": "x",
+    }

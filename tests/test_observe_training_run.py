@@ -13,17 +13,35 @@ import urllib.request
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+
 from run_cli import TINY, seektrain, stop_process
 from test_observe_prometheus import _get, free_port, require
 
-REQUIRED = {"seektrain_step", "seektrain_loss", "seektrain_tokens_per_second", "seektrain_mfu",
-            "seektrain_grad_norm", "seektrain_learning_rate"}
+REQUIRED = {
+    "seektrain_step",
+    "seektrain_loss",
+    "seektrain_tokens_per_second",
+    "seektrain_mfu",
+    "seektrain_grad_norm",
+    "seektrain_learning_rate",
+}
 
 
 def _start_training(run_dir: Path, port: int, steps: int) -> subprocess.Popen:
-    args = [sys.executable, "-m", "seektrain.cli.main", "train", "--set", f"run.dir={run_dir}",
-            "--set", f"metrics.prometheus_port={port}", "--set", f"train.steps={steps}",
-            "--set", "model.preset=tiny-dense"]
+    args = [
+        sys.executable,
+        "-m",
+        "seektrain.cli.main",
+        "train",
+        "--set",
+        f"run.dir={run_dir}",
+        "--set",
+        f"metrics.prometheus_port={port}",
+        "--set",
+        f"train.steps={steps}",
+        "--set",
+        "model.preset=tiny-dense",
+    ]
     for item in TINY:
         args += ["--set", item]
     env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
@@ -40,11 +58,20 @@ def test_prometheus_scrapes_a_real_training_run(tmp_path):
     binary = require("prometheus")
     train_port, web_port = free_port(), free_port()
     config = tmp_path / "prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: seektrain\n"
-                      f"    static_configs:\n      - targets: ['127.0.0.1:{train_port}']\n")
-    prom = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{web_port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config.write_text(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: seektrain\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{train_port}']\n"
+    )
+    prom = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{web_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     trainer = _start_training(tmp_path / "run", train_port, steps=400)
     api = f"http://127.0.0.1:{web_port}/api/v1/query?"
     try:
@@ -71,8 +98,16 @@ def test_prometheus_scrapes_a_real_training_run(tmp_path):
 
 def test_profile_steps_write_a_chrome_trace(tmp_path):
     run = tmp_path / "run"
-    seektrain("train", "--set", f"run.dir={run}", "--set", "train.steps=3", "--set", "profile.steps=2",
-              *[a for item in TINY for a in ("--set", item)])
+    seektrain(
+        "train",
+        "--set",
+        f"run.dir={run}",
+        "--set",
+        "train.steps=3",
+        "--set",
+        "profile.steps=2",
+        *[a for item in TINY for a in ("--set", item)],
+    )
     traces = list((run / "profile").glob("*.json"))
     assert traces and traces[0].stat().st_size > 1000
     assert '"traceEvents"' in traces[0].read_text()[:100000]

@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from run_cli import train
 from test_checkpoint_runs import same_contents, step_losses
 
@@ -105,8 +106,9 @@ def test_a_loader_error_is_one_line_at_its_step(tmp_path, prefetch):
     args = ["train", "--set", f"run.dir={tmp_path}"]
     for item in (*TINY, "train.steps=4", f"data.prefetch={prefetch}"):
         args += ["--set", item]
-    proc = subprocess.run([sys.executable, "-c", _FAILING_LOADER, *args], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAILING_LOADER, *args], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("seektrain:")]
     assert len(errors) == 1 and errors[0].startswith("seektrain: error: data.path=")
@@ -141,9 +143,17 @@ def test_preemption_stops_the_threads(tmp_path):
     from run_cli import TINY
 
     args = ["train", "--set", f"run.dir={tmp_path}"]
-    for item in (*TINY, "train.steps=6", "data.prefetch=2", "checkpoint.async_save=true", "checkpoint.interval=1"):
+    for item in (
+        *TINY,
+        "train.steps=6",
+        "data.prefetch=2",
+        "checkpoint.async_save=true",
+        "checkpoint.interval=1",
+    ):
         args += ["--set", item]
-    proc = subprocess.run([sys.executable, "-c", _PREEMPTED, *args], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PREEMPTED, *args], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert (tmp_path / "checkpoints" / "step-00000002" / "COMPLETE").is_file()
     assert "threads left: []" in proc.stdout

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from packed_batches import document, pack
 from torch.nn.attention.flex_attention import flex_attention
 
+from packed_batches import document, pack
 from seektrain.data.batch import Batch
 from seektrain.models import build_model, get_preset
 from seektrain.models import flex_attention as flex
@@ -23,19 +23,25 @@ SEQ = 40
 
 def _docs(cfg, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    return [document(13, cfg.vocab_size, gen, 0.7), document(9, cfg.vocab_size, gen, 1.0),
-            document(12, cfg.vocab_size, gen, 0.4)]  # + 6 tokens of padding
+    return [
+        document(13, cfg.vocab_size, gen, 0.7),
+        document(9, cfg.vocab_size, gen, 1.0),
+        document(12, cfg.vocab_size, gen, 0.4),
+    ]  # + 6 tokens of padding
 
 
 def _run(model, batch: Batch):
     """(logits, MTP logits, gradients of every head's cross-entropy sum) of ``batch``."""
     model.zero_grad(set_to_none=True)
-    out = model(batch.tokens, mtp_tokens=batch.tokens, positions=batch.positions, document_ids=batch.document_ids)
+    out = model(
+        batch.tokens, mtp_tokens=batch.tokens, positions=batch.positions, document_ids=batch.document_ids
+    )
     loss = out.logits.new_zeros(())
     for depth, logits in enumerate((out.logits, *out.mtp)):
         targets = batch.labels if depth == 0 else shift_labels(batch.labels, depth, batch.document_ids)
-        loss = loss + torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(),
-                                                        ignore_index=IGNORE, reduction="sum")
+        loss = loss + torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+        )
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return out.logits.detach(), [m.detach() for m in out.mtp], grads
@@ -53,9 +59,11 @@ def test_packed_row_equals_its_documents_alone(preset):
         alone = pack([(tokens, mask)], len(tokens))
         logits, mtp, g = _run(model, Batch(alone.tokens, alone.labels))  # one document: the plain path
         n = len(tokens)
-        torch.testing.assert_close(p_logits[:, start:start + n], logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(p_logits[:, start : start + n], logits, rtol=1e-5, atol=1e-5)
         for depth, (p_m, m) in enumerate(zip(p_mtp, mtp, strict=True), start=1):  # where the target is inside
-            torch.testing.assert_close(p_m[:, start:start + n - depth], m[:, :n - depth], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                p_m[:, start : start + n - depth], m[:, : n - depth], rtol=1e-5, atol=1e-5
+            )
         grads = g if grads is None else {k: grads[k] + g[k] for k in grads}
         start += n
     assert (len(p_mtp) > 0) == (preset == "tiny-v3")
@@ -75,22 +83,35 @@ def test_masked_tokens_change_neither_loss_nor_gradients():
     for fused in (True, False):
         model.zero_grad(set_to_none=True)
         if fused:
-            out = model(batch.tokens, mtp_tokens=batch.tokens, labels=batch.labels, positions=batch.positions,
-                        document_ids=batch.document_ids)
+            out = model(
+                batch.tokens,
+                mtp_tokens=batch.tokens,
+                labels=batch.labels,
+                positions=batch.positions,
+                document_ids=batch.document_ids,
+            )
             loss = out.loss_sum + sum(out.mtp)
         else:  # every position's cross-entropy against the real next token, weighted by its mask
-            out = model(batch.tokens, mtp_tokens=batch.tokens, positions=batch.positions,
-                        document_ids=batch.document_ids)
+            out = model(
+                batch.tokens,
+                mtp_tokens=batch.tokens,
+                positions=batch.positions,
+                document_ids=batch.document_ids,
+            )
             nxt = torch.cat([batch.tokens[:, 1:], batch.tokens[:, :1]], dim=1)
             loss = out.logits.new_zeros(())
             for depth, logits in enumerate((out.logits, *out.mtp)):
-                targets = batch.labels if depth == 0 else shift_labels(batch.labels, depth, batch.document_ids)
+                targets = (
+                    batch.labels if depth == 0 else shift_labels(batch.labels, depth, batch.document_ids)
+                )
                 weight = (targets != IGNORE).flatten().float()
                 wanted = nxt.roll(-depth, dims=1).flatten()
                 ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), wanted, reduction="none")
                 loss = loss + (ce * weight).sum()
         loss.backward()
-        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        results.append(
+            (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        )
     (fused_loss, fused_grads), (ref_loss, ref_grads) = results
     torch.testing.assert_close(fused_loss, ref_loss, rtol=1e-5, atol=1e-5)
     for name, grad in ref_grads.items():
@@ -100,6 +121,7 @@ def test_masked_tokens_change_neither_loss_nor_gradients():
 def test_no_positions_no_documents_is_the_plain_path():
     """``None`` positions and document ids never build a mask (the fused causal kernel runs), and
     explicit positions 0 .. T-1 give RoPE the very same tables."""
+
     def no_mask(_ids):
         raise AssertionError("a document mask was built for an unpacked batch")
 
@@ -124,11 +146,15 @@ def test_rope_restarts_at_each_document():
     start = 0
     for n in (13, 9, 12):
         own_cos, own_sin = rope_cos_sin(cfg, n, "cpu", torch.float32)
-        assert torch.equal(cos[0, 0, start:start + n], own_cos) and torch.equal(sin[0, 0, start:start + n], own_sin)
+        assert torch.equal(cos[0, 0, start : start + n], own_cos) and torch.equal(
+            sin[0, 0, start : start + n], own_sin
+        )
         start += n
     model = build_model(cfg, seed=1)
     shuffled = torch.randperm(SEQ, generator=torch.Generator().manual_seed(0))[None]
-    assert not torch.allclose(model(batch.tokens, positions=shuffled).logits, model(batch.tokens).logits, atol=1e-3)
+    assert not torch.allclose(
+        model(batch.tokens, positions=shuffled).logits, model(batch.tokens).logits, atol=1e-3
+    )
 
 
 def test_flex_block_mask_is_the_document_mask(monkeypatch):

@@ -22,13 +22,21 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+
 from compare_runs import FP32, LAYOUT_SETTINGS, initial_weights, weight_mismatches
 from packed_batches import cat_rows, uneven_rows
 from spawn_ranks import spawn_ranks
 
 SEQ, ROWS, STEPS = 32, 4, 3
-COMMON = (*LAYOUT_SETTINGS, f"train.seq_len={SEQ}", f"train.global_batch_size={ROWS}", "train.micro_batch_size=1",
-          "precision.dtype=fp32", f"train.steps={STEPS}", "optim.warmup_steps=1")
+COMMON = (
+    *LAYOUT_SETTINGS,
+    f"train.seq_len={SEQ}",
+    f"train.global_batch_size={ROWS}",
+    "train.micro_batch_size=1",
+    "precision.dtype=fp32",
+    f"train.steps={STEPS}",
+    "optim.warmup_steps=1",
+)
 # name -> (preset, world size, overrides)
 LAYOUTS = {
     "one-v3": ("tiny-v3", 1, []),
@@ -37,15 +45,29 @@ LAYOUTS = {
     "fsdp2-accum2": ("tiny-v3", 2, ["parallel.dp_shard=2"]),
     "fsdp4": ("tiny-v3", 4, ["parallel.dp_shard=4"]),
     "hsdp": ("tiny-v3", 4, ["parallel.dp_replicate=2", "parallel.dp_shard=2"]),
-    "ep2-fsdp4-selective": ("tiny-v3", 4, ["parallel.dp_shard=4", "parallel.ep=2",
-                                           "train.activation_checkpoint=selective"]),
+    "ep2-fsdp4-selective": (
+        "tiny-v3",
+        4,
+        ["parallel.dp_shard=4", "parallel.ep=2", "train.activation_checkpoint=selective"],
+    ),
     "tp2-fsdp2": ("tiny-v3", 4, ["parallel.tp=2", "parallel.dp_shard=2"]),
     "tp2-fsdp2-dense": ("tiny-dense", 4, ["parallel.tp=2", "parallel.dp_shard=2"]),
     "pp2-fsdp2-1f1b": ("tiny-v3", 4, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_schedule=1f1b"]),
-    "pp2-fsdp2-gpipe-full": ("tiny-v3", 4, ["parallel.pp=2", "parallel.dp_shard=2", "parallel.pp_schedule=gpipe",
-                                            "train.activation_checkpoint=full"]),
-    "pp2-interleaved": ("tiny-v3", 2, ["parallel.pp=2", "parallel.dp_shard=1",
-                                       "parallel.pp_schedule=interleaved-1f1b"]),
+    "pp2-fsdp2-gpipe-full": (
+        "tiny-v3",
+        4,
+        [
+            "parallel.pp=2",
+            "parallel.dp_shard=2",
+            "parallel.pp_schedule=gpipe",
+            "train.activation_checkpoint=full",
+        ],
+    ),
+    "pp2-interleaved": (
+        "tiny-v3",
+        2,
+        ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=interleaved-1f1b"],
+    ),
     "pp2-zbv": ("tiny-v3", 2, ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=zbv"]),
 }
 
@@ -74,8 +96,18 @@ def _context(plan):
     configure_aux_loss(parallel.model, job.train.aux_loss_alpha, plan.aux_loss_grad_scale)
     optimizer = build_optimizer(parallel.model, job.optim)
     scheduler = build_scheduler(optimizer, job.optim, job.train.steps)
-    return StepContext(plan, device, parallel, optimizer, scheduler, scaler, iter(()), faults.LossGuard(),
-                       pipeline_loss, plan.autocast(device))
+    return StepContext(
+        plan,
+        device,
+        parallel,
+        optimizer,
+        scheduler,
+        scaler,
+        iter(()),
+        faults.LossGuard(),
+        pipeline_loss,
+        plan.autocast(device),
+    )
 
 
 def _full_parameters(model) -> dict[str, torch.Tensor]:
@@ -104,7 +136,7 @@ def _run_layout(name: str, world: int, rank: int, out_dir: str) -> None:
     losses, norms = [], []
     for step, rows in enumerate(global_batches(plan.model.vocab_size), start=1):
         mbs = plan.job.train.micro_batch_size
-        mine = [cat_rows(rows[(m * plan.dp + dp_rank) * mbs:][:mbs]) for m in range(plan.accum_steps)]
+        mine = [cat_rows(rows[(m * plan.dp + dp_rank) * mbs :][:mbs]) for m in range(plan.accum_steps)]
         ctx.batches = iter(mine)
         record = train_step(ctx, step)
         losses.append(float(record.values["loss"]))
@@ -112,9 +144,15 @@ def _run_layout(name: str, world: int, rank: int, out_dir: str) -> None:
     weights = _full_parameters(ctx.model)
     torch.save(weights, os.path.join(out_dir, f"{name}-rank{rank}.pt"))
     if rank == 0:
-        facts = {"losses": losses, "grad_norms": norms, "accum": plan.accum_steps, "dp": plan.dp,
-                 "model_config": json.dumps(plan.model.to_dict()), "seed": plan.job.train.seed,
-                 "seconds": time.perf_counter() - t0}
+        facts = {
+            "losses": losses,
+            "grad_norms": norms,
+            "accum": plan.accum_steps,
+            "dp": plan.dp,
+            "model_config": json.dumps(plan.model.to_dict()),
+            "seed": plan.job.train.seed,
+            "seconds": time.perf_counter() - t0,
+        }
         with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
             json.dump(facts, f)
 
@@ -168,8 +206,13 @@ def test_first_loss_is_the_token_mean_of_the_global_batch(results):
     model = build_model(ModelConfig.from_dict(json.loads(facts["model_config"])), seed=facts["seed"])
     batch = cat_rows(global_batches(model.cfg.vocab_size)[0])
     with torch.no_grad():
-        out = model(batch.tokens, mtp_tokens=batch.tokens, labels=batch.labels, positions=batch.positions,
-                    document_ids=batch.document_ids)
+        out = model(
+            batch.tokens,
+            mtp_tokens=batch.tokens,
+            labels=batch.labels,
+            positions=batch.positions,
+            document_ids=batch.document_ids,
+        )
     from seektrain.config.loader import load_config
 
     want, _ = model_loss(out, batch.labels, load_config(None, []).train.mtp_loss_weight, batch.document_ids)
@@ -186,7 +229,9 @@ def test_loss_is_the_mean_over_the_global_batch(results, name):
     _assert_same(results[name], results["one-v3"])
 
 
-@pytest.mark.parametrize("name", [n for n in LAYOUTS if not n.startswith("one") and n not in ("fsdp2-accum2", "fsdp4")])
+@pytest.mark.parametrize(
+    "name", [n for n in LAYOUTS if not n.startswith("one") and n not in ("fsdp2-accum2", "fsdp4")]
+)
 def test_layout_with_packing_equals_one_process(results, name):
     reference = "one-dense" if LAYOUTS[name][0] == "tiny-dense" else "one-v3"
     _assert_same(results[name], results[reference])

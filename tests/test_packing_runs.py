@@ -1,7 +1,8 @@
 """Through the real CLI: training on packed chat data (``data.packing = true``, loss masks from ``data
 prepare``) under FSDP=2 and a 2-stage pipeline (1F1B, MTP on) is the computation of one process on the
 same data: losses, gradient norms, parameters (``compare_runs.assert_same_run``) and the validation loss
-over the trained tokens of the same validation rows. The in-process layout matrix on hand-built rows is in test_packing_layouts.py."""
+over the trained tokens of the same validation rows. The in-process layout matrix on hand-built rows is in
+test_packing_layouts.py."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import json
 
 import numpy as np
 import pytest
-from compare_runs import assert_same_run, run_layout
 
+from compare_runs import assert_same_run, run_layout
 from seektrain.data import prepare_dataset
 from seektrain.data.prepare import RowOptions
 
@@ -29,12 +30,20 @@ def chat_data(tmp_path_factory) -> str:
     for _ in range(240):
         turns = []
         for _ in range(int(rng.integers(1, 4))):
-            turns += [{"role": "user", "content": _words(rng, int(rng.integers(1, 6)))},
-                      {"role": "assistant", "content": _words(rng, int(rng.integers(1, 3)))}]
+            turns += [
+                {"role": "user", "content": _words(rng, int(rng.integers(1, 6)))},
+                {"role": "assistant", "content": _words(rng, int(rng.integers(1, 3)))},
+            ]
         rows.append({"messages": turns})
     (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    prepare_dataset([root / "chat.jsonl"], root / "data", "byte", val_fraction=0.1, shard_tokens=2000,
-                    rows=RowOptions("deepseek-llm", max_len=64))
+    prepare_dataset(
+        [root / "chat.jsonl"],
+        root / "data",
+        "byte",
+        val_fraction=0.1,
+        shard_tokens=2000,
+        rows=RowOptions("deepseek-llm", max_len=64),
+    )
     return str(root / "data")
 
 
@@ -48,9 +57,14 @@ def _val_losses(run) -> list[float]:
 
 # Two FSDP ranks evaluating 1 micro-batch of 2 rows each read the 4 rows one process reads in 2 (the
 # loader deals a global batch's rows round-robin): the same trained tokens, so the same val_loss.
-@pytest.mark.parametrize("layout", [("parallel.dp_shard=2", "train.eval_steps=1"),
-                                    ("parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=1f1b")],
-                         ids=["fsdp2", "pp2-1f1b"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ("parallel.dp_shard=2", "train.eval_steps=1"),
+        ("parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=1f1b"),
+    ],
+    ids=["fsdp2", "pp2-1f1b"],
+)
 def test_packed_chat_layout_equals_one_process(tmp_path, one_process_run, chat_data, layout):
     want = one_process_run("tiny-v3", 4, *_packed(chat_data))
     got = run_layout(tmp_path, "tiny-v3", 2, *_packed(chat_data), *layout)

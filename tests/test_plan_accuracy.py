@@ -16,46 +16,91 @@ import json
 from pathlib import Path
 
 import pytest
-from plan_measure import worker
-from spawn_ranks import spawn_ranks
 
+from plan_measure import worker
 from seektrain.config.loader import load_config
 from seektrain.models.presets import get_preset
 from seektrain.plan.memory import rank_coords, state_bytes, transient_bytes
 from seektrain.plan.run_plan import RunPlan
+from spawn_ranks import spawn_ranks
 
 WORLD = 2
 SEQ = ["train.seq_len=128", "train.global_batch_size=4"]
 CASES = {
     "fsdp2-dense": ("tiny-dense", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2"]),
     "fsdp2-v3": ("tiny-v3", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2"]),
-    "fsdp2-v3-full-ckpt": ("tiny-v3", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2",
-                                             "train.activation_checkpoint=full"]),
-    "fsdp2-v3-selective": ("tiny-v3", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2",
-                                             "train.activation_checkpoint=selective"]),
+    "fsdp2-v3-full-ckpt": (
+        "tiny-v3",
+        SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2", "train.activation_checkpoint=full"],
+    ),
+    "fsdp2-v3-selective": (
+        "tiny-v3",
+        SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2", "train.activation_checkpoint=selective"],
+    ),
     "tp2-v3": ("tiny-v3", SEQ + ["train.micro_batch_size=4", "parallel.tp=2", "parallel.dp_shard=1"]),
-    "tp2-v3-selective": ("tiny-v3", SEQ + ["train.micro_batch_size=4", "parallel.tp=2", "parallel.dp_shard=1",
-                                           "train.activation_checkpoint=selective"]),
+    "tp2-v3-selective": (
+        "tiny-v3",
+        SEQ
+        + [
+            "train.micro_batch_size=4",
+            "parallel.tp=2",
+            "parallel.dp_shard=1",
+            "train.activation_checkpoint=selective",
+        ],
+    ),
     "tp2-dense": ("tiny-dense", SEQ + ["train.micro_batch_size=4", "parallel.tp=2", "parallel.dp_shard=1"]),
     "ep2-v3": ("tiny-v3", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2", "parallel.ep=2"]),
-    "ep2-v3-selective": ("tiny-v3", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2", "parallel.ep=2",
-                                           "train.activation_checkpoint=selective"]),
-    "pp2-v3": ("tiny-v3", SEQ + ["train.micro_batch_size=4", "parallel.pp=2", "parallel.dp_shard=1",
-                                 "parallel.pp_microbatches=2"]),
-    "pp2-dense": ("tiny-dense", SEQ + ["train.micro_batch_size=4", "parallel.pp=2", "parallel.dp_shard=1",
-                                       "parallel.pp_microbatches=2"]),
-    "fsdp2-small-v3": ("small-v3", ["train.seq_len=128", "train.global_batch_size=2", "train.micro_batch_size=1",
-                                    "parallel.dp_shard=2"]),
-    "fsdp2-small-v3-every2": ("small-v3", ["train.seq_len=128", "train.global_batch_size=2",
-                                           "train.micro_batch_size=1", "parallel.dp_shard=2",
-                                           "train.activation_checkpoint=every:2"]),
+    "ep2-v3-selective": (
+        "tiny-v3",
+        SEQ
+        + [
+            "train.micro_batch_size=2",
+            "parallel.dp_shard=2",
+            "parallel.ep=2",
+            "train.activation_checkpoint=selective",
+        ],
+    ),
+    "pp2-v3": (
+        "tiny-v3",
+        SEQ
+        + ["train.micro_batch_size=4", "parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_microbatches=2"],
+    ),
+    "pp2-dense": (
+        "tiny-dense",
+        SEQ
+        + ["train.micro_batch_size=4", "parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_microbatches=2"],
+    ),
+    "fsdp2-small-v3": (
+        "small-v3",
+        ["train.seq_len=128", "train.global_batch_size=2", "train.micro_batch_size=1", "parallel.dp_shard=2"],
+    ),
+    "fsdp2-small-v3-every2": (
+        "small-v3",
+        [
+            "train.seq_len=128",
+            "train.global_batch_size=2",
+            "train.micro_batch_size=1",
+            "parallel.dp_shard=2",
+            "train.activation_checkpoint=every:2",
+        ],
+    ),
 }
 
-LABELS = {"fsdp2-dense": "FSDP=2", "fsdp2-v3": "FSDP=2", "fsdp2-v3-full-ckpt": "FSDP=2, checkpoint full",
-          "fsdp2-v3-selective": "FSDP=2, checkpoint selective", "tp2-v3": "TP=2",
-          "tp2-v3-selective": "TP=2, checkpoint selective", "tp2-dense": "TP=2", "ep2-v3": "FSDP=2 × EP=2",
-          "ep2-v3-selective": "FSDP=2 × EP=2, checkpoint selective", "pp2-v3": "PP=2", "pp2-dense": "PP=2",
-          "fsdp2-small-v3": "FSDP=2", "fsdp2-small-v3-every2": "FSDP=2, checkpoint every:2"}
+LABELS = {
+    "fsdp2-dense": "FSDP=2",
+    "fsdp2-v3": "FSDP=2",
+    "fsdp2-v3-full-ckpt": "FSDP=2, checkpoint full",
+    "fsdp2-v3-selective": "FSDP=2, checkpoint selective",
+    "tp2-v3": "TP=2",
+    "tp2-v3-selective": "TP=2, checkpoint selective",
+    "tp2-dense": "TP=2",
+    "ep2-v3": "FSDP=2 × EP=2",
+    "ep2-v3-selective": "FSDP=2 × EP=2, checkpoint selective",
+    "pp2-v3": "PP=2",
+    "pp2-dense": "PP=2",
+    "fsdp2-small-v3": "FSDP=2",
+    "fsdp2-small-v3-every2": "FSDP=2, checkpoint every:2",
+}
 
 
 def _plan(name: str) -> RunPlan:
@@ -85,8 +130,9 @@ def test_state_bytes_exact(measured, name):
     plan = _plan(name)
     for rank in range(WORLD):
         got, want = measured[rank][name], state_bytes(plan, rank)
-        assert (got["params"], got["grads"], got["optimizer"]) == (want.params, want.grads, want.optimizer), \
+        assert (got["params"], got["grads"], got["optimizer"]) == (want.params, want.grads, want.optimizer), (
             f"{name} rank {rank}"
+        )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -94,16 +140,22 @@ def test_peak_activations_within_15_percent(measured, name):
     for rank in range(WORLD):
         predicted = _transient(_plan(name), rank)
         got = measured[rank][name]["activations"]
-        assert abs(predicted / got - 1) <= 0.15, f"{name} rank {rank}: predicted {predicted:.0f}, measured {got}"
+        assert abs(predicted / got - 1) <= 0.15, (
+            f"{name} rank {rank}: predicted {predicted:.0f}, measured {got}"
+        )
 
 
 def test_selective_keeps_less_than_none_and_more_than_full(measured):
     """Measured peak activations of the same FSDP=2 tiny-v3 step: selective checkpointing lies strictly
     between no checkpointing and full checkpointing, by a margin (not a rounding)."""
     for rank in range(WORLD):
-        none, selective, full = (measured[rank][name]["activations"]
-                                 for name in ("fsdp2-v3", "fsdp2-v3-selective", "fsdp2-v3-full-ckpt"))
-        assert 1.2 * full < selective < none / 1.2, f"rank {rank}: none {none}, selective {selective}, full {full}"
+        none, selective, full = (
+            measured[rank][name]["activations"]
+            for name in ("fsdp2-v3", "fsdp2-v3-selective", "fsdp2-v3-full-ckpt")
+        )
+        assert 1.2 * full < selective < none / 1.2, (
+            f"rank {rank}: none {none}, selective {selective}, full {full}"
+        )
 
 
 def _table_rows(measured: list[dict]) -> dict[tuple[str, str, str], list[str]]:
@@ -115,8 +167,14 @@ def _table_rows(measured: list[dict]) -> dict[tuple[str, str, str], list[str]]:
         for rank in range(WORLD):
             got = measured[rank][name]
             act, pred = got["activations"], _transient(_plan(name), rank)
-            cells.append([f"{got['params']} / {got['grads']} / {got['optimizer']}", str(act), str(round(pred)),
-                          f"{(pred / act - 1) * 100:+.1f}%"])
+            cells.append(
+                [
+                    f"{got['params']} / {got['grads']} / {got['optimizer']}",
+                    str(act),
+                    str(round(pred)),
+                    f"{(pred / act - 1) * 100:+.1f}%",
+                ]
+            )
         ranks = [("0, 1", cells[0])] if cells[0] == cells[1] else list(zip(("0", "1"), cells))
         rows.update({(LABELS[name], model, r): c for r, c in ranks})
     return rows
@@ -138,5 +196,6 @@ def test_docs_table_is_the_measurement(measured):
     assert list(docs) == list(rows), f"docs/planning.md's accuracy table has other rows; measured:\n{table}"
     for key, (state, act, pred, _) in rows.items():
         doc_state, doc_act, doc_pred, _ = docs[key]
-        assert (doc_state, doc_pred) == (state, pred) and abs(int(doc_act) / int(act) - 1) <= 0.01, \
+        assert (doc_state, doc_pred) == (state, pred) and abs(int(doc_act) / int(act) - 1) <= 0.01, (
             f"docs/planning.md's row {key} is stale; measured:\n{table}"
+        )

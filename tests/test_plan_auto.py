@@ -6,7 +6,6 @@ from __future__ import annotations
 import tomllib
 
 from run_cli import TINY, metrics, train
-
 from seektrain.config.loader import load_config
 from seektrain.models.presets import get_preset
 from seektrain.plan.auto import auto_layout
@@ -14,13 +13,19 @@ from seektrain.plan.auto import auto_layout
 
 def test_auto_layout_on_two_cpu_ranks(tmp_path):
     run = tmp_path / "run"
-    proc = train(run, "parallel.auto=true", "model.preset=tiny-v3", "train.steps=2", "train.eval_interval=0",
-                 nproc=2)
+    proc = train(
+        run, "parallel.auto=true", "model.preset=tiny-v3", "train.steps=2", "train.eval_interval=0", nproc=2
+    )
     log = (run / "train.log").read_text()
     lines = [line for line in log.splitlines() if "parallel.auto:" in line]
     assert len(lines) == 1 and "predicted step" in lines[0] and "runner-up" in lines[0], proc.stdout[-2000:]
-    expected, why = auto_layout(load_config(None, [*TINY, "parallel.auto=true", "model.preset=tiny-v3"]),
-                                get_preset("tiny-v3"), 2, "cpu", 2)
+    expected, why = auto_layout(
+        load_config(None, [*TINY, "parallel.auto=true", "model.preset=tiny-v3"]),
+        get_preset("tiny-v3"),
+        2,
+        "cpu",
+        2,
+    )
     written = tomllib.loads((run / "config.toml").read_text())
     for key in ("tp", "pp", "dp_shard", "dp_replicate", "ep"):
         assert written["parallel"][key] == getattr(expected.parallel, key)

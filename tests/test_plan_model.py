@@ -52,10 +52,16 @@ def _numel(shape):
 
 
 def test_article_claim_67b_tp8_is_over_130_gb_per_gpu():
-    """"67B with TP=8 is 8.4B parameters per GPU, about 16.8 GB including gradients and optimizer": with
+    """ "67B with TP=8 is 8.4B parameters per GPU, about 16.8 GB including gradients and optimizer": with
     fp32 master weights, gradients and AdamW moments (16 bytes per parameter) it is over 130 GB."""
-    plan = _plan("deepseek-llm-67b", 8, "parallel.tp=8", "parallel.dp_shard=1", "train.global_batch_size=8",
-                 "train.micro_batch_size=1")
+    plan = _plan(
+        "deepseek-llm-67b",
+        8,
+        "parallel.tp=8",
+        "parallel.dp_shard=1",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=1",
+    )
     state = memory.max_state_bytes(plan)
     assert state.params / 4 == pytest.approx(67.4e9 / 8, rel=0.01)
     assert state.params + state.grads + state.optimizer > 130e9
@@ -63,9 +69,14 @@ def test_article_claim_67b_tp8_is_over_130_gb_per_gpu():
 
 @pytest.mark.parametrize("seq", [1024, 2048, 4096])
 def test_article_claim_320_samples_per_s_exceeds_the_ceiling(seq):
-    """"320 samples/s for 67B on 64 A100": more than 64 A100s can compute at 100% MFU."""
-    plan = _plan("deepseek-llm-67b", 64, f"train.seq_len={seq}", "train.global_batch_size=64",
-                 "train.micro_batch_size=1")
+    """ "320 samples/s for 67B on 64 A100": more than 64 A100s can compute at 100% MFU."""
+    plan = _plan(
+        "deepseek-llm-67b",
+        64,
+        f"train.seq_len={seq}",
+        "train.global_batch_size=64",
+        "train.micro_batch_size=1",
+    )
     assert ceiling(plan, 64, GPUS["a100-80g"].bf16_tflops * 1e12)["samples_per_s"] < 320
 
 
@@ -89,8 +100,10 @@ def test_selective_checkpointing_sits_between_none_and_full():
 
     base = ("train.seq_len=4096", "train.global_batch_size=64", "train.micro_batch_size=1")
     hw = GPUS["h100-80g"]
-    none, selective, full = (_plan("deepseek-v2-lite", 8, *base, f"train.activation_checkpoint={mode}")
-                             for mode in ("none", "selective", "full"))
+    none, selective, full = (
+        _plan("deepseek-v2-lite", 8, *base, f"train.activation_checkpoint={mode}")
+        for mode in ("none", "selective", "full")
+    )
     acts = [memory.activation_bytes(p) for p in (none, selective, full)]
     assert acts[0].layers > acts[1].layers > acts[2].layers
     times = [step_time(p, hw) for p in (none, selective, full)]
@@ -117,11 +130,23 @@ def test_issue_gpu_point_prediction_is_printed_near_the_measurement():
     49,900 tokens/s. The prediction stays within a factor that docs/planning.md reports."""
     from seektrain.plan.planner import plan_job
 
-    model = get_preset("deepseek-llm-7b").replace(name="dense-1.23b", hidden_size=2048, num_hidden_layers=16,
-                                                  num_attention_heads=16, num_key_value_heads=16,
-                                                  intermediate_size=5504)
-    job = load_config(None, ["train.seq_len=4096", "train.global_batch_size=4", "train.micro_batch_size=4",
-                             "train.activation_checkpoint=none"])
+    model = get_preset("deepseek-llm-7b").replace(
+        name="dense-1.23b",
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        intermediate_size=5504,
+    )
+    job = load_config(
+        None,
+        [
+            "train.seq_len=4096",
+            "train.global_batch_size=4",
+            "train.micro_batch_size=4",
+            "train.activation_checkpoint=none",
+        ],
+    )
     plan = RunPlan.resolve(job, model, 1, "cuda")
     mem = memory_breakdown(plan, GPUS["h200"])
     tokens_per_s = plan.tokens_per_step / step_time(plan, GPUS["h200"]).total_s
@@ -139,14 +164,26 @@ def test_plan_json_for_67b_on_64_a100(capsys):
     assert data["set"].startswith("--set parallel.tp=") and "[parallel]" in data["toml"]
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--model", "tiny-v3", "--gpus", "2", "--gpu", "v100"], "unknown --gpu 'v100': known are h100-80g"),
-    (["--model", "deepseek-llm-67b", "--gpus", "1", "--gpu", "a100-40g"], "fits no layout on 1 × a100-40g"),
-    # tiny-dense splits over tp <= 2 (2 kv heads) and pp <= 4 (4 layers): 16 GPUs leave dp >= 2
-    (["--model", "tiny-dense", "--gpus", "16", "--gpu", "h100-80g", "--global-batch", "3"], "global batch 3"),
-    (["--model", "tiny-dense", "--gpus", "2", "--gpu", "h100-80g", "--seq", "-5"], "train.seq_len=-5: must be >= 1"),
-    (["--model", "tiny-v3", "--gpus", "6", "--gpu", "h100-80g", "--nodes", "4"], "does not split evenly"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "tiny-v3", "--gpus", "2", "--gpu", "v100"], "unknown --gpu 'v100': known are h100-80g"),
+        (
+            ["--model", "deepseek-llm-67b", "--gpus", "1", "--gpu", "a100-40g"],
+            "fits no layout on 1 × a100-40g",
+        ),
+        # tiny-dense splits over tp <= 2 (2 kv heads) and pp <= 4 (4 layers): 16 GPUs leave dp >= 2
+        (
+            ["--model", "tiny-dense", "--gpus", "16", "--gpu", "h100-80g", "--global-batch", "3"],
+            "global batch 3",
+        ),
+        (
+            ["--model", "tiny-dense", "--gpus", "2", "--gpu", "h100-80g", "--seq", "-5"],
+            "train.seq_len=-5: must be >= 1",
+        ),
+        (["--model", "tiny-v3", "--gpus", "6", "--gpu", "h100-80g", "--nodes", "4"], "does not split evenly"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(capsys, args, needle):
     assert main(["plan", *args]) == 2
     err = capsys.readouterr().err.strip()
@@ -173,6 +210,9 @@ def test_cpu_offload_moves_state_to_the_host_and_costs_time():
     assert offloaded.host_state == on_device.params + on_device.grads + on_device.optimizer
     assert offloaded.total < on_device.total
     assert step_time(plan, hw).offload_s > 0
-    tried = {s.get("parallel.cpu_offload") for s in layouts(get_preset("tiny-v3"), 2, 2, 4,
-                                                              offload_modes=(False, True)) if s}
+    tried = {
+        s.get("parallel.cpu_offload")
+        for s in layouts(get_preset("tiny-v3"), 2, 2, 4, offload_modes=(False, True))
+        if s
+    }
     assert tried == {False, True}

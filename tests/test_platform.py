@@ -38,8 +38,14 @@ print(" ".join(sorted(m for m in sys.modules if m.startswith("seektrain.platform
 
 def _cpu_modules_loaded(*devices: str) -> set[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", _LOADED_CPU_MODULES, *devices], capture_output=True, text=True,
-                         check=True, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", _LOADED_CPU_MODULES, *devices],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=ROOT,
+    )
     return set(out.stdout.split())
 
 
@@ -117,28 +123,40 @@ def test_cpu_policy_prepares_the_process_as_asked():
     clean = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
     assert _prepare_in(clean, True, True) == ["AUTO,STRICT", "True"]
     assert _prepare_in(clean, False, False) == ["-", "False"]
-    assert _prepare_in(dict(clean, MKL_CBWR="COMPATIBLE"), True, False) == ["COMPATIBLE", "False"]  # user wins
+    assert _prepare_in(dict(clean, MKL_CBWR="COMPATIBLE"), True, False) == [
+        "COMPATIBLE",
+        "False",
+    ]  # user wins
 
 
 def _prepare_in(env: dict, deterministic: bool, keep: bool) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", _PREPARE, str(int(deterministic)), str(int(keep))],
-                         capture_output=True, text=True, check=True, env=dict(env, PYTHONPATH=str(ROOT)),
-                         cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", _PREPARE, str(int(deterministic)), str(int(keep))],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(env, PYTHONPATH=str(ROOT)),
+        cwd=ROOT,
+    )
     return out.stdout.split()
 
 
-@pytest.mark.parametrize("backend,param,reduce,wire", [
-    ("gloo", torch.bfloat16, torch.float32, torch.bfloat16),  # bf16-exact fp32 chunks travel as bf16
-    ("gloo", torch.float16, torch.float32, torch.float16),
-    ("gloo", torch.bfloat16, torch.bfloat16, None),
-    ("gloo", torch.float32, torch.float32, None),
-    ("nccl", torch.bfloat16, torch.float32, "untouched"),
-])
+@pytest.mark.parametrize(
+    "backend,param,reduce,wire",
+    [
+        ("gloo", torch.bfloat16, torch.float32, torch.bfloat16),  # bf16-exact fp32 chunks travel as bf16
+        ("gloo", torch.float16, torch.float32, torch.float16),
+        ("gloo", torch.bfloat16, torch.bfloat16, None),
+        ("gloo", torch.float32, torch.float32, None),
+        ("nccl", torch.bfloat16, torch.float32, "untouched"),
+    ],
+)
 def test_cpu_policy_gives_fsdp_point_to_point_collectives_on_gloo(monkeypatch, backend, param, reduce, wire):
     calls = []
     monkeypatch.setattr(cpu_policy_module.dist, "get_backend", lambda *a: backend)
-    monkeypatch.setattr(cpu_policy_module, "use_p2p_collectives",
-                        lambda m, wire_dtype: calls.append((m, wire_dtype)))
+    monkeypatch.setattr(
+        cpu_policy_module, "use_p2p_collectives", lambda m, wire_dtype: calls.append((m, wire_dtype))
+    )
     module = torch.nn.Linear(2, 2)
     policy_for("cpu").configure_fsdp(module, MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce))
     assert calls == ([] if wire == "untouched" else [(module, wire)])

@@ -73,7 +73,6 @@ def _train(model, tp: bool) -> tuple[list[float], list[float]]:
 
 def _case(preset: str, sp: bool, mesh) -> dict:
     from seektrain.parallel.tensor_parallel import apply_tensor_parallel
-
     from seektrain.train.balance import configure_aux_loss
 
     cfg = get_preset(preset)
@@ -85,10 +84,12 @@ def _case(preset: str, sp: bool, mesh) -> dict:
     for m in (ref, model):
         configure_aux_loss(m, alpha=0.01, grad_scale=1.0)  # the sequence-wise balance loss reaches the router
     ref_params = dict(ref.named_parameters())
-    result = {"init_diff": max(float((_full(p) - ref_params[n]).abs().max()) for n, p in model.named_parameters()),
-              "names_equal": sorted(ref.state_dict()) == sorted(model.state_dict()),
-              "local_numel": sum(p.to_local().numel() for p in model.parameters()),
-              "total_numel": sum(p.numel() for p in ref.parameters())}
+    result = {
+        "init_diff": max(float((_full(p) - ref_params[n]).abs().max()) for n, p in model.named_parameters()),
+        "names_equal": sorted(ref.state_dict()) == sorted(model.state_dict()),
+        "local_numel": sum(p.to_local().numel() for p in model.parameters()),
+        "total_numel": sum(p.numel() for p in ref.parameters()),
+    }
 
     batch = _batch(cfg, 7)
     ref_loss, tp_loss = _step(ref, *batch, tp=False), _step(model, *batch, tp=True)
@@ -98,10 +99,16 @@ def _case(preset: str, sp: bool, mesh) -> dict:
     result["missing_grads"] = [n for n, g in grads.items() if g is None]
     from seektrain.train.grad import clip_grad_norm
 
-    norms = [float(clip_grad_norm([p for p in m.parameters() if p.grad is not None], 0.5)) for m in (ref, model)]
+    norms = [
+        float(clip_grad_norm([p for p in m.parameters() if p.grad is not None], 0.5)) for m in (ref, model)
+    ]
     result["norm_diff"] = abs(norms[0] - norms[1]) / norms[0]
-    result["clipped_grad_diff"] = max(float((_full(grads[n]) - p.grad).abs().max()) for n, p in ref_params.items())
-    result["clipped_norm"] = float(torch.cat([p.grad.flatten().double() for p in ref.parameters() if p.grad is not None]).norm())
+    result["clipped_grad_diff"] = max(
+        float((_full(grads[n]) - p.grad).abs().max()) for n, p in ref_params.items()
+    )
+    result["clipped_norm"] = float(
+        torch.cat([p.grad.flatten().double() for p in ref.parameters() if p.grad is not None]).norm()
+    )
     ref.zero_grad(set_to_none=True)
     model.zero_grad(set_to_none=True)
 
@@ -160,12 +167,15 @@ def test_tp_shards_parameters(results):
     assert r["local_numel"] < 0.6 * r["total_numel"]
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"num_attention_heads": 3, "num_key_value_heads": 3, "hidden_size": 96}, "num_attention_heads=3"),
-    ({"num_key_value_heads": 1}, "num_key_value_heads=1"),
-    ({"vocab_size": 321}, "vocab_size=321"),
-    ({"intermediate_size": 353}, "intermediate_size=353"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"num_attention_heads": 3, "num_key_value_heads": 3, "hidden_size": 96}, "num_attention_heads=3"),
+        ({"num_key_value_heads": 1}, "num_key_value_heads=1"),
+        ({"vocab_size": 321}, "vocab_size=321"),
+        ({"intermediate_size": 353}, "intermediate_size=353"),
+    ],
+)
 def test_plan_rejects_tp_that_does_not_divide_dense(change, message):
     cfg = get_preset("tiny-dense").replace(**change)
     with pytest.raises(ValueError, match=message) as err:
@@ -175,7 +185,9 @@ def test_plan_rejects_tp_that_does_not_divide_dense(change, message):
 
 def test_plan_rejects_tp_that_does_not_divide_moe():
     with pytest.raises(ValueError, match="n_routed_experts=9"):
-        check_model(get_preset("tiny-v3").replace(n_routed_experts=9, n_group=1, topk_group=1), tp=2, ep=1, dp_shard=1)
+        check_model(
+            get_preset("tiny-v3").replace(n_routed_experts=9, n_group=1, topk_group=1), tp=2, ep=1, dp_shard=1
+        )
     with pytest.raises(ValueError, match="moe_intermediate_size"):
         check_model(get_preset("tiny-v3").replace(moe_intermediate_size=63), tp=2, ep=1, dp_shard=1)
     check_model(get_preset("tiny-v3"), tp=2, ep=1, dp_shard=1)

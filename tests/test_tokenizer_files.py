@@ -7,20 +7,27 @@ import json
 from pathlib import Path
 
 import pytest
-from chat_fixture import BOS, EOS, TEMPLATE, build_chat_tokenizer, write_chat_jsonl
 
-from seektrain.checkpoint.hf_tokenizer import write_hf_tokenizer
+from chat_fixture import BOS, EOS, TEMPLATE, build_chat_tokenizer, write_chat_jsonl
 from seektrain.data.chat_template import load_chat_template
+from seektrain.data.hf_tokenizer import write_hf_tokenizer
 from seektrain.data.prepare import RowOptions, prepare_dataset
 from seektrain.data.tokenizer_files import RUN_TOKENIZER_DIR, copy_to_run
 
-DEEPSEEK_LLM = (Path(__file__).resolve().parent.parent / "seektrain/data/templates/deepseek-llm.jinja").read_text()
+DEEPSEEK_LLM = (
+    Path(__file__).resolve().parent.parent / "seektrain/data/templates/deepseek-llm.jinja"
+).read_text()
 
 
 def _prepared(tmp_path: Path, template: str | None, builtin: str | None = None):
     tok = build_chat_tokenizer(tmp_path / "tok", template)
-    manifest = prepare_dataset([write_chat_jsonl(tmp_path / "chat.jsonl", 6)], tmp_path / "data", str(tok),
-                               val_fraction=0.0, rows=RowOptions(chat_template=builtin))
+    manifest = prepare_dataset(
+        [write_chat_jsonl(tmp_path / "chat.jsonl", 6)],
+        tmp_path / "data",
+        str(tok),
+        val_fraction=0.0,
+        rows=RowOptions(chat_template=builtin),
+    )
     return tok, manifest
 
 
@@ -58,12 +65,18 @@ def test_an_exported_bare_tokenizer_json_loads_in_transformers_with_its_specials
     (tok / "tokenizer_config.json").unlink()  # only tokenizer.json: specials found by name
     out = tmp_path / "out"
     out.mkdir()
-    assert write_hf_tokenizer(tok, out, vocab_size=320) == ["tokenizer.json", "tokenizer_config.json",
-                                                            "generation_config.json"]
+    assert write_hf_tokenizer(tok, out, vocab_size=320) == [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ]
     loaded = AutoTokenizer.from_pretrained(out)
     assert (loaded.bos_token, loaded.eos_token) == (BOS, EOS)
     generation = json.loads((out / "generation_config.json").read_text())
-    assert generation["eos_token_id"] == loaded.eos_token_id and generation["bos_token_id"] == loaded.bos_token_id
+    assert (
+        generation["eos_token_id"] == loaded.eos_token_id
+        and generation["bos_token_id"] == loaded.bos_token_id
+    )
 
 
 def test_a_tokenizer_bigger_than_the_model_is_refused(tmp_path):
@@ -79,7 +92,14 @@ def test_a_re_export_replaces_the_tokenizer_files_it_wrote(tmp_path):
     out = tmp_path / "out"
     for _ in range(2):  # the second time the folder holds tokenizer files convert wrote: replaced
         assert main(["convert", "--preset", "tiny-v3", "--to-hf", str(out), "--tokenizer", str(tok)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
-                                                     "tokenizer.json", "tokenizer_config.json"]
-    assert main(["convert", "--preset", "tiny-v3", "--to-hf", str(out)]) == 0  # no tokenizer now: none left over
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    assert (
+        main(["convert", "--preset", "tiny-v3", "--to-hf", str(out)]) == 0
+    )  # no tokenizer now: none left over
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]

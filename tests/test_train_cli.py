@@ -9,8 +9,8 @@ import math
 
 import pytest
 import torch
-from run_cli import losses, metrics, seektrain, train
 
+from run_cli import losses, metrics, seektrain, train
 from seektrain.platform.compute_dtype import choose_dtype
 from seektrain.train.precision import DynamicLossScaler
 
@@ -19,8 +19,20 @@ def test_default_run_short_learns_and_samples(tmp_path):
     """The README's default (tiny-v3 with MLA + MoE + MTP on the built-in corpus, FSDP over 2 ranks),
     shortened: the loss falls well below its start and `sample` continues a prompt."""
     run = tmp_path / "default"
-    seektrain("train", "--nproc-per-node", "2", "--set", f"run.dir={run}", "--set", "train.steps=40",
-              "--set", "optim.warmup_steps=5", "--set", "run.progress_bar=false", timeout=600)
+    seektrain(
+        "train",
+        "--nproc-per-node",
+        "2",
+        "--set",
+        f"run.dir={run}",
+        "--set",
+        "train.steps=40",
+        "--set",
+        "optim.warmup_steps=5",
+        "--set",
+        "run.progress_bar=false",
+        timeout=600,
+    )
     values = losses(run)
     assert values[0] > math.log(320) - 0.5  # starts near ln(vocab)
     assert min(values[-5:]) < values[0] - 2.0
@@ -43,13 +55,18 @@ def test_default_run_short_learns_and_samples(tmp_path):
 def test_fp16_overflow_steps_are_skipped(tmp_path):
     """An absurd initial loss scale overflows fp16 gradients: those steps are skipped (no update), the
     scale halves each time, and training then proceeds."""
-    train(tmp_path, "train.steps=14", "precision.dtype=fp16", "precision.loss_scale_init=1048576",
-          "model.preset=tiny-dense")
+    train(
+        tmp_path,
+        "train.steps=14",
+        "precision.dtype=fp16",
+        "precision.loss_scale_init=1048576",
+        "model.preset=tiny-dense",
+    )
     recs = metrics(tmp_path)
     skipped = [r for r in recs if r["skipped"]]
     assert skipped and recs[0]["skipped"] == 1
     scales = [r["loss_scale"] for r in recs]
-    assert scales[0] == 1048576 / 2 and all(b <= a for a, b in itertools.pairwise(scales[:len(skipped)]))
+    assert scales[0] == 1048576 / 2 and all(b <= a for a, b in itertools.pairwise(scales[: len(skipped)]))
     assert recs[-1]["skipped"] == 0 and math.isfinite(recs[-1]["grad_norm"])
 
 
@@ -76,20 +93,39 @@ def test_loss_scaler_unit():
     assert DynamicLossScaler(False).unscale([p]) is None and DynamicLossScaler(False).scale_value == 1.0
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--set", "train.stepz=3"], "unknown config key 'train.stepz'"),
-    (["--set", "train.steps=ten"], "train.steps: expected an integer"),
-    (["--set", "train.global_batch_size=6", "--set", "train.micro_batch_size=4"],
-     "train.global_batch_size=6 is not a multiple of train.micro_batch_size=4"),
-    (["--nproc-per-node", "2", "--set", "train.global_batch_size=2", "--set", "train.micro_batch_size=2"],
-     "data-parallel"),
-    (["--nproc-per-node", "2", "--set", "parallel.tp=3", "--set", "parallel.dp_shard=1"], "world size is 2"),
-    (["--nproc-per-node", "2", "--set", "parallel.data_parallel=ddp", "--set", "parallel.dp_shard=2"],
-     "data_parallel=ddp"),
-    (["--config", "/nonexistent/x.toml"], "config file /nonexistent/x.toml not found"),
-    (["--set", "data.path=/nonexistent/data"], "/nonexistent/data"),
-    (["--set", "model.preset=gpt5"], "model.preset='gpt5' is unknown"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--set", "train.stepz=3"], "unknown config key 'train.stepz'"),
+        (["--set", "train.steps=ten"], "train.steps: expected an integer"),
+        (
+            ["--set", "train.global_batch_size=6", "--set", "train.micro_batch_size=4"],
+            "train.global_batch_size=6 is not a multiple of train.micro_batch_size=4",
+        ),
+        (
+            [
+                "--nproc-per-node",
+                "2",
+                "--set",
+                "train.global_batch_size=2",
+                "--set",
+                "train.micro_batch_size=2",
+            ],
+            "data-parallel",
+        ),
+        (
+            ["--nproc-per-node", "2", "--set", "parallel.tp=3", "--set", "parallel.dp_shard=1"],
+            "world size is 2",
+        ),
+        (
+            ["--nproc-per-node", "2", "--set", "parallel.data_parallel=ddp", "--set", "parallel.dp_shard=2"],
+            "data_parallel=ddp",
+        ),
+        (["--config", "/nonexistent/x.toml"], "config file /nonexistent/x.toml not found"),
+        (["--set", "data.path=/nonexistent/data"], "/nonexistent/data"),
+        (["--set", "model.preset=gpt5"], "model.preset='gpt5' is unknown"),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, args, needle):
     proc = seektrain("train", "--set", f"run.dir={tmp_path / 'r'}", *args, check=False, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -107,8 +143,9 @@ def test_bad_toml_file(tmp_path):
 
 def test_empty_data_folder(tmp_path):
     (tmp_path / "empty").mkdir()
-    proc = seektrain("train", "--set", f"run.dir={tmp_path / 'r'}", "--set", f"data.path={tmp_path / 'empty'}",
-                     check=False)
+    proc = seektrain(
+        "train", "--set", f"run.dir={tmp_path / 'r'}", "--set", f"data.path={tmp_path / 'empty'}", check=False
+    )
     assert proc.returncode == 2 and "manifest.json" in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from compare_runs import assert_same_run, run_layout
 from run_cli import train
 
@@ -31,13 +32,16 @@ def test_two_ranks_match_one_process(tmp_path, reference, mode):
 
 
 def test_accumulation_matches_one_big_batch(tmp_path, reference):
-    assert_same_run(run_layout(tmp_path, "tiny-v3", 1, "train.micro_batch_size=4"), reference)  # no accumulation
+    assert_same_run(
+        run_layout(tmp_path, "tiny-v3", 1, "train.micro_batch_size=4"), reference
+    )  # no accumulation
 
 
 def test_hsdp_four_ranks_match_one_process(tmp_path, reference):
     """HSDP: 2 replicas of FSDP=2, one sequence per rank."""
-    got = run_layout(tmp_path, "tiny-v3", 4, "parallel.dp_replicate=2", "parallel.dp_shard=2",
-                     "train.micro_batch_size=1")
+    got = run_layout(
+        tmp_path, "tiny-v3", 4, "parallel.dp_replicate=2", "parallel.dp_shard=2", "train.micro_batch_size=1"
+    )
     assert_same_run(got, reference)
 
 

@@ -9,7 +9,9 @@ code can use it.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -26,3 +28,24 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_swapped(out: Path, write: Callable[[Path], object]) -> object:
+    """Run ``write(tmp_folder)`` beside ``out`` and rename the result into place; the old folder (for an
+    HF export, checked by ``models/hf_replace.check_target``) is removed only after the new one is
+    complete, so a reader never sees half a folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        result = write(tmp)
+        old = None
+        if out.is_dir():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / "model")
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return result

@@ -36,11 +36,12 @@ def load_checkpoint_model(ckpt: Path, model_cfg: ModelConfig) -> Transformer:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
-    except BaseException as err:  # DCP's CheckpointException is a BaseException  # noqa: BLE001
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
-        raise UserError(f"checkpoint {ckpt} does not fit model {model_cfg.name} of its run dir "
-                         f"({describe_error(err)})") from None
+        raise UserError(
+            f"checkpoint {ckpt} does not fit model {model_cfg.name} of its run dir ({describe_error(err)})"
+        ) from None
     model.load_state_dict(state["model"])
     return model.eval()
 
@@ -59,8 +60,9 @@ def write_initial_checkpoint(model: Transformer, run_dir: str | Path, source: st
     run_dir = Path(run_dir)
     held = complete_checkpoints(run_dir / CHECKPOINTS)
     if held:
-        raise UserError(f"{run_dir} already holds checkpoints ({held[-1].name}); choose a new run dir for "
-                         "--to-checkpoint")
+        raise UserError(
+            f"{run_dir} already holds checkpoints ({held[-1].name}); choose a new run dir for --to-checkpoint"
+        )
     manager = CheckpointManager(run_dir, keep=1, async_save=False, rank=0)
     run_dir.mkdir(parents=True, exist_ok=True)
     model = model.to(torch.float32)  # master weights are fp32 in training
@@ -69,8 +71,12 @@ def write_initial_checkpoint(model: Transformer, run_dir: str | Path, source: st
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            manager.save(0, model, None, {"step": 0, "weights_only": True, "source": source,
-                                          "model_config": model.cfg.name})
+            manager.save(
+                0,
+                model,
+                None,
+                {"step": 0, "weights_only": True, "source": source, "model_config": model.cfg.name},
+            )
     except CheckpointError as err:
         raise UserError(str(err)) from None
     finally:

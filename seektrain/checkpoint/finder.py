@@ -80,7 +80,9 @@ def read_trainer_state(ckpt: Path) -> dict:
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as err:
-        raise UserError(f"{path} unreadable ({str(err).splitlines()[0][:200]}); pick another checkpoint") from None
+        raise UserError(
+            f"{path} unreadable ({str(err).splitlines()[0][:200]}); pick another checkpoint"
+        ) from None
     problem = trainer_state_problem(state)
     if problem:
         raise UserError(f"{path}: {problem}; pick another checkpoint") from None
@@ -124,19 +126,33 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if is_checkpoint(path):
         problem = verify(path)
         if problem:
-            raise UserError(f"checkpoint {path} is unusable: {problem}; pick an earlier one under {path.parent}")
+            raise UserError(
+                f"checkpoint {path} is unusable: {problem}; pick an earlier one under {path.parent}"
+            )
         return path
     if path.name.endswith(".tmp") or (path / ".metadata").is_file():
-        raise UserError(f"{path} is not a complete checkpoint (being written, or its save was interrupted); "
-                         f"pick a step-N folder under {path.parent}")
+        raise UserError(
+            f"{path} is not a complete checkpoint (being written, or its save was interrupted); "
+            f"pick a step-N folder under {path.parent}"
+        )
     unusable: list[str] = []
-    if path.is_dir() and newest_valid(path, lambda c, p: unusable.append(f"{c.name}: {p}")) is None and unusable:
-        raise UserError(f"{path / CHECKPOINTS} holds no valid checkpoint ({unusable[0]}); restore that file, or "
-                         "train again")
+    if (
+        path.is_dir()
+        and newest_valid(path, lambda c, p: unusable.append(f"{c.name}: {p}")) is None
+        and unusable
+    ):
+        raise UserError(
+            f"{path / CHECKPOINTS} holds no valid checkpoint ({unusable[0]}); restore that file, or "
+            "train again"
+        )
     if not path.is_dir():
-        raise UserError(f"{path} not found: pass a run dir (made by `seektrain train`) or one of its "
-                         "checkpoints/step-N folders")
+        raise UserError(
+            f"{path} not found: pass a run dir (made by `seektrain train`) or one of its "
+            "checkpoints/step-N folders"
+        )
     found = newest_valid(path)
     if found is None:
-        raise UserError(f"{path / CHECKPOINTS} holds no complete, valid checkpoint; train first (seektrain train)")
+        raise UserError(
+            f"{path / CHECKPOINTS} holds no complete, valid checkpoint; train first (seektrain train)"
+        )
     return found

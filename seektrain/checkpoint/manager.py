@@ -52,20 +52,29 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
 )
 
 from seektrain.checkpoint import rng, write_lock
-from seektrain.checkpoint.staging import run_in_background, snapshot_stager
 from seektrain.checkpoint.finder import (
-    CHECKSUMS, COMPLETE, TRAINER_STATE, complete_checkpoints, newest_valid, step_dir_name, tmp_folders,
+    CHECKSUMS,
+    COMPLETE,
+    TRAINER_STATE,
+    complete_checkpoints,
+    newest_valid,
+    step_dir_name,
+    tmp_folders,
 )
 from seektrain.checkpoint.resume import ResumeChoice, prepare_run_dir, resolve_resume
+from seektrain.checkpoint.staging import run_in_background, snapshot_stager
 from seektrain.checkpoint.storage import Writer, describe_error, fsync_dir, sha256_file
 from seektrain.errors import RunFailure, UserError
 from seektrain.models.config import ModelConfig
 
-__all__ = ["CheckpointManager", "CheckpointError", "describe_error", "step_dir_name", "COMPLETE"]
+__all__ = ["COMPLETE", "CheckpointError", "CheckpointManager", "describe_error", "step_dir_name"]
 
 log = logging.getLogger("seektrain.checkpoint")
 
@@ -88,8 +97,15 @@ class _Save:
 
 
 class CheckpointManager:
-    def __init__(self, run_dir: Path, keep: int, async_save: bool, rank: int, timeout_s: float = 1800.0,
-                 pin_memory: bool = False):
+    def __init__(
+        self,
+        run_dir: Path,
+        keep: int,
+        async_save: bool,
+        rank: int,
+        timeout_s: float = 1800.0,
+        pin_memory: bool = False,
+    ):
         """``pin_memory``: stage async saves in pinned host memory (the platform's ``pin_host_memory()``)."""
         self.root = Path(run_dir) / "checkpoints"
         self.keep, self.async_save, self.rank = keep, async_save, rank
@@ -123,8 +139,11 @@ class CheckpointManager:
             if write_lock.remove_if_stale(tmp):
                 log.info("removed %s, the leftover of an interrupted save", tmp)
             else:
-                log.warning("left %s alone: another process (%s) is writing it; two jobs should not share "
-                            "a run.dir", tmp, write_lock.holder(tmp))
+                log.warning(
+                    "left %s alone: another process (%s) is writing it; two jobs should not share a run.dir",
+                    tmp,
+                    write_lock.holder(tmp),
+                )
 
     def _set_corrupt_aside(self, path: Path, problem: str) -> None:
         aside = path.with_name(path.name + ".corrupt")
@@ -133,8 +152,12 @@ class CheckpointManager:
             os.replace(path, aside)
         except OSError:
             aside = path
-        log.warning("checkpoint %s is unusable: %s; falling back to the previous one (kept as %s)",
-                    path.name, problem, aside.name)
+        log.warning(
+            "checkpoint %s is unusable: %s; falling back to the previous one (kept as %s)",
+            path.name,
+            problem,
+            aside.name,
+        )
 
     def _choose(self) -> Path | None:
         """Rank 0's pick: newest verified checkpoint; corrupt ones are moved aside with a warning."""
@@ -160,13 +183,17 @@ class CheckpointManager:
         if self.rank == 0:
             try:
                 self._remove_stale_tmp()
-                outcome = resolve_resume(self.root.parent, spec, configured, on_unusable=self._set_corrupt_aside)
+                outcome = resolve_resume(
+                    self.root.parent, spec, configured, on_unusable=self._set_corrupt_aside
+                )
                 prepare_run_dir(self.root.parent, outcome)
             except ValueError as err:
                 outcome = str(err)
             except OSError as err:  # the other ranks must hear of it too, or they wait for a broadcast
-                outcome = (f"cannot prepare {self.root.parent} for this run ({describe_error(err)}); check that "
-                           "run.dir is writable")
+                outcome = (
+                    f"cannot prepare {self.root.parent} for this run ({describe_error(err)}); check that "
+                    "run.dir is writable"
+                )
         if self.distributed:
             box = [outcome]
             dist.broadcast_object_list(box, src=0, group=self.group)
@@ -194,7 +221,9 @@ class CheckpointManager:
         stall, self._stall = self._stall, None
         return stall
 
-    def save(self, step: int, model: nn.Module, optimizer, trainer_state: dict, blocking: bool = False) -> None:
+    def save(
+        self, step: int, model: nn.Module, optimizer, trainer_state: dict, blocking: bool = False
+    ) -> None:
         """Write a checkpoint of ``step`` (collective). With ``checkpoint.async_save`` it returns once the
         state is copied to host memory; ``wait`` (or the per-step check in ``train.faults``) commits it
         later. ``blocking`` forces a sync save; ``optimizer=None`` writes the model weights only."""
@@ -208,8 +237,13 @@ class CheckpointManager:
     def _save(self, step: int, model: nn.Module, optimizer, trainer_state: dict, blocking: bool) -> None:
         t0 = time.perf_counter()
         final = self.root / step_dir_name(step)
-        job = _Save(step, final.with_name(final.name + ".tmp"), final, json.dumps(trainer_state, indent=1),
-                    rng.capture() if optimizer is not None else {})
+        job = _Save(
+            step,
+            final.with_name(final.name + ".tmp"),
+            final,
+            json.dumps(trainer_state, indent=1),
+            rng.capture() if optimizer is not None else {},
+        )
         problem, fix = "", "check that run.dir is writable and has free space"
         if self.rank == 0:
             try:
@@ -222,8 +256,9 @@ class CheckpointManager:
             except OSError as err:
                 problem = describe_error(err)
         if not self._agree(not problem):
-            raise CheckpointError(f"cannot create checkpoint folder {job.tmp}: {problem or 'failed on rank 0'}; "
-                                  f"{fix}")
+            raise CheckpointError(
+                f"cannot create checkpoint folder {job.tmp}: {problem or 'failed on rank 0'}; {fix}"
+            )
         self.last_step = step
         if optimizer is None:  # weights only (seektrain convert --to-checkpoint)
             state = {"model": get_model_state_dict(model)}
@@ -238,20 +273,22 @@ class CheckpointManager:
                 if self._stager is None:
                     self._stager = snapshot_stager(self.pin_memory)
                 state = self._stager.stage(state)  # the snapshot: the only part training waits for
-        except Exception as err:  # noqa: BLE001 - disk full, host memory full
+        except Exception as err:
             error = err
         if not self._agree(error is None):  # before DCP's collectives, which a failed rank would not join
             self._fail(job, error or OSError("another rank could not write its RNG state or snapshot"))
         writer = Writer(job.tmp)
         job.started = time.perf_counter()
         if background:
-            job.future = run_in_background(lambda: self._write(job, state, writer), "seektrain-checkpoint-write")
+            job.future = run_in_background(
+                lambda: self._write(job, state, writer), "seektrain-checkpoint-write"
+            )
             job.save_s = time.perf_counter() - t0
             self._pending = job
             return
         try:
             written = self._write(job, state, writer)
-        except (Exception, CheckpointException) as err:  # noqa: BLE001 - disk full, permissions
+        except (Exception, CheckpointException) as err:
             error, written = err, time.perf_counter()
         job.save_s = time.perf_counter() - t0
         self._finish(job, error, written)
@@ -263,8 +300,11 @@ class CheckpointManager:
         dcp.save(state, checkpoint_id=str(job.tmp), storage_writer=writer, process_group=self.group)
         if self.rank == 0:
             (job.tmp / TRAINER_STATE).write_text(job.state_json)
-            sums = {p.name: sha256_file(p) for p in sorted(job.tmp.iterdir())
-                    if p.is_file() and p.name != write_lock.LOCK}
+            sums = {
+                p.name: sha256_file(p)
+                for p in sorted(job.tmp.iterdir())
+                if p.is_file() and p.name != write_lock.LOCK
+            }
             (job.tmp / CHECKSUMS).write_text(json.dumps(sums, indent=1))
         return time.perf_counter()
 
@@ -296,7 +336,7 @@ class CheckpointManager:
             error, written = None, time.perf_counter()
             try:
                 written = job.future.result()
-            except (Exception, CheckpointException) as err:  # noqa: BLE001
+            except (Exception, CheckpointException) as err:
                 error = err
             self._finish(job, error, written)
 
@@ -312,8 +352,10 @@ class CheckpointManager:
             shutil.rmtree(job.tmp, ignore_errors=True)
             if job.lock is not None:
                 job.lock.release()
-        raise CheckpointError(f"writing checkpoint {job.tmp} failed ({describe_error(err)}); earlier checkpoints "
-                              f"in {self.root} are untouched. Free disk space or fix run.dir permissions") from None
+        raise CheckpointError(
+            f"writing checkpoint {job.tmp} failed ({describe_error(err)}); earlier checkpoints "
+            f"in {self.root} are untouched. Free disk space or fix run.dir permissions"
+        ) from None
 
     def _commit(self, job: _Save, written_s: float) -> None:
         t0 = time.perf_counter()
@@ -336,9 +378,15 @@ class CheckpointManager:
         if self.rank == 0:
             self._start_pruning()
             kind = "async" if job.future is not None else "sync"
-            log.info("checkpoint %s committed (%s): the training thread spent %.2f s in save() and %.2f s "
-                     "committing; written in %.2f s", job.final, kind, job.save_s, time.perf_counter() - t0,
-                     written_s)
+            log.info(
+                "checkpoint %s committed (%s): the training thread spent %.2f s in save() and %.2f s "
+                "committing; written in %.2f s",
+                job.final,
+                kind,
+                job.save_s,
+                time.perf_counter() - t0,
+                written_s,
+            )
 
     def close(self) -> None:
         """Finish pruning and release the staging buffers (call after the last ``wait``); a write still
@@ -361,7 +409,7 @@ class CheckpointManager:
             self._pruning = None
 
     def _prune(self) -> None:
-        for old in complete_checkpoints(self.root)[:-self.keep]:
+        for old in complete_checkpoints(self.root)[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
     # ------------------------------------------------------------------ load
@@ -380,10 +428,14 @@ class CheckpointManager:
                 model_sd, optim_sd = get_state_dict(model, optimizer)
                 state = {"model": model_sd, "optim": optim_sd}
                 dcp.load(state, checkpoint_id=str(path), process_group=self.group)
-                set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        except (Exception, CheckpointException) as err:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint {path} cannot be loaded into this model ({describe_error(err)}); "
-                                  "was it written for a different model?") from None
+                set_state_dict(
+                    model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+                )
+        except (Exception, CheckpointException) as err:
+            raise CheckpointError(
+                f"checkpoint {path} cannot be loaded into this model ({describe_error(err)}); "
+                "was it written for a different model?"
+            ) from None
         if not weights_only:
             rng.restore(path, self.rank)
         return trainer_state

@@ -38,11 +38,24 @@ from pathlib import Path
 
 from seektrain.checkpoint import write_lock
 from seektrain.checkpoint.finder import (
-    CHECKPOINTS, complete_checkpoints, is_checkpoint, newest_valid, read_trainer_state, resolve_checkpoint,
-    step_dir_name, step_of, verify, warn_unusable,
+    CHECKPOINTS,
+    complete_checkpoints,
+    is_checkpoint,
+    newest_valid,
+    read_trainer_state,
+    resolve_checkpoint,
+    step_dir_name,
+    step_of,
+    verify,
+    warn_unusable,
 )
 from seektrain.checkpoint.run_files import (
-    MODEL_CONFIG, MODEL_SOURCE, checkpoint_model_config, model_files_dir, model_is_converted, write_model_source,
+    MODEL_CONFIG,
+    MODEL_SOURCE,
+    checkpoint_model_config,
+    model_files_dir,
+    model_is_converted,
+    write_model_source,
 )
 from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
@@ -51,7 +64,14 @@ log = logging.getLogger("seektrain.checkpoint")
 SET_ASIDE_PREFIX = "checkpoints.before-"
 # Files of a run dir that describe its checkpoints' training; they go with the checkpoints when those
 # are set aside wholesale, so that the new run's metrics do not continue the old ones.
-RUN_HISTORY = (MODEL_CONFIG, MODEL_SOURCE, "metrics.jsonl", "metrics.rank*.jsonl", "summary.json", "tensorboard")
+RUN_HISTORY = (
+    MODEL_CONFIG,
+    MODEL_SOURCE,
+    "metrics.jsonl",
+    "metrics.rank*.jsonl",
+    "summary.json",
+    "tensorboard",
+)
 
 
 @dataclass(frozen=True)
@@ -59,7 +79,9 @@ class ResumeChoice:
     checkpoint: Path | None  # load this one; None: start from the configured model (init or model.hf_path)
     model: ModelConfig  # the model to build: the checkpoint's own when resuming
     set_aside: tuple[Path, ...] = ()  # entries of run_dir/checkpoints that prepare_run_dir moves away first
-    converted_from: str | None = None  # the model comes from `seektrain convert --to-checkpoint` of this source
+    converted_from: str | None = (
+        None  # the model comes from `seektrain convert --to-checkpoint` of this source
+    )
 
     @property
     def start_fresh(self) -> bool:
@@ -67,8 +89,12 @@ class ResumeChoice:
         return self.checkpoint is None and bool(self.set_aside)
 
 
-def resolve_resume(run_dir: str | Path, spec: str, configured: ModelConfig,
-                   on_unusable: Callable[[Path, str], None] = warn_unusable) -> ResumeChoice:
+def resolve_resume(
+    run_dir: str | Path,
+    spec: str,
+    configured: ModelConfig,
+    on_unusable: Callable[[Path, str], None] = warn_unusable,
+) -> ResumeChoice:
     """What a run with ``run.dir=run_dir`` and ``checkpoint.resume=spec`` starts from (read-only).
     ``on_unusable`` hears of every newer checkpoint skipped by ``auto`` because its checksums fail.
     ValueError (one line, with the fix) for a step or path that is not a valid checkpoint, and for a
@@ -87,17 +113,23 @@ def resolve_resume(run_dir: str | Path, spec: str, configured: ModelConfig,
         ckpt = root / step_dir_name(int(spec))
         available = ", ".join(str(step_of(p)) for p in complete_checkpoints(root)) or "none"
         if not is_checkpoint(ckpt):
-            raise UserError(f"checkpoint.resume={spec}: {root} has no complete checkpoint of step {int(spec)} "
-                             f"(available steps: {available}); pick one of those, auto or never")
+            raise UserError(
+                f"checkpoint.resume={spec}: {root} has no complete checkpoint of step {int(spec)} "
+                f"(available steps: {available}); pick one of those, auto or never"
+            )
         problem = verify(ckpt)
         if problem:
-            raise UserError(f"checkpoint.resume={spec}: checkpoint {ckpt.name} is unusable ({problem}); "
-                             f"pick another step (available: {available})")
+            raise UserError(
+                f"checkpoint.resume={spec}: checkpoint {ckpt.name} is unusable ({problem}); "
+                f"pick another step (available: {available})"
+            )
         return _resume_from(ckpt, run_dir, configured, explicit=True)
     path = Path(spec).expanduser()
     if not path.exists():
-        raise UserError(f"checkpoint.resume={spec}: no such folder; use auto, never, a step number of "
-                         f"{root}, or the path of a checkpoints/step-N folder")
+        raise UserError(
+            f"checkpoint.resume={spec}: no such folder; use auto, never, a step number of "
+            f"{root}, or the path of a checkpoints/step-N folder"
+        )
     try:
         ckpt = resolve_checkpoint(path)
     except ValueError as err:
@@ -111,13 +143,23 @@ def _resume_from(ckpt: Path, run_dir: Path, configured: ModelConfig, explicit: b
     if converted:
         source = _converted_source(ckpt)
         if _differs(saved, configured):
-            log.info("%s holds model %r converted from %s: it defines this run's model (model.preset and "
-                     "model.hf_path are not used)", ckpt, saved.name, source)
+            log.info(
+                "%s holds model %r converted from %s: it defines this run's model (model.preset and "
+                "model.hf_path are not used)",
+                ckpt,
+                saved.name,
+                source,
+            )
     elif _differs(saved, configured):
-        fix = ("use a new run.dir, or checkpoint.resume=never to start fresh in this one" if not explicit else
-               "configure the model it was trained with, or choose another checkpoint.resume")
-        raise UserError(f"checkpoint {ckpt} holds model {_describe(saved, configured)} but the config asks for "
-                         f"model {_describe(configured, saved)}: {fix}")
+        fix = (
+            "use a new run.dir, or checkpoint.resume=never to start fresh in this one"
+            if not explicit
+            else "configure the model it was trained with, or choose another checkpoint.resume"
+        )
+        raise UserError(
+            f"checkpoint {ckpt} holds model {_describe(saved, configured)} but the config asks for "
+            f"model {_describe(configured, saved)}: {fix}"
+        )
     return ResumeChoice(ckpt, saved, _other_lineage(ckpt, run_dir), source if converted else None)
 
 
@@ -175,9 +217,13 @@ def prepare_run_dir(run_dir: str | Path, choice: ResumeChoice) -> Path | None:
 def _set_aside(run_dir: Path, choice: ResumeChoice) -> Path:
     busy = [p for p in choice.set_aside if p.name.endswith(".tmp") and write_lock.in_use(p)]
     if busy:
-        raise UserError(f"{busy[0]} is being written by another process ({write_lock.holder(busy[0])}); stop "
-                         "the job using this run.dir first, or use a new run.dir")
-    whole_run = choice.checkpoint is None or choice.checkpoint.parent.resolve() != (run_dir / CHECKPOINTS).resolve()
+        raise UserError(
+            f"{busy[0]} is being written by another process ({write_lock.holder(busy[0])}); stop "
+            "the job using this run.dir first, or use a new run.dir"
+        )
+    whole_run = (
+        choice.checkpoint is None or choice.checkpoint.parent.resolve() != (run_dir / CHECKPOINTS).resolve()
+    )
     aside = _new_aside_folder(run_dir)
     try:
         for entry in choice.set_aside:
@@ -189,19 +235,31 @@ def _set_aside(run_dir: Path, choice: ResumeChoice) -> Path:
                 elif f.name in (MODEL_CONFIG, MODEL_SOURCE):  # the moved checkpoints keep their model
                     shutil.copy2(f, aside / f.name)
     except OSError as err:
-        raise UserError(f"cannot move checkpoints of {run_dir} aside into {aside} ({err}); check that run.dir "
-                         "is writable") from None
+        raise UserError(
+            f"cannot move checkpoints of {run_dir} aside into {aside} ({err}); check that run.dir is writable"
+        ) from None
     if choice.checkpoint is None:
-        log.info("checkpoint.resume=never: moved %d earlier checkpoint folder(s) of %s to %s (kept, not "
-                 "deleted); training starts from scratch", len(choice.set_aside), run_dir, aside.name)
+        log.info(
+            "checkpoint.resume=never: moved %d earlier checkpoint folder(s) of %s to %s (kept, not "
+            "deleted); training starts from scratch",
+            len(choice.set_aside),
+            run_dir,
+            aside.name,
+        )
     else:
-        log.warning("resuming from %s: moved the %d checkpoint folder(s) of %s that are not in its past to %s "
-                    "(kept, not deleted)", choice.checkpoint, len(choice.set_aside), run_dir, aside.name)
+        log.warning(
+            "resuming from %s: moved the %d checkpoint folder(s) of %s that are not in its past to %s "
+            "(kept, not deleted)",
+            choice.checkpoint,
+            len(choice.set_aside),
+            run_dir,
+            aside.name,
+        )
     return aside
 
 
 def _new_aside_folder(run_dir: Path) -> Path:
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     for n in range(1000):
         path = run_dir / f"{SET_ASIDE_PREFIX}{stamp}{f'-{n}' if n else ''}"
         try:
@@ -222,12 +280,13 @@ def restore_trainer_state(state: dict, scheduler, scaler, loader, loss_guard=Non
         return int(state.get("step", 0))
     missing = [key for key in ("scheduler", "scaler", "data") if not isinstance(state.get(key), dict)]
     if missing:
-        raise UserError(f"trainer_state.json of the checkpoint has no {missing[0]!r} state (not a full training "
-                         "checkpoint); resume from another one or set checkpoint.resume=never")
+        raise UserError(
+            f"trainer_state.json of the checkpoint has no {missing[0]!r} state (not a full training "
+            "checkpoint); resume from another one or set checkpoint.resume=never"
+        )
     scheduler.load_state_dict(state["scheduler"])
     scaler.load_state_dict(state["scaler"])
     loader.load_state_dict(state["data"])
     if loss_guard is not None:
         loss_guard.load_state_dict(state.get("faults", {}))
     return int(state["step"])
-

@@ -50,8 +50,11 @@ def restore(folder: Path, rank: int) -> bool:
     """Load this rank's generator states from ``folder``; False when the checkpoint has none for it."""
     cpu = Path(folder) / _name(rank, "cpu")
     if not cpu.is_file():
-        log.info("checkpoint %s has no RNG state for rank %d (saved with fewer ranks); keeping the seeded "
-                 "state", Path(folder).name, rank)
+        log.info(
+            "checkpoint %s has no RNG state for rank %d (saved with fewer ranks); keeping the seeded state",
+            Path(folder).name,
+            rank,
+        )
         return False
     torch.set_rng_state(_tensor(cpu.read_bytes()))
     cuda = Path(folder) / _name(rank, "cuda")

@@ -39,16 +39,20 @@ def read_model_config(run_dir: str | Path) -> ModelConfig:
     """The model a run dir (or a set-aside checkpoints folder) holds, from its ``model_config.json``."""
     path = Path(run_dir) / MODEL_CONFIG
     if not path.is_file():
-        raise UserError(f"{path} not found: a run dir with checkpoints holds the model_config.json that "
-                         "`seektrain train` writes")
+        raise UserError(
+            f"{path} not found: a run dir with checkpoints holds the model_config.json that "
+            "`seektrain train` writes"
+        )
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict):
             raise UserError(f"expected a JSON object, got {type(data).__name__}")
         return ModelConfig.from_dict(data)
     except (ValueError, TypeError, AttributeError, RecursionError) as err:
-        raise UserError(f"{path} is not a valid model config ({str(err).splitlines()[0][:200]}); restore it "
-                         "from the run that wrote it") from None
+        raise UserError(
+            f"{path} is not a valid model config ({str(err).splitlines()[0][:200]}); restore it "
+            "from the run that wrote it"
+        ) from None
 
 
 def model_files_dir(ckpt: str | Path) -> Path:
@@ -67,5 +71,6 @@ def model_is_converted(ckpt: str | Path) -> bool:
 
 
 def write_model_source(run_dir: str | Path, source: str) -> None:
-    (Path(run_dir) / MODEL_SOURCE).write_text(json.dumps(
-        {"source": source, "written_by": "seektrain convert --to-checkpoint"}, indent=1))
+    (Path(run_dir) / MODEL_SOURCE).write_text(
+        json.dumps({"source": source, "written_by": "seektrain convert --to-checkpoint"}, indent=1)
+    )

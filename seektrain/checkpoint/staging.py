@@ -33,8 +33,12 @@ def staging_options(pinned: bool):
     accelerator). Imported here, not at the top: only async saves need it (torch >= 2.9)."""
     from torch.distributed.checkpoint.staging import StagingOptions
 
-    return StagingOptions(use_pinned_memory=pinned, use_shared_memory=False, use_async_staging=False,
-                          use_non_blocking_copy=pinned)
+    return StagingOptions(
+        use_pinned_memory=pinned,
+        use_shared_memory=False,
+        use_async_staging=False,
+        use_non_blocking_copy=pinned,
+    )
 
 
 def snapshot_stager(pinned: bool):
@@ -58,7 +62,7 @@ def run_in_background(work: Callable[[], Any], name: str) -> Future:
             return
         try:
             future.set_result(work())
-        except BaseException as err:  # noqa: BLE001 - delivered through the future
+        except BaseException as err:
             future.set_exception(err)
 
     threading.Thread(target=run, name=name, daemon=True).start()

@@ -47,7 +47,9 @@ def create_locked(path: Path) -> WriteLock:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:  # no flock on this file system: write anyway, the folder will count as in use
-        log.warning("cannot lock %s (%s); stale checkpoint folders there will not be cleaned up", staging, err)
+        log.warning(
+            "cannot lock %s (%s); stale checkpoint folders there will not be cleaned up", staging, err
+        )
     os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
     try:
         os.rename(staging, path)  # fails if ``path`` exists and is not empty

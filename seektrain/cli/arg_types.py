@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable
+from collections.abc import Callable
 
 
 def int_in(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
     """An integer within [low, high] (either end open when None)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text.replace("_", ""))
@@ -25,8 +26,11 @@ def int_in(low: int | None = None, high: int | None = None) -> Callable[[str], i
     return parse
 
 
-def float_in(low: float | None = None, high: float | None = None, below: float | None = None) -> Callable[[str], float]:
+def float_in(
+    low: float | None = None, high: float | None = None, below: float | None = None
+) -> Callable[[str], float]:
     """A finite number within [low, high] (or below ``below``, an open upper end)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)

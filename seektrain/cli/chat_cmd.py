@@ -9,9 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from seektrain.checkpoint.hf_tokenizer import TEMPERATURE, TOP_P
 from seektrain.cli.arg_types import SEED, float_in, int_in, nonempty
 from seektrain.data.chat_template import BUILTIN_TEMPLATES
+from seektrain.data.hf_tokenizer import TEMPERATURE, TOP_P
 from seektrain.errors import UserError
 
 DIM, PLAIN = "\x1b[2m", "\x1b[0m"
@@ -22,14 +22,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", help="the run.dir of a training run (its newest checkpoint)")
     source.add_argument("--hf", help="a Hugging Face folder with tokenizer.json and a chat template")
-    p.add_argument("--chat-template", choices=BUILTIN_TEMPLATES,
-                   help="a built-in template instead of the tokenizer's own (for a tokenizer without one)")
+    p.add_argument(
+        "--chat-template",
+        choices=BUILTIN_TEMPLATES,
+        help="a built-in template instead of the tokenizer's own (for a tokenizer without one)",
+    )
     p.add_argument("--prompt", type=nonempty, help="answer this one user turn and exit")
     p.add_argument("--system", help="a system prompt for the conversation")
-    p.add_argument("--temperature", type=float_in(0), default=TEMPERATURE,
-                   help=f"sampling temperature (>= 0; 0 = greedy; default {TEMPERATURE})")
-    p.add_argument("--top-p", type=float_in(0, 1), default=TOP_P,
-                   help=f"sample from the likeliest tokens holding this much probability (default {TOP_P})")
+    p.add_argument(
+        "--temperature",
+        type=float_in(0),
+        default=TEMPERATURE,
+        help=f"sampling temperature (>= 0; 0 = greedy; default {TEMPERATURE})",
+    )
+    p.add_argument(
+        "--top-p",
+        type=float_in(0, 1),
+        default=TOP_P,
+        help=f"sample from the likeliest tokens holding this much probability (default {TOP_P})",
+    )
     p.add_argument("--max-new-tokens", type=int_in(1), default=256, help="longest reply in tokens (>= 1)")
     p.add_argument("--seed", type=SEED, default=0)
     p.set_defaults(handler=run)
@@ -40,13 +51,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top_p == 0:
         raise UserError("--top-p 0 keeps no token; use a value in (0, 1]")
-    chat = (load_run_chat(Path(args.run), args.chat_template) if args.run else
-            load_hf_chat(Path(args.hf), args.chat_template))
-    conversation = Conversation(chat, Sampling(args.temperature, args.top_p, args.max_new_tokens, args.seed),
-                                system=args.system)
+    chat = (
+        load_run_chat(Path(args.run), args.chat_template)
+        if args.run
+        else load_hf_chat(Path(args.hf), args.chat_template)
+    )
+    conversation = Conversation(
+        chat, Sampling(args.temperature, args.top_p, args.max_new_tokens, args.seed), system=args.system
+    )
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
-    print(f"# {chat.source}" + ("" if args.prompt else "; /reset starts over, /exit or Ctrl-D ends"),
-          file=sys.stderr)
+    print(
+        f"# {chat.source}" + ("" if args.prompt else "; /reset starts over, /exit or Ctrl-D ends"),
+        file=sys.stderr,
+    )
     if args.prompt:
         _answer(conversation, args.prompt, terminal)
         return 0
@@ -92,8 +109,10 @@ def _answer(conversation, text: str, terminal: bool) -> None:
     stats = conversation.last
     rate = stats.new_tokens / stats.seconds if stats.seconds else 0.0
     ended = "end of turn" if stats.stopped else "--max-new-tokens reached"
-    print(f"# {stats.prompt_tokens} prompt tokens, {stats.new_tokens} generated ({rate:.1f}/s), {ended}",
-          file=sys.stderr)
+    print(
+        f"# {stats.prompt_tokens} prompt tokens, {stats.new_tokens} generated ({rate:.1f}/s), {ended}",
+        file=sys.stderr,
+    )
 
 
 def _switch(old: str, new: str, terminal: bool) -> None:

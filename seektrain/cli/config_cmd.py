@@ -23,13 +23,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     keys = verbs.add_parser("keys", help="list every config key: section.key, type, default, help")
     keys.add_argument("--markdown", action="store_true", help="print a Markdown table instead")
     keys.set_defaults(handler=run_keys)
-    ds = verbs.add_parser("from-deepspeed", help="print a DeepSpeed ds_config.json as a seektrain TOML config",
-                          description="Map a DeepSpeed config onto seektrain's keys and print the full TOML "
-                                      "(over --config, under --set); notes say what seektrain does instead "
-                                      "of what it does not have.")
+    ds = verbs.add_parser(
+        "from-deepspeed",
+        help="print a DeepSpeed ds_config.json as a seektrain TOML config",
+        description="Map a DeepSpeed config onto seektrain's keys and print the full TOML "
+        "(over --config, under --set); notes say what seektrain does instead "
+        "of what it does not have.",
+    )
     ds.add_argument("deepspeed", metavar="DS_CONFIG.json")
-    ds.add_argument("--world-size", type=int, default=None,
-                    help="processes (GPUs) of the run, for DeepSpeed's batch rule when the file needs it")
+    ds.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="processes (GPUs) of the run, for DeepSpeed's batch rule when the file needs it",
+    )
     ds.add_argument("--config", help="TOML config the DeepSpeed file is applied over (default: built-in)")
     ds.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ds.set_defaults(handler=run_from_deepspeed)
@@ -56,8 +63,10 @@ def run_from_deepspeed(args: argparse.Namespace) -> int:
 
     cfg, imported = load_config_with_deepspeed(args.deepspeed, args.config, args.overrides, args.world_size)
     sources = imported.sources()
-    lines = [f"# seektrain config imported from DeepSpeed {args.deepspeed}"
-             + (f" for world size {args.world_size}" if args.world_size else "")]
+    lines = [
+        f"# seektrain config imported from DeepSpeed {args.deepspeed}"
+        + (f" for world size {args.world_size}" if args.world_size else "")
+    ]
     lines += [f"# note: {note}" for note in imported.notes]
     section = ""
     for line in config_to_toml(cfg).splitlines():

@@ -20,14 +20,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from seektrain.checkpoint.hf_tokenizer import write_hf_tokenizer
 from seektrain.cli.arg_types import SEED
 from seektrain.config.dtypes import dtype_from_name
+from seektrain.data.hf_tokenizer import write_hf_tokenizer
 from seektrain.errors import UserError, user_path
 
 EXIT_USER_ERROR = 2
@@ -58,9 +58,9 @@ def _random_preset(args: argparse.Namespace):
 
 
 def _save_hf(model, args: argparse.Namespace) -> str:
+    from seektrain.checkpoint.atomic import write_swapped
     from seektrain.models.hf_config import config_to_hf
     from seektrain.models.hf_io import save_pretrained
-    from seektrain.models.hf_replace import write_swapped
 
     out = _check_hf_target(args, config_to_hf(model.cfg, "float32"))
     tokenizer = _tokenizer_source(args)
@@ -84,8 +84,10 @@ def _tokenizer_source(args: argparse.Namespace) -> Path | None:
     if args.tokenizer:
         folder = tokenizer_folder(args.tokenizer)
         if folder is None or not (folder / "tokenizer.json").is_file():
-            raise UserError(f"--tokenizer {args.tokenizer}: no tokenizer.json there; name a Hugging Face "
-                             "tokenizer folder or its tokenizer.json")
+            raise UserError(
+                f"--tokenizer {args.tokenizer}: no tokenizer.json there; name a Hugging Face "
+                "tokenizer folder or its tokenizer.json"
+            )
         return folder
     if args.from_checkpoint:  # RUN/checkpoints/step-N (or RUN/checkpoints.before-*/step-N) -> RUN
         folder = resolve_checkpoint(args.from_checkpoint).parent.parent / RUN_TOKENIZER_DIR
@@ -117,15 +119,21 @@ def _save_checkpoint(model, args: argparse.Namespace) -> str:
     from seektrain.checkpoint.export import write_initial_checkpoint
 
     path = write_initial_checkpoint(model, args.to_checkpoint, source=str(args.from_hf or args.preset or ""))
-    return (f"wrote {path} (weights only, step 0); train with --set run.dir={args.to_checkpoint} to start "
-            "from it")
+    return (
+        f"wrote {path} (weights only, step 0); train with --set run.dir={args.to_checkpoint} to start from it"
+    )
 
 
 # dest of the argparse option -> function. The first source/sink whose option is set is used.
 SOURCES: dict[str, Callable[[argparse.Namespace], torch.nn.Module]] = {
-    "from_hf": _load_hf, "preset": _random_preset, "from_checkpoint": _load_checkpoint}
-SINKS: dict[str, Callable[[torch.nn.Module, argparse.Namespace], str]] = {"to_hf": _save_hf,
-                                                                          "to_checkpoint": _save_checkpoint}
+    "from_hf": _load_hf,
+    "preset": _random_preset,
+    "from_checkpoint": _load_checkpoint,
+}
+SINKS: dict[str, Callable[[torch.nn.Module, argparse.Namespace], str]] = {
+    "to_hf": _save_hf,
+    "to_checkpoint": _save_checkpoint,
+}
 
 
 def parse_size(text: str) -> int:
@@ -150,36 +158,63 @@ def parse_dtype(text: str) -> torch.dtype:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("source (exactly one)")
-    src.add_argument("--from-hf", metavar="HF_DIR",
-                     help="a Hugging Face folder (config.json + safetensors), or a hub id org/name in the local cache")
-    src.add_argument("--preset", metavar="NAME", help="randomly initialise a model preset (see docs/models.md)")
-    src.add_argument("--from-checkpoint", metavar="RUN_DIR[/checkpoints/step-N]",
-                     help="a training checkpoint: a run dir (its newest valid checkpoint) or one step folder")
+    src.add_argument(
+        "--from-hf",
+        metavar="HF_DIR",
+        help="a Hugging Face folder (config.json + safetensors), or a hub id org/name in the local cache",
+    )
+    src.add_argument(
+        "--preset", metavar="NAME", help="randomly initialise a model preset (see docs/models.md)"
+    )
+    src.add_argument(
+        "--from-checkpoint",
+        metavar="RUN_DIR[/checkpoints/step-N]",
+        help="a training checkpoint: a run dir (its newest valid checkpoint) or one step folder",
+    )
     dst = parser.add_argument_group("destination (exactly one)")
     dst.add_argument("--to-hf", metavar="OUT_DIR", help="write a Hugging Face folder (release layout)")
-    dst.add_argument("--to-checkpoint", metavar="RUN_DIR",
-                     help="write a weights-only step-0 training checkpoint into a new run dir (fp32)")
+    dst.add_argument(
+        "--to-checkpoint",
+        metavar="RUN_DIR",
+        help="write a weights-only step-0 training checkpoint into a new run dir (fp32)",
+    )
     opts = parser.add_argument_group("conversion options")
-    opts.add_argument("--dtype", type=parse_dtype, default=None,
-                      help="weight dtype of the output: bf16, fp16 or fp32 (default: the torch_dtype of "
-                           "--from-hf's config.json, fp32 for --preset)")
+    opts.add_argument(
+        "--dtype",
+        type=parse_dtype,
+        default=None,
+        help="weight dtype of the output: bf16, fp16 or fp32 (default: the torch_dtype of "
+        "--from-hf's config.json, fp32 for --preset)",
+    )
     opts.add_argument("--seed", type=SEED, default=0, help="seed of the random initialisation (--preset)")
-    opts.add_argument("--force", action="store_true",
-                      help="--to-hf: replace a different model in OUT_DIR (only a folder of config.json and "
-                           "safetensors; any other file there is never replaced)")
-    opts.add_argument("--tokenizer", metavar="TOKENIZER",
-                      help="--to-hf: the tokenizer folder (or tokenizer.json) to write beside the weights, with "
-                           "generation_config.json (default: the source's own: a run's tokenizer/, a Hugging "
-                           "Face folder's files)")
-    opts.add_argument("--max-shard-size", type=parse_size, default="5GB",
-                      help="split the safetensors above this size (default 5GB)")
+    opts.add_argument(
+        "--force",
+        action="store_true",
+        help="--to-hf: replace a different model in OUT_DIR (only a folder of config.json and "
+        "safetensors; any other file there is never replaced)",
+    )
+    opts.add_argument(
+        "--tokenizer",
+        metavar="TOKENIZER",
+        help="--to-hf: the tokenizer folder (or tokenizer.json) to write beside the weights, with "
+        "generation_config.json (default: the source's own: a run's tokenizer/, a Hugging "
+        "Face folder's files)",
+    )
+    opts.add_argument(
+        "--max-shard-size",
+        type=parse_size,
+        default="5GB",
+        help="split the safetensors above this size (default 5GB)",
+    )
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add ``convert`` to the main CLI's subparsers; the handler is stored as ``handler`` (and ``func``)."""
-    parser = subparsers.add_parser("convert", help="convert model weights between formats",
-                                   description="Convert model weights between formats "
-                                               "(exactly one source, one destination).")
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert model weights between formats",
+        description="Convert model weights between formats (exactly one source, one destination).",
+    )
     add_arguments(parser)
     parser.set_defaults(handler=run, func=run)
     return parser

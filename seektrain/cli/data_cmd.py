@@ -25,27 +25,76 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     data.set_defaults(handler=lambda args: _usage(data))
     sub = data.add_subparsers(dest="data_command", metavar="{prepare,info,verify,show}")
 
-    p = sub.add_parser("prepare", help="tokenize text, jsonl or parquet files (text, chat or prompt/completion rows) into shards + manifest.json")
-    p.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files or directories (walked recursively)")
+    p = sub.add_parser(
+        "prepare",
+        help="tokenize text, jsonl or parquet files (text, chat or prompt/completion rows) into shards + manifest.json",
+    )
+    p.add_argument(
+        "--input", nargs="+", required=True, metavar="PATH", help="files or directories (walked recursively)"
+    )
     p.add_argument("--output", required=True, metavar="DIR", help="directory to create")
-    p.add_argument("--tokenizer", default="byte",
-                   help="'byte' (built-in), a Hugging Face tokenizer folder or its tokenizer.json, or a cached hub id org/name")
-    p.add_argument("--format", default="auto", choices=FORMATS,
-                   help="how files are read (text|jsonl|parquet), or what their jsonl/parquet rows hold (chat: messages, "
-                        "completion: prompt/completion); auto picks by extension and by the first row")
-    p.add_argument("--text-field", type=nonempty, default="text", help="JSONL field / Parquet column holding the text")
-    p.add_argument("--shard-tokens", type=int_in(1), default=DEFAULT_SHARD_TOKENS, metavar="N", help="tokens per shard file")
-    p.add_argument("--val-fraction", type=float_in(0, below=1), default=0.01, help="fraction of documents held out for validation")
-    p.add_argument("--max-tokens", type=int_in(1), default=None, metavar="N", help="stop after the document reaching N tokens")
-    p.add_argument("--chat-template", choices=BUILTIN_TEMPLATES, default=None,
-                   help="render chat rows with this built-in template instead of the tokenizer folder's own")
-    p.add_argument("--train-on", choices=TRAIN_ON, default="assistant",
-                   help="which tokens of a chat row are trained: every assistant turn (default), the last one, or all")
-    p.add_argument("--max-len", type=int_in(2), default=None, metavar="N", help="documents longer than N tokens are "
-                   "dropped or truncated (--overlong); counted in the manifest")
-    p.add_argument("--overlong", choices=OVERLONG, default="drop", help="what --max-len does to a longer document")
-    p.add_argument("--force", action="store_true",
-                   help="replace an existing dataset folder made by `data prepare` (never any other folder)")
+    p.add_argument(
+        "--tokenizer",
+        default="byte",
+        help="'byte' (built-in), a Hugging Face tokenizer folder or its tokenizer.json, or a cached hub id org/name",
+    )
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=FORMATS,
+        help="how files are read (text|jsonl|parquet), or what their jsonl/parquet rows hold (chat: messages, "
+        "completion: prompt/completion); auto picks by extension and by the first row",
+    )
+    p.add_argument(
+        "--text-field", type=nonempty, default="text", help="JSONL field / Parquet column holding the text"
+    )
+    p.add_argument(
+        "--shard-tokens",
+        type=int_in(1),
+        default=DEFAULT_SHARD_TOKENS,
+        metavar="N",
+        help="tokens per shard file",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float_in(0, below=1),
+        default=0.01,
+        help="fraction of documents held out for validation",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int_in(1),
+        default=None,
+        metavar="N",
+        help="stop after the document reaching N tokens",
+    )
+    p.add_argument(
+        "--chat-template",
+        choices=BUILTIN_TEMPLATES,
+        default=None,
+        help="render chat rows with this built-in template instead of the tokenizer folder's own",
+    )
+    p.add_argument(
+        "--train-on",
+        choices=TRAIN_ON,
+        default="assistant",
+        help="which tokens of a chat row are trained: every assistant turn (default), the last one, or all",
+    )
+    p.add_argument(
+        "--max-len",
+        type=int_in(2),
+        default=None,
+        metavar="N",
+        help="documents longer than N tokens are dropped or truncated (--overlong); counted in the manifest",
+    )
+    p.add_argument(
+        "--overlong", choices=OVERLONG, default="drop", help="what --max-len does to a longer document"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing dataset folder made by `data prepare` (never any other folder)",
+    )
     p.set_defaults(handler=run_prepare)
 
     i = sub.add_parser("info", help="print the summary of a prepared dataset")
@@ -56,10 +105,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     v.add_argument("dir", metavar="DIR")
     v.set_defaults(handler=run_verify)
 
-    w = sub.add_parser("show", help="print one document: token ids, loss mask and its text with the trained spans marked")
+    w = sub.add_parser(
+        "show", help="print one document: token ids, loss mask and its text with the trained spans marked"
+    )
     w.add_argument("dir", metavar="DIR")
     w.add_argument("--split", choices=SPLITS, default="train", help="which split to read (default: train)")
-    w.add_argument("--index", type=int_in(0), default=0, metavar="N", help="document number in the split (from 0)")
+    w.add_argument(
+        "--index", type=int_in(0), default=0, metavar="N", help="document number in the split (from 0)"
+    )
     w.add_argument("--json", action="store_true", help='print {"tokens": [...], "loss_mask": [...]} only')
     w.set_defaults(handler=run_show)
     return data
@@ -111,13 +164,19 @@ def summary(m: Manifest) -> str:
     ]
     for name in ("train", "val"):
         s = m.split(name)
-        lines.append(f"{name:<9} {s.documents:,} documents, {s.tokens:,} tokens ({s.trained:,} trained) in "
-                     f"{len(s.shards)} shards")
+        lines.append(
+            f"{name:<9} {s.documents:,} documents, {s.tokens:,} tokens ({s.trained:,} trained) in "
+            f"{len(s.shards)} shards"
+        )
     rows = m.rows
     if rows.get("train_on"):
-        lines.append(f"chat      template {rows['template'] or 'none (completion rows)'}, trained on {rows['train_on']}"
-                     f"{'' if rows['train_on'] == 'all' else ' turns'}")
+        lines.append(
+            f"chat      template {rows['template'] or 'none (completion rows)'}, trained on {rows['train_on']}"
+            f"{'' if rows['train_on'] == 'all' else ' turns'}"
+        )
     if rows.get("max_len") is not None:
-        lines.append(f"max-len   {rows['max_len']} tokens: {rows['dropped']:,} documents dropped, "
-                     f"{rows['truncated']:,} truncated (--overlong {rows['overlong']})")
+        lines.append(
+            f"max-len   {rows['max_len']} tokens: {rows['dropped']:,} documents dropped, "
+            f"{rows['truncated']:,} truncated (--overlong {rows['overlong']})"
+        )
     return "\n".join(lines)

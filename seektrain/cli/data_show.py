@@ -28,7 +28,9 @@ def run_show(args: argparse.Namespace) -> int:
     dataset_spec = TokenDataset(args.dir, args.split).manifest.tokenizer.spec
     tokenizer = load_tokenizer(dataset_spec)
     marks = _ANSI if sys.stdout.isatty() else _BRACKETS
-    print(f"document  {args.index} of {count} ({args.split}): {tokens.size} tokens, {int(mask.sum())} trained")
+    print(
+        f"document  {args.index} of {count} ({args.split}): {tokens.size} tokens, {int(mask.sum())} trained"
+    )
     print(f"tokens    {tokens.tolist()}")
     print(f"loss_mask {mask.tolist()}")
     print(f"text      (trained spans {'in green' if marks is _ANSI else 'in ⟦ ⟧'}):")
@@ -41,8 +43,10 @@ def read_document(directory: str, split: str, index: int) -> tuple[np.ndarray, n
     dataset = TokenDataset(directory, split)
     ends = dataset.document_ends()
     if index >= len(ends):
-        raise UserError(f"--index {index}: split {split!r} of {directory} has {len(ends)} documents; "
-                         f"pass 0..{len(ends) - 1}")
+        raise UserError(
+            f"--index {index}: split {split!r} of {directory} has {len(ends)} documents; "
+            f"pass 0..{len(ends) - 1}"
+        )
     start = int(ends[index - 1]) if index else 0
     length = int(ends[index]) - start
     tokens = np.asarray(dataset.read(start, length), dtype=np.int64)

@@ -12,19 +12,37 @@ from seektrain.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="check versions, GPUs, network, environment, ports and run.dir "
-                                      "(exit 1 on a blocker); --comm measures collective bandwidth")
+    p = sub.add_parser(
+        "doctor",
+        help="check versions, GPUs, network, environment, ports and run.dir "
+        "(exit 1 on a blocker); --comm measures collective bandwidth",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--config", help="TOML config whose run.dir (and model, for checkpoint sizes) to check")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config key, as for train")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config key, as for train",
+    )
     p.add_argument("--run-dir", help="the run folder to check (default: the config's run.dir)")
-    p.add_argument("--ports", help="ports that must be free: PORT or LOW-HIGH (default: check 29500, "
-                                   "or MASTER_PORT, and only warn)")
-    p.add_argument("--min-free-gib", type=float, default=1.0, help="less free disk under run.dir is a blocker")
+    p.add_argument(
+        "--ports",
+        help="ports that must be free: PORT or LOW-HIGH (default: check 29500, "
+        "or MASTER_PORT, and only warn)",
+    )
+    p.add_argument(
+        "--min-free-gib", type=float, default=1.0, help="less free disk under run.dir is a blocker"
+    )
     p.add_argument("--write-mib", type=int, default=64, help="MiB written and fsynced to time run.dir")
-    p.add_argument("--comm", action="store_true", help="measure all_reduce, all_gather, reduce_scatter and "
-                                                       "all_to_all bandwidth (needs 2 or more ranks)")
+    p.add_argument(
+        "--comm",
+        action="store_true",
+        help="measure all_reduce, all_gather, reduce_scatter and "
+        "all_to_all bandwidth (needs 2 or more ranks)",
+    )
     p.add_argument("--sizes", default="", help="--comm message sizes, e.g. 1M,16M,128M (the default)")
     p.add_argument("--iters", type=int, default=5, help="--comm timed calls per size")
     p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout of the checks")
@@ -46,10 +64,16 @@ def _options(args: argparse.Namespace):
     if args.write_mib < 1 or args.iters < 1:
         raise UserError("--write-mib and --iters must be >= 1")
     return DoctorOptions(
-        run_dir=Path(args.run_dir or cfg.run.dir), min_free_gib=args.min_free_gib, write_mib=args.write_mib,
-        ports=parse_ports(args.ports) if args.ports else None, comm=args.comm,
-        sizes=tuple(parse_sizes(args.sizes)) if args.sizes else (), iters=args.iters,
-        multi_node=args.nnodes != "1", checkpoint_bytes=_checkpoint_bytes(cfg))
+        run_dir=Path(args.run_dir or cfg.run.dir),
+        min_free_gib=args.min_free_gib,
+        write_mib=args.write_mib,
+        ports=parse_ports(args.ports) if args.ports else None,
+        comm=args.comm,
+        sizes=tuple(parse_sizes(args.sizes)) if args.sizes else (),
+        iters=args.iters,
+        multi_node=args.nnodes != "1",
+        checkpoint_bytes=_checkpoint_bytes(cfg),
+    )
 
 
 def _checkpoint_bytes(cfg) -> int | None:
@@ -74,8 +98,16 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
     for flag, value in (("--run-dir", args.run_dir), ("--ports", args.ports), ("--sizes", args.sizes)):
         if value:
             argv += [flag, value]
-    return argv + ["--min-free-gib", str(args.min_free_gib), "--write-mib", str(args.write_mib),
-                   "--iters", str(args.iters), "--timeout-s", str(args.timeout_s)]
+    return argv + [
+        "--min-free-gib",
+        str(args.min_free_gib),
+        "--write-mib",
+        str(args.write_mib),
+        "--iters",
+        str(args.iters),
+        "--timeout-s",
+        str(args.timeout_s),
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,13 +118,17 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc_per_node < 1:
         raise UserError("--nproc-per-node must be >= 1")
     under_launcher = "LOCAL_RANK" in os.environ
-    launch_opts = LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id, 0)
+    launch_opts = LaunchOptions(
+        args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id, 0
+    )
     if not under_launcher and (args.nproc_per_node > 1 or launch_opts.multi_node):
         return launch(launch_opts, _worker_argv(args), what="doctor")
     if under_launcher:
         report = doctor_worker(opts, args.timeout_s)
     elif args.comm:
-        raise UserError("--comm measures collectives between ranks: add --nproc-per-node N (N >= 2) or --nnodes")
+        raise UserError(
+            "--comm measures collectives between ranks: add --nproc-per-node N (N >= 2) or --nnodes"
+        )
     else:
         report = doctor_here(opts)
     if report is None:  # not rank 0

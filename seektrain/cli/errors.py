@@ -23,8 +23,10 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         command = self.prog.removeprefix("seektrain").strip()
-        print(f"seektrain: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)",
-              file=sys.stderr)
+        print(
+            f"seektrain: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)",
+            file=sys.stderr,
+        )
         raise SystemExit(EXIT_USER_ERROR)
 
 
@@ -49,8 +51,10 @@ def report_internal_error(err: BaseException, log_dir: str | Path | None) -> int
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         path = Path(name)
-    _tell(f"seektrain: internal error: {type(err).__name__}: {one_line(err)}; the traceback is in {path} "
-          "(please report it with that file)")
+    _tell(
+        f"seektrain: internal error: {type(err).__name__}: {one_line(err)}; the traceback is in {path} "
+        "(please report it with that file)"
+    )
     return EXIT_FAILED
 
 
@@ -58,7 +62,9 @@ def _append_log(path: Path, text: str) -> Path | None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as fh:
-            fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} internal error, rank {os.environ.get('RANK', '0')}:\n{text}")
+            fh.write(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} internal error, rank {os.environ.get('RANK', '0')}:\n{text}"
+            )
         return path
     except OSError:
         return None

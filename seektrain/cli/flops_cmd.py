@@ -38,9 +38,13 @@ def run(args: argparse.Namespace) -> int:
     print(format_flops_table(rows, depth=args.depth))
     analytic = model_flops_per_token(model_cfg, seq, causal=False) * args.batch * seq
     measured = sum(r.flops for r in rows if r.depth == 0)
-    print(f"\ncounted {measured:.4g} FLOPs; analytic formula (no causal discount) {analytic:.4g}; "
-          f"MFU uses the causal count {model_flops_per_token(model_cfg, seq) * args.batch * seq:.4g}")
+    print(
+        f"\ncounted {measured:.4g} FLOPs; analytic formula (no causal discount) {analytic:.4g}; "
+        f"MFU uses the causal count {model_flops_per_token(model_cfg, seq) * args.batch * seq:.4g}"
+    )
     if model_cfg.is_mla and model_cfg.v_head_dim < model_cfg.qk_head_dim:
-        print("(on CPU, MLA attention zero-pads values to the key size to use the flash kernel; the counted "
-              "FLOPs include that padding, the analytic ones do not)")
+        print(
+            "(on CPU, MLA attention zero-pads values to the key size to use the flash kernel; the counted "
+            "FLOPs include that padding, the analytic ones do not)"
+        )
     return 0

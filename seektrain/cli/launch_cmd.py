@@ -12,8 +12,9 @@ from seektrain.cli import launch_k8s, launch_slurm
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("launch", help="write cluster job files (Kubernetes manifests, sbatch scripts) for a "
-                                      "training run")
+    p = sub.add_parser(
+        "launch", help="write cluster job files (Kubernetes manifests, sbatch scripts) for a training run"
+    )
     targets = p.add_subparsers(dest="launch_target", required=True, metavar="TARGET")
     for module in (launch_k8s, launch_slurm):
         module.register(targets)

@@ -7,8 +7,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from seektrain.cli import (chat_cmd, config_cmd, convert, data_cmd, doctor_cmd, flops_cmd, launch_cmd,
-                           models_cmd, plan_cmd, sample_cmd, train_cmd)
+from seektrain.cli import (
+    chat_cmd,
+    config_cmd,
+    convert,
+    data_cmd,
+    doctor_cmd,
+    flops_cmd,
+    launch_cmd,
+    models_cmd,
+    plan_cmd,
+    sample_cmd,
+    train_cmd,
+)
 from seektrain.cli.errors import OneLineParser, report_internal_error, report_user_error
 from seektrain.errors import RunFailure, UserError
 from seektrain.version import version
@@ -18,8 +29,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="seektrain", description="Train DeepSeek-family models with PyTorch.")
     parser.add_argument("--version", action="version", version=f"seektrain {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (train_cmd, launch_cmd, models_cmd, config_cmd, sample_cmd, data_cmd, convert, flops_cmd,
-                   doctor_cmd, plan_cmd, chat_cmd):
+    for module in (
+        train_cmd,
+        launch_cmd,
+        models_cmd,
+        config_cmd,
+        sample_cmd,
+        data_cmd,
+        convert,
+        flops_cmd,
+        doctor_cmd,
+        plan_cmd,
+        chat_cmd,
+    ):
         module.register(sub)
     return parser
 

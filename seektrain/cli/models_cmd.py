@@ -26,21 +26,36 @@ def run(args: argparse.Namespace) -> int:
     for name in PRESETS:
         cfg = get_preset(name)
         counts = count_params(cfg)
-        rows.append({"name": name, "arch": cfg.arch, "total_params": counts.total,
-                     "active_params": counts.active, "mtp_params": counts.mtp, "layers": cfg.num_hidden_layers,
-                     "hidden_size": cfg.hidden_size, "experts": cfg.n_routed_experts,
-                     "experts_per_token": cfg.num_experts_per_tok})
+        rows.append(
+            {
+                "name": name,
+                "arch": cfg.arch,
+                "total_params": counts.total,
+                "active_params": counts.active,
+                "mtp_params": counts.mtp,
+                "layers": cfg.num_hidden_layers,
+                "hidden_size": cfg.hidden_size,
+                "experts": cfg.n_routed_experts,
+                "experts_per_token": cfg.num_experts_per_tok,
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    header = (f"{'preset':<18} {'arch':<12} {'layers':>6} {'hidden':>6} {'experts':>9} "
-              f"{'total':>9} {'active':>9} {'mtp':>8}")
+    header = (
+        f"{'preset':<18} {'arch':<12} {'layers':>6} {'hidden':>6} {'experts':>9} "
+        f"{'total':>9} {'active':>9} {'mtp':>8}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
         experts = f"{r['experts_per_token']}/{r['experts']}" if r["experts"] else "-"
-        print(f"{r['name']:<18} {r['arch']:<12} {r['layers']:>6} {r['hidden_size']:>6} {experts:>9} "
-              f"{_human(r['total_params']):>9} {_human(r['active_params']):>9} {_human(r['mtp_params']):>8}")
-    print("\ntotal and active exclude MTP modules; active also excludes the input embedding table "
-          "(the convention of the published sizes)")
+        print(
+            f"{r['name']:<18} {r['arch']:<12} {r['layers']:>6} {r['hidden_size']:>6} {experts:>9} "
+            f"{_human(r['total_params']):>9} {_human(r['active_params']):>9} {_human(r['mtp_params']):>8}"
+        )
+    print(
+        "\ntotal and active exclude MTP modules; active also excludes the input embedding table "
+        "(the convention of the published sizes)"
+    )
     return 0

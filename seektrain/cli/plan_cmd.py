@@ -10,17 +10,24 @@ from seektrain.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="predict memory and speed of every layout on given hardware, print the best")
+    p = sub.add_parser(
+        "plan", help="predict memory and speed of every layout on given hardware, print the best"
+    )
     p.add_argument("--model", help="preset name (seektrain models) or a Hugging Face model folder")
     p.add_argument("--config", help="TOML config file (its model, batch, precision and schedule)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--gpus", type=int, required=True, help="devices in all (one rank each)")
     p.add_argument("--gpu", required=True, help="h100-80g, h200, h800, a100-80g, a100-40g or cpu")
     p.add_argument("--nodes", type=int, default=0, help="nodes (default: 8 GPUs per node; cpu: 1)")
-    p.add_argument("--seq", type=int, default=0, help="tokens per sequence (default: the config's, or 4096 "
-                                                       "with --model)")
-    p.add_argument("--global-batch", type=int, default=0,
-                   help="sequences per step (default: the config's, or 4 per device with --model)")
+    p.add_argument(
+        "--seq", type=int, default=0, help="tokens per sequence (default: the config's, or 4096 with --model)"
+    )
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=0,
+        help="sequences per step (default: the config's, or 4 per device with --model)",
+    )
     p.add_argument("--top", type=int, default=5, help="ranked layouts to show")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=run)

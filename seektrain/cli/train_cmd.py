@@ -12,23 +12,48 @@ from seektrain.launch.preflight import check_layout
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a model (the built-in default when no --config is given)",
-                       epilog="every config key with its type, default and help: seektrain config keys")
+    p = sub.add_parser(
+        "train",
+        help="train a model (the built-in default when no --config is given)",
+        epilog="every config key with its type, default and help: seektrain config keys",
+    )
     p.add_argument("--config", help="TOML config file (default: the built-in tiny-v3 run)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config key (repeatable; `seektrain config keys` lists them)")
-    p.add_argument("--deepspeed", metavar="DS_CONFIG.json",
-                   help="a DeepSpeed config applied over --config, under --set (seektrain config from-deepspeed)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config key (repeatable; `seektrain config keys` lists them)",
+    )
+    p.add_argument(
+        "--deepspeed",
+        metavar="DS_CONFIG.json",
+        help="a DeepSpeed config applied over --config, under --set (seektrain config from-deepspeed)",
+    )
     p.add_argument("--nproc-per-node", type=int_in(1), default=1, help="worker processes on this node")
     p.add_argument("--nnodes", default=None, help="number of nodes, or MIN:MAX for elastic (default 1)")
-    p.add_argument("--node-rank", type=int, default=None, help="this node's rank, 0..N-1 (optional with c10d)")
-    p.add_argument("--rdzv-endpoint", default="",
-                   help="HOST:PORT of the c10d rendezvous, the same on every node: an address of the first node")
+    p.add_argument(
+        "--node-rank", type=int, default=None, help="this node's rank, 0..N-1 (optional with c10d)"
+    )
+    p.add_argument(
+        "--rdzv-endpoint",
+        default="",
+        help="HOST:PORT of the c10d rendezvous, the same on every node: an address of the first node",
+    )
     p.add_argument("--rdzv-id", default="seektrain")
-    p.add_argument("--local-addr", default="",
-                   help="address this node advertises to the others (default: the one its route to the endpoint uses)")
-    p.add_argument("--rdzv-timeout", type=float, default=None, metavar="SECONDS",
-                   help="end the launch when not every node joined within this (default: dist.init_timeout_s)")
+    p.add_argument(
+        "--local-addr",
+        default="",
+        help="address this node advertises to the others (default: the one its route to the endpoint uses)",
+    )
+    p.add_argument(
+        "--rdzv-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="end the launch when not every node joined within this (default: dist.init_timeout_s)",
+    )
     p.add_argument("--max-restarts", type=int, default=0, help="restart failed workers up to K times")
     p.set_defaults(handler=run)
 
@@ -52,10 +77,18 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # fail fast, before any process starts
     from seektrain.config.loader import dist_env_vars
 
-    opts = LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
-                         args.max_restarts, args.local_addr,
-                         args.rdzv_timeout if args.rdzv_timeout is not None else cfg.dist.init_timeout_s,
-                         cfg.dist.socket_ifname, dist_env_vars(cfg.dist.env))
+    opts = LaunchOptions(
+        args.nproc_per_node,
+        args.nnodes,
+        args.node_rank,
+        args.rdzv_endpoint,
+        args.rdzv_id,
+        args.max_restarts,
+        args.local_addr,
+        args.rdzv_timeout if args.rdzv_timeout is not None else cfg.dist.init_timeout_s,
+        cfg.dist.socket_ifname,
+        dist_env_vars(cfg.dist.env),
+    )
     opts.validate()
     under_launcher = "LOCAL_RANK" in os.environ
     if not under_launcher and (opts.nproc_per_node > 1 or opts.multi_node or opts.max_restarts > 0):

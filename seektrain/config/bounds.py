@@ -43,8 +43,12 @@ class Bounds:
             return "must be a finite number"
         if isinstance(value, int) and abs(value) > INT64_MAX:
             return f"must fit in 64 bits (at most {INT64_MAX})"
-        in_range = ((self.min is None or value >= self.min) and (self.max is None or value <= self.max)
-                    and (self.above is None or value > self.above) and (self.below is None or value < self.below))
+        in_range = (
+            (self.min is None or value >= self.min)
+            and (self.max is None or value <= self.max)
+            and (self.above is None or value > self.above)
+            and (self.below is None or value < self.below)
+        )
         return None if in_range else f"must be {self.describe()}"
 
     def describe(self) -> str:
@@ -52,8 +56,20 @@ class Bounds:
         if self.choices:
             text = " | ".join(self.choices)
         else:
-            low = f"[{_num(self.min)}" if self.min is not None else f"({_num(self.above)}" if self.above is not None else None
-            high = f"{_num(self.max)}]" if self.max is not None else f"{_num(self.below)})" if self.below is not None else None
+            low = (
+                f"[{_num(self.min)}"
+                if self.min is not None
+                else f"({_num(self.above)}"
+                if self.above is not None
+                else None
+            )
+            high = (
+                f"{_num(self.max)}]"
+                if self.max is not None
+                else f"{_num(self.below)})"
+                if self.below is not None
+                else None
+            )
             if low and high:
                 text = f"{low}, {high}"
             elif low:

@@ -20,12 +20,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from seektrain.config.deepspeed_batch import (
-    ACCUM, MICRO, TRAIN, WORLD_SIZE_HINT, data_parallel_size, resolve_batch)
+    ACCUM,
+    MICRO,
+    TRAIN,
+    WORLD_SIZE_HINT,
+    data_parallel_size,
+    resolve_batch,
+)
 from seektrain.config.deepspeed_keys import (
-    ACTIVATION_CHECKPOINT_KEYS, BF16_KEYS, FP16_KEYS, MONITOR_KEYS, OFFLOAD_KEYS, OPTIMIZER_PARAMS, SCHEDULER_PARAMS,
-    TOP_LEVEL_KEYS, ZERO_FSDP_KEYS, ZERO_OFFLOAD_KEYS, check_known, positive, read_deepspeed, source, value_of)
+    ACTIVATION_CHECKPOINT_KEYS,
+    BF16_KEYS,
+    FP16_KEYS,
+    MONITOR_KEYS,
+    OFFLOAD_KEYS,
+    OPTIMIZER_PARAMS,
+    SCHEDULER_PARAMS,
+    TOP_LEVEL_KEYS,
+    ZERO_FSDP_KEYS,
+    ZERO_OFFLOAD_KEYS,
+    check_known,
+    positive,
+    read_deepspeed,
+    source,
+    value_of,
+)
 from seektrain.config.loader import ConfigError, load_config
 from seektrain.config.schema import JobConfig
+
 
 @dataclass
 class DeepSpeedImport:
@@ -89,15 +110,24 @@ class _Mapper:
 
     def model_parallel(self) -> None:
         for key, ours, why in (
-                ("tensor_model_parallel_size", "parallel.tp", "its tensor parallelism comes from a Megatron mpu "
-                                                               "or the tensor_parallel block"),
-                ("pipeline_model_parallel_size", "parallel.pp", "its pipeline stages come from "
-                                                                 "PipelineModule(num_stages=...)")):
+            (
+                "tensor_model_parallel_size",
+                "parallel.tp",
+                "its tensor parallelism comes from a Megatron mpu or the tensor_parallel block",
+            ),
+            (
+                "pipeline_model_parallel_size",
+                "parallel.pp",
+                "its pipeline stages come from PipelineModule(num_stages=...)",
+            ),
+        ):
             value = positive(value_of(self.ds, "", key, "int"), key)
             if value is not None:
                 self.set(ours, value, f"{key}={value}")
-                self.note(f"{key}={value}: DeepSpeed ignores this Megatron-LM key ({why}) and would train "
-                          f"without it; seektrain honours it as {ours}={value}")
+                self.note(
+                    f"{key}={value}: DeepSpeed ignores this Megatron-LM key ({why}) and would train "
+                    f"without it; seektrain honours it as {ours}={value}"
+                )
 
     def precision(self) -> None:
         fp16 = value_of(self.ds, "", "fp16", "block")
@@ -105,8 +135,10 @@ class _Mapper:
         if bf16 is None:
             bf16 = value_of(self.ds, "", "bfloat16", "block")  # DeepSpeed's older name of the block
         if fp16 is None and bf16 is None:
-            self.note(f"no fp16/bf16 block: DeepSpeed would train in fp32; keeping precision.dtype="
-                      f"{self.base.precision.dtype} from the config")
+            self.note(
+                f"no fp16/bf16 block: DeepSpeed would train in fp32; keeping precision.dtype="
+                f"{self.base.precision.dtype} from the config"
+            )
             return
         fp16, bf16 = fp16 or {}, bf16 or {}
         check_known(fp16, "fp16", FP16_KEYS)
@@ -114,19 +146,33 @@ class _Mapper:
         fp16_on = value_of(fp16, "fp16", "enabled", "bool", False, auto=True)
         bf16_on = value_of(bf16, "bf16", "enabled", "bool", False, auto=True)
         if fp16_on and bf16_on:
-            raise ConfigError("DeepSpeed keys fp16.enabled and bf16.enabled are both true; enable one of them")
+            raise ConfigError(
+                "DeepSpeed keys fp16.enabled and bf16.enabled are both true; enable one of them"
+            )
         if fp16_on is None or bf16_on is None:  # "auto": Hugging Face's Trainer decides; so does our config
             return
         dtype = "fp16" if fp16_on else "bf16" if bf16_on else "fp32"
-        self.set("precision.dtype", dtype, f"fp16.enabled={json.dumps(fp16_on)}, bf16.enabled={json.dumps(bf16_on)}"
-                 + (" (fp16 only: neither DeepSpeed's fp16 block nor seektrain trains in FP8)" if fp16_on else ""))
-        for key in ("bf16_master_weights_and_grads", "bf16_optimizer_states", "fp16_master_weights_and_grads"):
+        self.set(
+            "precision.dtype",
+            dtype,
+            f"fp16.enabled={json.dumps(fp16_on)}, bf16.enabled={json.dumps(bf16_on)}"
+            + (" (fp16 only: neither DeepSpeed's fp16 block nor seektrain trains in FP8)" if fp16_on else ""),
+        )
+        for key in (
+            "bf16_master_weights_and_grads",
+            "bf16_optimizer_states",
+            "fp16_master_weights_and_grads",
+        ):
             if value_of(bf16 if key.startswith("bf16") else fp16, key[:4], key, "bool"):
-                self.note(f"{key[:4]}.{key}=true: seektrain keeps master weights, gradients and optimizer state "
-                          "in fp32 always")
+                self.note(
+                    f"{key[:4]}.{key}=true: seektrain keeps master weights, gradients and optimizer state "
+                    "in fp32 always"
+                )
         if fp16_on:
-            self.note("fp16.enabled: fp16 needs loss scaling and overflows more easily than bf16; DeepSeek models "
-                      "train in bf16 on GPUs that have it (A100, H100): precision.dtype=bf16")
+            self.note(
+                "fp16.enabled: fp16 needs loss scaling and overflows more easily than bf16; DeepSeek models "
+                "train in bf16 on GPUs that have it (A100, H100): precision.dtype=bf16"
+            )
             self.loss_scale(fp16)
 
     def loss_scale(self, fp16: dict) -> None:
@@ -137,17 +183,26 @@ class _Mapper:
             raise ConfigError(f"DeepSpeed key fp16.loss_scale: must be >= 0 (0 = dynamic), got {static}")
         if static:
             self.set("precision.loss_scale_init", float(static), f"fp16.loss_scale={static}")
-            self.note(f"fp16.loss_scale={static} asks for a static loss scale; seektrain's scale is always "
-                      f"dynamic: it starts at {static}, halves on an overflow (skipping that step) and doubles "
-                      f"after {window} clean steps")
+            self.note(
+                f"fp16.loss_scale={static} asks for a static loss scale; seektrain's scale is always "
+                f"dynamic: it starts at {static}, halves on an overflow (skipping that step) and doubles "
+                f"after {window} clean steps"
+            )
         else:
-            self.set("precision.loss_scale_init", float(2 ** power),
-                     source(fp16, "fp16", "initial_scale_power", power) + f" (2**{power})")
-        self.set("precision.loss_scale_growth_interval", window, source(fp16, "fp16", "loss_scale_window", window))
+            self.set(
+                "precision.loss_scale_init",
+                float(2**power),
+                source(fp16, "fp16", "initial_scale_power", power) + f" (2**{power})",
+            )
+        self.set(
+            "precision.loss_scale_growth_interval", window, source(fp16, "fp16", "loss_scale_window", window)
+        )
         hysteresis = value_of(fp16, "fp16", "hysteresis", "int", 2)
         if not static and (hysteresis != 1 or "consecutive_hysteresis" in fp16):
-            self.note(f"{source(fp16, 'fp16', 'hysteresis', hysteresis)}: seektrain halves the loss scale at every "
-                      "overflow (hysteresis 1, no consecutive_hysteresis)")
+            self.note(
+                f"{source(fp16, 'fp16', 'hysteresis', hysteresis)}: seektrain halves the loss scale at every "
+                "overflow (hysteresis 1, no consecutive_hysteresis)"
+            )
         min_scale = value_of(fp16, "fp16", "min_loss_scale", "number", 1)
         if min_scale != 1:
             self.note(f"fp16.min_loss_scale={min_scale}: seektrain's loss scale never goes below 1")
@@ -157,8 +212,10 @@ class _Mapper:
     def zero(self) -> None:
         zero = value_of(self.ds, "", "zero_optimization", "block")
         if zero is None:
-            self.note("no zero_optimization block: DeepSpeed would replicate the model (stage 0); keeping "
-                      f"parallel.data_parallel={self.base.parallel.data_parallel} from the config")
+            self.note(
+                "no zero_optimization block: DeepSpeed would replicate the model (stage 0); keeping "
+                f"parallel.data_parallel={self.base.parallel.data_parallel} from the config"
+            )
             return
         check_known(zero, "zero_optimization", ("stage", *ZERO_OFFLOAD_KEYS, *ZERO_FSDP_KEYS))
         stage = value_of(zero, "zero_optimization", "stage", "int", 0)
@@ -171,25 +228,33 @@ class _Mapper:
             self.zero_replicas(src)
         else:
             if stage == 0:
-                self.note("zero_optimization.stage=0 with pipeline parallelism: seektrain composes stages with "
-                          "FSDP only, so it shards like stage 2 (FSDP without resharding)")
+                self.note(
+                    "zero_optimization.stage=0 with pipeline parallelism: seektrain composes stages with "
+                    "FSDP only, so it shards like stage 2 (FSDP without resharding)"
+                )
             self.set("parallel.data_parallel", "fsdp", src)
             self.set("parallel.reshard_after_forward", stage == 3, src)
             if stage == 1:
-                self.note("zero_optimization.stage=1 shards optimizer state only; seektrain's nearest is FSDP "
-                          "without resharding after forward (ZeRO-2-like: gradients are sharded too, which "
-                          "needs less memory)")
+                self.note(
+                    "zero_optimization.stage=1 shards optimizer state only; seektrain's nearest is FSDP "
+                    "without resharding after forward (ZeRO-2-like: gradients are sharded too, which "
+                    "needs less memory)"
+                )
         for key in ZERO_OFFLOAD_KEYS:
             self.offload(zero, key)
         tuned = [key for key in zero if key in ZERO_FSDP_KEYS]
         if tuned:
-            self.note(f"zero_optimization: {', '.join(tuned)} tune DeepSpeed's own buckets and overlap; "
-                      "FSDP2 schedules its per-block all-gathers and reduce-scatters itself, so they are ignored")
+            self.note(
+                f"zero_optimization: {', '.join(tuned)} tune DeepSpeed's own buckets and overlap; "
+                "FSDP2 schedules its per-block all-gathers and reduce-scatters itself, so they are ignored"
+            )
 
     def zero_replicas(self, src: str) -> None:
         if self.world_size is None:
-            raise ConfigError("DeepSpeed key zero_optimization.stage=0 (DDP) needs the data-parallel size for "
-                              f"parallel.dp_replicate; {WORLD_SIZE_HINT}")
+            raise ConfigError(
+                "DeepSpeed key zero_optimization.stage=0 (DDP) needs the data-parallel size for "
+                f"parallel.dp_replicate; {WORLD_SIZE_HINT}"
+            )
         dp = data_parallel_size(self.world_size, self.final("parallel.tp"), self.final("parallel.pp"))
         self.set("parallel.dp_replicate", dp, src + f" (data-parallel size {dp})")
 
@@ -206,8 +271,10 @@ class _Mapper:
             # DeepSpeed offload turns all of it on
             self.set("parallel.cpu_offload", True, f"zero_optimization.{key}.device={device}")
             if device != "cpu":
-                self.note(f"zero_optimization.{key} to {device}: seektrain offloads to host memory only "
-                          "(parallel.cpu_offload: parameters, gradients and optimizer state), not to NVMe")
+                self.note(
+                    f"zero_optimization.{key} to {device}: seektrain offloads to host memory only "
+                    "(parallel.cpu_offload: parameters, gradients and optimizer state), not to NVMe"
+                )
 
     def optimizer_and_scheduler(self) -> None:
         peak = None
@@ -216,8 +283,9 @@ class _Mapper:
             check_known(opt, "optimizer", ("type", "params"))
             kind = value_of(opt, "optimizer", "type", "str", "AdamW")
             if kind.lower() not in ("adam", "adamw"):
-                raise ConfigError(f"DeepSpeed key optimizer.type={kind}: seektrain trains with AdamW; use Adam "
-                                  "or AdamW")
+                raise ConfigError(
+                    f"DeepSpeed key optimizer.type={kind}: seektrain trains with AdamW; use Adam or AdamW"
+                )
             params = value_of(opt, "optimizer", "params", "block", {})
             check_known(params, "optimizer.params", OPTIMIZER_PARAMS)
             where = "optimizer.params"
@@ -226,17 +294,26 @@ class _Mapper:
                 self.set("optim.lr", float(peak), source(params, where, "lr", peak))
             betas = value_of(params, where, "betas", "list", [0.9, 0.999], auto=True)
             if betas is not None:
-                if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas):
-                    raise ConfigError(f"DeepSpeed key {where}.betas: expected two numbers, got {json.dumps(betas)}")
+                if len(betas) != 2 or not all(
+                    isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas
+                ):
+                    raise ConfigError(
+                        f"DeepSpeed key {where}.betas: expected two numbers, got {json.dumps(betas)}"
+                    )
                 self.set("optim.beta1", float(betas[0]), source(params, where, "betas", betas))
                 self.set("optim.beta2", float(betas[1]), source(params, where, "betas", betas))
-            for key, ours, default in (("eps", "optim.eps", 1e-8), ("weight_decay", "optim.weight_decay", 0.0)):
+            for key, ours, default in (
+                ("eps", "optim.eps", 1e-8),
+                ("weight_decay", "optim.weight_decay", 0.0),
+            ):
                 value = value_of(params, where, key, "number", default, auto=True)
                 if value is not None:
                     self.set(ours, float(value), source(params, where, key, value))
             if kind.lower() == "adam" and value_of(params, where, "adam_w_mode", "bool", True) is False:
-                self.note("optimizer.params.adam_w_mode=false (L2 weight decay inside Adam): seektrain's AdamW "
-                          "decays weights decoupled, so the same weight_decay acts differently")
+                self.note(
+                    "optimizer.params.adam_w_mode=false (L2 weight decay inside Adam): seektrain's AdamW "
+                    "decays weights decoupled, so the same weight_decay acts differently"
+                )
         sched = value_of(self.ds, "", "scheduler", "block")
         if sched is not None:
             self.scheduler(sched, peak)
@@ -245,24 +322,35 @@ class _Mapper:
         check_known(sched, "scheduler", ("type", "params"))
         kind = value_of(sched, "scheduler", "type", "str", "")
         if kind not in SCHEDULER_PARAMS:
-            raise ConfigError(f"DeepSpeed key scheduler.type={kind or '(missing)'}: seektrain's schedule is warmup "
-                              f"+ cosine; use one of {', '.join(SCHEDULER_PARAMS)}")
+            raise ConfigError(
+                f"DeepSpeed key scheduler.type={kind or '(missing)'}: seektrain's schedule is warmup "
+                f"+ cosine; use one of {', '.join(SCHEDULER_PARAMS)}"
+            )
         params = value_of(sched, "scheduler", "params", "block", {})
         where = "scheduler.params"
         check_known(params, where, SCHEDULER_PARAMS[kind])
         warmup = value_of(params, where, "warmup_num_steps", "int", 1000, auto=True)
         if warmup is not None:
-            self.set("optim.warmup_steps", positive(warmup, where + ".warmup_num_steps"),
-                     source(params, where, "warmup_num_steps", warmup))
+            self.set(
+                "optim.warmup_steps",
+                positive(warmup, where + ".warmup_num_steps"),
+                source(params, where, "warmup_num_steps", warmup),
+            )
         if value_of(params, where, "warmup_type", "str", "log") != "linear":
-            self.note(f"{where}.warmup_type={params.get('warmup_type', 'log')}: seektrain warms up linearly "
-                      "(DeepSpeed's default is log)")
+            self.note(
+                f"{where}.warmup_type={params.get('warmup_type', 'log')}: seektrain warms up linearly "
+                "(DeepSpeed's default is log)"
+            )
         if value_of(params, where, "last_batch_iteration", "int", -1) != -1:
             self.note(f"{where}.last_batch_iteration: seektrain resumes the schedule from its checkpoints")
         if kind != "WarmupLR" and "total_num_steps" not in params:
-            raise ConfigError(f"DeepSpeed key {where}.total_num_steps is required by {kind}; set it (or \"auto\" "
-                              "to keep train.steps)")
-        total = positive(value_of(params, where, "total_num_steps", "int", auto=True), where + ".total_num_steps")
+            raise ConfigError(
+                f'DeepSpeed key {where}.total_num_steps is required by {kind}; set it (or "auto" '
+                "to keep train.steps)"
+            )
+        total = positive(
+            value_of(params, where, "total_num_steps", "int", auto=True), where + ".total_num_steps"
+        )
         if total is not None:
             self.set("train.steps", total, f"{where}.total_num_steps={total}")
         if kind == "WarmupCosineLR":  # the optimizer's lr is the peak; ratios around it
@@ -278,23 +366,32 @@ class _Mapper:
         low = value_of(params, where, "warmup_min_lr", "number", 0.0, auto=True)
         if peak is not None:
             if optimizer_lr is not None and peak != optimizer_lr:
-                self.note(f"optimizer.params.lr={optimizer_lr} is replaced by {where}.warmup_max_lr={peak}, as "
-                          "DeepSpeed's scheduler does")
-            self.set("optim.lr", float(positive(peak, where + ".warmup_max_lr")),
-                     source(params, where, "warmup_max_lr", peak))
+                self.note(
+                    f"optimizer.params.lr={optimizer_lr} is replaced by {where}.warmup_max_lr={peak}, as "
+                    "DeepSpeed's scheduler does"
+                )
+            self.set(
+                "optim.lr",
+                float(positive(peak, where + ".warmup_max_lr")),
+                source(params, where, "warmup_max_lr", peak),
+            )
         if peak is None:
             peak = optimizer_lr if optimizer_lr is not None else self.final("optim.lr", float)
         if low:
-            self.note(f"{where}.warmup_min_lr={low}: seektrain's warmup starts from lr/warmup_steps"
-                      + (" (the decay still ends at warmup_min_lr)" if kind == "WarmupDecayLR" else ""))
+            self.note(
+                f"{where}.warmup_min_lr={low}: seektrain's warmup starts from lr/warmup_steps"
+                + (" (the decay still ends at warmup_min_lr)" if kind == "WarmupDecayLR" else "")
+            )
         if kind == "WarmupLR":
             self.set("optim.min_lr_ratio", 1.0, "scheduler.type=WarmupLR (constant lr after warmup)")
         else:
             if low is not None:
                 self.set("optim.min_lr_ratio", min(low / peak, 1.0), f"{where}.warmup_min_lr / warmup_max_lr")
-            self.note("scheduler.type=WarmupDecayLR decays linearly; seektrain decays by a cosine between the same "
-                      "end points (same lr at the start, middle and end of the decay; higher before the middle, "
-                      "lower after)")
+            self.note(
+                "scheduler.type=WarmupDecayLR decays linearly; seektrain decays by a cosine between the same "
+                "end points (same lr at the start, middle and end of the decay; higher before the middle, "
+                "lower after)"
+            )
 
     def small_keys(self) -> None:
         clip = value_of(self.ds, "", "gradient_clipping", "number", auto=True)
@@ -309,12 +406,16 @@ class _Mapper:
         if ac is not None:
             check_known(ac, "activation_checkpointing", ACTIVATION_CHECKPOINT_KEYS)
             for key in ACTIVATION_CHECKPOINT_KEYS:
-                value_of(ac, "activation_checkpointing", key, "int" if key == "number_checkpoints" else "bool")
+                value_of(
+                    ac, "activation_checkpointing", key, "int" if key == "number_checkpoints" else "bool"
+                )
             self.set("train.activation_checkpoint", "full", "activation_checkpointing block")
             extras = [key for key in ("partition_activations", "cpu_checkpointing") if ac.get(key)]
             if extras:
-                self.note(f"activation_checkpointing.{', '.join(extras)}: seektrain recomputes every decoder block "
-                          "in backward and keeps the saved inputs on the GPU, unpartitioned")
+                self.note(
+                    f"activation_checkpointing.{', '.join(extras)}: seektrain recomputes every decoder block "
+                    "in backward and keeps the saved inputs on the GPU, unpartitioned"
+                )
         if value_of(self.ds, "", "wall_clock_breakdown", "bool"):
             self.note("wall_clock_breakdown: metrics.jsonl records every step's time and throughput anyway")
 
@@ -335,8 +436,10 @@ class _Mapper:
                 self.set("run.name", tb["job_name"], "tensorboard.job_name")
         csv = blocks["csv_monitor"]
         if csv is not None and csv.get("enabled"):
-            self.note("csv_monitor: seektrain writes every step's metrics to run.dir/metrics.jsonl (one JSON "
-                      "object per line)")
+            self.note(
+                "csv_monitor: seektrain writes every step's metrics to run.dir/metrics.jsonl (one JSON "
+                "object per line)"
+            )
         wandb = blocks["wandb"]
         if wandb is not None:
             on = value_of(wandb, "wandb", "enabled", "bool", False)
@@ -346,8 +449,10 @@ class _Mapper:
                 self.set("metrics.tracker_project", wandb["project"], "wandb.project")
             for key in ("group", "team"):
                 if on and wandb.get(key):
-                    self.note(f"wandb.{key}: seektrain does not set the W&B {key}; set WANDB_"
-                              f"{'RUN_GROUP' if key == 'group' else 'ENTITY'} in the environment")
+                    self.note(
+                        f"wandb.{key}: seektrain does not set the W&B {key}; set WANDB_"
+                        f"{'RUN_GROUP' if key == 'group' else 'ENTITY'} in the environment"
+                    )
 
     def batch(self) -> None:
         values = {k: positive(value_of(self.ds, "", k, "int", auto=True), k) for k in (TRAIN, MICRO, ACCUM)}
@@ -364,25 +469,37 @@ class _Mapper:
         self.set("train.micro_batch_size", batch.micro_batch_size, ", ".join(given))
         if dp is None and accum is not None:
             implied = batch.train_batch_size // (batch.micro_batch_size * accum)
-            self.note(f"batch: {TRAIN} {batch.train_batch_size} = {batch.micro_batch_size} × {accum} × data-parallel "
-                      f"size {implied}; the run derives its accumulation from the data-parallel size it is "
-                      "launched with")
+            self.note(
+                f"batch: {TRAIN} {batch.train_batch_size} = {batch.micro_batch_size} × {accum} × data-parallel "
+                f"size {implied}; the run derives its accumulation from the data-parallel size it is "
+                "launched with"
+            )
         if dp is not None:
             where = f"world size {self.world_size} / (tp {tp} × pp {pp})" if tp * pp > 1 else "world size"
-            self.note(f"batch: {batch.train_batch_size} sequences per step = micro {batch.micro_batch_size} × "
-                      f"accumulation {batch.accumulation} × data-parallel size {dp} ({where})")
-            megatron = any(k in self.ds for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size"))
+            self.note(
+                f"batch: {batch.train_batch_size} sequences per step = micro {batch.micro_batch_size} × "
+                f"accumulation {batch.accumulation} × data-parallel size {dp} ({where})"
+            )
+            megatron = any(
+                k in self.ds for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+            )
             if tp * pp > 1 and megatron and train is None:
                 assert self.world_size is not None and batch.accumulation is not None  # dp is known
                 ds_train = batch.micro_batch_size * batch.accumulation * self.world_size
-                self.note(f"DeepSpeed, which ignores tensor_model_parallel_size and pipeline_model_parallel_size, "
-                          f"would instead run {self.world_size}-way data parallel with train_batch_size "
-                          f"{batch.micro_batch_size} × {batch.accumulation} × {self.world_size} = {ds_train}")
+                self.note(
+                    f"DeepSpeed, which ignores tensor_model_parallel_size and pipeline_model_parallel_size, "
+                    f"would instead run {self.world_size}-way data parallel with train_batch_size "
+                    f"{batch.micro_batch_size} × {batch.accumulation} × {self.world_size} = {ds_train}"
+                )
 
 
 # ---------------------------------------------------------------------------------------- entry points
-def map_deepspeed(ds: dict, base: JobConfig | None = None, world_size: int | None = None,
-                  later_overrides: list[str] | tuple[str, ...] = ()) -> DeepSpeedImport:
+def map_deepspeed(
+    ds: dict,
+    base: JobConfig | None = None,
+    world_size: int | None = None,
+    later_overrides: list[str] | tuple[str, ...] = (),
+) -> DeepSpeedImport:
     """The settings and notes of a DeepSpeed config applied over ``base``; ``later_overrides`` are the
     ``--set`` items that will follow (their tp, pp and micro batch size count in the batch rule)."""
     later = {}
@@ -395,9 +512,12 @@ def map_deepspeed(ds: dict, base: JobConfig | None = None, world_size: int | Non
     return _Mapper(ds, base or JobConfig(), world_size, later).run()
 
 
-def load_config_with_deepspeed(ds_path: str | Path, config_path: str | Path | None = None,
-                               overrides: list[str] | tuple[str, ...] = (),
-                               world_size: int | None = None) -> tuple[JobConfig, DeepSpeedImport]:
+def load_config_with_deepspeed(
+    ds_path: str | Path,
+    config_path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    world_size: int | None = None,
+) -> tuple[JobConfig, DeepSpeedImport]:
     """TOML config, then the DeepSpeed file, then ``overrides``: the validated config and what the
     DeepSpeed file set. Errors name the DeepSpeed file."""
     base = load_config(config_path)
@@ -405,5 +525,7 @@ def load_config_with_deepspeed(ds_path: str | Path, config_path: str | Path | No
         imported = map_deepspeed(read_deepspeed(ds_path), base, world_size, overrides)
     except ConfigError as err:
         message = str(err)
-        raise ConfigError(message if message.startswith("DeepSpeed config") else f"{ds_path}: {message}") from None
+        raise ConfigError(
+            message if message.startswith("DeepSpeed config") else f"{ds_path}: {message}"
+        ) from None
     return load_config(config_path, [*imported.overrides(), *overrides]), imported

@@ -29,8 +29,10 @@ def data_parallel_size(world_size: int, tp: int, pp: int) -> int:
     """The ranks that see different data: DeepSpeed's ``world_size`` in its batch rule. Ours honours
     tensor and pipeline parallelism (expert parallelism lives inside data parallelism)."""
     if world_size % (tp * pp):
-        raise ConfigError(f"world size {world_size} is not divisible by parallel.tp × parallel.pp = {tp}×{pp}; "
-                          "change the degrees or the number of processes")
+        raise ConfigError(
+            f"world size {world_size} is not divisible by parallel.tp × parallel.pp = {tp}×{pp}; "
+            "change the degrees or the number of processes"
+        )
     return world_size // (tp * pp)
 
 
@@ -38,28 +40,42 @@ def resolve_batch(train: int | None, micro: int | None, accum: int | None, dp: i
     """Any two of (train, micro, accum) determine the third; one alone means accumulation 1 (as in
     DeepSpeed). ``dp`` is the data-parallel size, or None when unknown: then only inputs that do not
     need it are accepted, and anything else is refused with one line naming what to add."""
-    given = ", ".join(f"{k}={v}" for k, v in ((TRAIN, train), (MICRO, micro), (ACCUM, accum)) if v is not None)
+    given = ", ".join(
+        f"{k}={v}" for k, v in ((TRAIN, train), (MICRO, micro), (ACCUM, accum)) if v is not None
+    )
     if train is None and micro is None:
         raise ConfigError(f"set {TRAIN} or {MICRO} (DeepSpeed needs one of them; got {given or 'neither'})")
     if dp is None:
         if train is not None and micro is not None:
-            _check(train % (micro * (accum or 1)) == 0,
-                   f"{given}: {TRAIN} must be a multiple of {MICRO}{' × ' + ACCUM if accum else ''}")
+            _check(
+                train % (micro * (accum or 1)) == 0,
+                f"{given}: {TRAIN} must be a multiple of {MICRO}{' × ' + ACCUM if accum else ''}",
+            )
             return Batch(train, micro, accum)
-        raise ConfigError(f"{given}: the missing batch value depends on the data-parallel size; {WORLD_SIZE_HINT} "
-                          f"or set both {TRAIN} and {MICRO}")
+        raise ConfigError(
+            f"{given}: the missing batch value depends on the data-parallel size; {WORLD_SIZE_HINT} "
+            f"or set both {TRAIN} and {MICRO}"
+        )
     if train is not None and micro is not None and accum is not None:
-        _check(train == micro * accum * dp,
-               f"{TRAIN}={train} != {MICRO} × {ACCUM} × data-parallel size = {micro}×{accum}×{dp} = "
-               f"{micro * accum * dp}; fix one of them (DeepSpeed refuses this too)")
+        _check(
+            train == micro * accum * dp,
+            f"{TRAIN}={train} != {MICRO} × {ACCUM} × data-parallel size = {micro}×{accum}×{dp} = "
+            f"{micro * accum * dp}; fix one of them (DeepSpeed refuses this too)",
+        )
     elif train is not None and micro is not None:
-        _check(train % (micro * dp) == 0, f"{TRAIN}={train} is not a multiple of {MICRO} × data-parallel "
-                                          f"size = {micro}×{dp}; fix one of them")
+        _check(
+            train % (micro * dp) == 0,
+            f"{TRAIN}={train} is not a multiple of {MICRO} × data-parallel "
+            f"size = {micro}×{dp}; fix one of them",
+        )
         accum = train // (micro * dp)
     elif train is not None:
         accum = accum or 1
-        _check(train % (accum * dp) == 0, f"{TRAIN}={train} is not a multiple of {ACCUM} × data-parallel "
-                                          f"size = {accum}×{dp}; fix one of them")
+        _check(
+            train % (accum * dp) == 0,
+            f"{TRAIN}={train} is not a multiple of {ACCUM} × data-parallel "
+            f"size = {accum}×{dp}; fix one of them",
+        )
         micro = train // (accum * dp)
     else:
         assert micro is not None  # not both None (refused above)

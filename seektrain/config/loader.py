@@ -105,11 +105,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-            raise ConfigError(f"config file {path} is not valid TOML: {str(err).splitlines()[0]}; fix the file") from None
+            raise ConfigError(
+                f"config file {path} is not valid TOML: {str(err).splitlines()[0]}; fix the file"
+            ) from None
         except RecursionError:
-            raise ConfigError(f"config file {path} nests arrays or tables too deeply to be a config; fix the file") from None
+            raise ConfigError(
+                f"config file {path} nests arrays or tables too deeply to be a config; fix the file"
+            ) from None
         except OSError as err:
-            raise ConfigError(f"config file {path} cannot be read ({err.strerror}); check its permissions") from None
+            raise ConfigError(
+                f"config file {path} cannot be read ({err.strerror}); check its permissions"
+            ) from None
         for section_name, table in data.items():
             if not isinstance(table, dict):
                 raise ConfigError(f"{path}: top-level key {section_name!r} must be a [section] table")
@@ -141,17 +147,23 @@ def validate(cfg: JobConfig) -> JobConfig:
             problem = bounds.problem(value) if bounds is not None else _finite_problem(value)
             _check(problem is None, f"{section_field.name}.{f.name}={_show(value)}: {problem}")
     t = cfg.train
-    _check(t.global_batch_size % t.micro_batch_size == 0,
-           f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size="
-           f"{t.micro_batch_size}; make it one")
+    _check(
+        t.global_batch_size % t.micro_batch_size == 0,
+        f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size="
+        f"{t.micro_batch_size}; make it one",
+    )
     ac = t.activation_checkpoint
-    _check(ac in ("none", "full", "selective")
-           or (ac.startswith("every:") and ac[6:].isdigit() and int(ac[6:]) > 0),
-           f"train.activation_checkpoint={ac!r}: use none, full, selective or every:K (K >= 1)")
+    _check(
+        ac in ("none", "full", "selective")
+        or (ac.startswith("every:") and ac[6:].isdigit() and int(ac[6:]) > 0),
+        f"train.activation_checkpoint={ac!r}: use none, full, selective or every:K (K >= 1)",
+    )
     p = cfg.precision
-    _check(p.fp8 == "none" or p.dtype in ("bf16", "auto"),  # auto is bf16 on every GPU with FP8
-           f"precision.fp8={p.fp8!r} runs the rest of the model in bf16, not precision.dtype={p.dtype!r}; "
-           "set precision.dtype=bf16 or precision.fp8=none")
+    _check(
+        p.fp8 == "none" or p.dtype in ("bf16", "auto"),  # auto is bf16 on every GPU with FP8
+        f"precision.fp8={p.fp8!r} runs the rest of the model in bf16, not precision.dtype={p.dtype!r}; "
+        "set precision.dtype=bf16 or precision.fp8=none",
+    )
     _check_resume(cfg.checkpoint.resume)
     _check_dist(cfg.dist)
     _check_trackers(cfg)
@@ -166,15 +178,23 @@ def _finite_problem(value) -> str | None:
 
 
 def _show(value) -> str:
-    return repr(value) if isinstance(value, str) else json.dumps(value) if isinstance(value, list) else str(value)
+    return (
+        repr(value)
+        if isinstance(value, str)
+        else json.dumps(value)
+        if isinstance(value, list)
+        else str(value)
+    )
 
 
 def _check_dist(d) -> None:
     _check(d.backend in ("auto", "nccl", "gloo"), f"dist.backend={d.backend!r}: use auto, nccl or gloo")
     _check(d.collective_timeout_s > 0, "dist.collective_timeout_s must be > 0 seconds")
     _check(d.init_timeout_s > 0, "dist.init_timeout_s must be > 0 seconds")
-    _check(d.socket_ifname == d.socket_ifname.strip() and "=" not in d.socket_ifname,
-           f"dist.socket_ifname={d.socket_ifname!r}: give an interface name such as eth0 (empty = automatic)")
+    _check(
+        d.socket_ifname == d.socket_ifname.strip() and "=" not in d.socket_ifname,
+        f"dist.socket_ifname={d.socket_ifname!r}: give an interface name such as eth0 (empty = automatic)",
+    )
     dist_env_vars(d.env)
 
 
@@ -183,22 +203,30 @@ def dist_env_vars(items: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        _check(bool(sep) and name.isidentifier() and name == name.upper(),
-               f"dist.env: {item!r} is not NAME=VALUE with an upper-case variable name, e.g. NCCL_DEBUG=WARN")
+        _check(
+            bool(sep) and name.isidentifier() and name == name.upper(),
+            f"dist.env: {item!r} is not NAME=VALUE with an upper-case variable name, e.g. NCCL_DEBUG=WARN",
+        )
         out[name] = value
     return out
 
 
 def _check_resume(spec: str) -> None:
     """The form of checkpoint.resume only; whether the checkpoint exists is decided at resume time."""
-    ok = spec in ("auto", "never") or spec.isdigit() or "/" in spec or (
-        bool(spec.strip()) and Path(spec).expanduser().exists())
+    ok = (
+        spec in ("auto", "never")
+        or spec.isdigit()
+        or "/" in spec
+        or (bool(spec.strip()) and Path(spec).expanduser().exists())
+    )
     _check(ok, f"checkpoint.resume={spec!r}: use auto, never, a step number or a checkpoint path")
 
 
 def _check_trackers(cfg: JobConfig) -> None:
     m = cfg.metrics  # unknown names are refused by the key's choices
-    _check(len(set(m.trackers)) == len(m.trackers), f"metrics.trackers={m.trackers}: a tracker is listed twice")
+    _check(
+        len(set(m.trackers)) == len(m.trackers), f"metrics.trackers={m.trackers}: a tracker is listed twice"
+    )
 
 
 def config_to_dict(cfg: JobConfig) -> dict:

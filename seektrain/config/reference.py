@@ -37,9 +37,15 @@ def config_keys(cfg: JobConfig | None = None) -> list[KeyDoc]:
         hints = typing.get_type_hints(type(section))
         for f in dataclasses.fields(section):
             bounds = f.metadata.get("bounds")
-            rows.append(KeyDoc(f"{section_field.name}.{f.name}", _type_name(hints[f.name]),
-                               json.dumps(getattr(section, f.name)), bounds.describe() if bounds else "",
-                               f.metadata.get("help", "")))
+            rows.append(
+                KeyDoc(
+                    f"{section_field.name}.{f.name}",
+                    _type_name(hints[f.name]),
+                    json.dumps(getattr(section, f.name)),
+                    bounds.describe() if bounds else "",
+                    f.metadata.get("help", ""),
+                )
+            )
     return rows
 
 
@@ -48,9 +54,14 @@ def format_keys(rows: list[KeyDoc], markdown: bool = False) -> str:
     if markdown:
         lines = ["| key | type | default | accepts | help |", "|---|---|---|---|---|"]
         bar = "\\|"  # a | inside a table cell
-        lines += [f"| `{r.key}` | {r.type} | `{r.default}` | {r.range.replace('|', bar)} | {r.help.replace('|', bar)} |"
-                  for r in rows]
+        lines += [
+            f"| `{r.key}` | {r.type} | `{r.default}` | {r.range.replace('|', bar)} | {r.help.replace('|', bar)} |"
+            for r in rows
+        ]
         return "\n".join(lines) + "\n"
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return "".join(f"{r.key:<{widths[0]}}  {r.type:<{widths[1]}}  {r.default:<{widths[2]}}  {r.range:<{widths[3]}}  "
-                   f"{r.help}\n" for r in rows)
+    return "".join(
+        f"{r.key:<{widths[0]}}  {r.type:<{widths[1]}}  {r.default:<{widths[2]}}  {r.range:<{widths[3]}}  "
+        f"{r.help}\n"
+        for r in rows
+    )

@@ -12,8 +12,17 @@ from seektrain.data.prepare import prepare_dataset
 from seektrain.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [
-    "ByteTokenizer", "DistributedBatchLoader", "HFTokenizer", "Manifest", "TokenDataset", "Tokenizer",
-    "builtin_corpus_dir", "ensure_builtin_corpus", "load_tokenizer", "prepare_dataset", "read_manifest",
+    "ByteTokenizer",
+    "DistributedBatchLoader",
+    "HFTokenizer",
+    "Manifest",
+    "TokenDataset",
+    "Tokenizer",
+    "builtin_corpus_dir",
+    "ensure_builtin_corpus",
+    "load_tokenizer",
+    "prepare_dataset",
+    "read_manifest",
     "verify_dataset",
 ]
 

@@ -25,6 +25,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
+# A label that trains nothing: torch.nn.functional.cross_entropy's default ignore_index, which the model's
+# loss uses too (models/linear_cross_entropy.IGNORE; tests/test_data_packing.py holds the two equal).
+IGNORE = -100
+
 
 @dataclass
 class Batch:
@@ -39,8 +43,12 @@ class Batch:
         return self.document_ids is not None
 
     def _map(self, fn) -> Batch:
-        return Batch(**{f.name: None if (t := getattr(self, f.name)) is None else fn(t)  # type: ignore[arg-type]
-                        for f in fields(self)})  # (tokens and labels are never None)
+        return Batch(
+            **{
+                f.name: None if (t := getattr(self, f.name)) is None else fn(t)  # type: ignore[arg-type]
+                for f in fields(self)
+            }
+        )  # (tokens and labels are never None)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))

@@ -38,7 +38,10 @@ def builtin_files(root: Path | None = None) -> list[Path]:
         dirnames[:] = sorted(d for d in dirnames if d not in _EXCLUDED_DIRS and not d.startswith("."))
         files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
     if not files:
-        raise UserError(f"no Python source files under {root} (stdlib shipped as bytecode only?); set data.path to a prepared dataset instead")
+        raise UserError(
+            f"no Python source files under {root} (stdlib shipped as bytecode only?); set data.path "
+            "to a prepared dataset instead"
+        )
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -48,7 +51,9 @@ def default_cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "seektrain"
 
 
-def builtin_corpus_dir(cache_dir: str | Path | None = None, tokenizer_spec: str = "byte", max_tokens: int = DEFAULT_MAX_TOKENS) -> Path:
+def builtin_corpus_dir(
+    cache_dir: str | Path | None = None, tokenizer_spec: str = "byte", max_tokens: int = DEFAULT_MAX_TOKENS
+) -> Path:
     """Where :func:`ensure_builtin_corpus` puts (or finds) the prepared corpus, without preparing it."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     key = {
@@ -62,7 +67,9 @@ def builtin_corpus_dir(cache_dir: str | Path | None = None, tokenizer_spec: str 
     return root / f"builtin-{digest}"
 
 
-def ensure_builtin_corpus(cache_dir: str | Path | None = None, tokenizer_spec: str = "byte", max_tokens: int = DEFAULT_MAX_TOKENS) -> Path:
+def ensure_builtin_corpus(
+    cache_dir: str | Path | None = None, tokenizer_spec: str = "byte", max_tokens: int = DEFAULT_MAX_TOKENS
+) -> Path:
     """Return the prepared built-in corpus under ``cache_dir`` (the cache root), preparing it if needed.
 
     Safe to call from many processes at once: exactly one prepares, the others block on the lock and
@@ -74,7 +81,9 @@ def ensure_builtin_corpus(cache_dir: str | Path | None = None, tokenizer_spec: s
     target.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(target.with_name(target.name + ".lock")):
         if not (target / MANIFEST_NAME).is_file():
-            prepare_dataset(builtin_files(), target, tokenizer_spec, fmt="text", max_tokens=max_tokens, force=True)
+            prepare_dataset(
+                builtin_files(), target, tokenizer_spec, fmt="text", max_tokens=max_tokens, force=True
+            )
     return target
 
 

@@ -33,7 +33,15 @@ from seektrain.errors import UserError
 BUILTIN_TEMPLATES = ("deepseek-v3", "deepseek-llm", "deepseek-v2")
 ROLES = ("system", "user", "assistant", "tool")
 TRAIN_ON = ("assistant", "last-assistant", "all")
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # as transformers aliases them
 _TEMPLATES_DIR = Path(__file__).with_name("templates")
 
@@ -51,25 +59,33 @@ class ChatTemplate:
         """Whether the template renders an assistant's reasoning field itself."""
         return any(name in self.source for name in _REASONING_FIELDS)
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False, **kwargs: Any) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = False, **kwargs: Any
+    ) -> str:
         """The text ``apply_chat_template(messages, tokenize=False, ...)`` gives; ValueError on a template error."""
         import jinja2
 
         chat = [_alias_reasoning({k: v for k, v in m.items() if v is not None}) for m in messages]
         try:
-            return _compile(self.source).render(messages=chat, tools=kwargs.pop("tools", None),
-                                                documents=kwargs.pop("documents", None),
-                                                add_generation_prompt=add_generation_prompt,
-                                                **{**self.special_tokens, **kwargs})
+            return _compile(self.source).render(
+                messages=chat,
+                tools=kwargs.pop("tools", None),
+                documents=kwargs.pop("documents", None),
+                add_generation_prompt=add_generation_prompt,
+                **{**self.special_tokens, **kwargs},
+            )
         except jinja2.TemplateError as err:
             raise UserError(f"chat template {self.origin}: {_first_line(err)}") from None
         except (TypeError, KeyError, AttributeError, IndexError) as err:
-            raise UserError(f"chat template {self.origin} cannot render this conversation "
-                             f"({type(err).__name__}: {_first_line(err)})") from None
+            raise UserError(
+                f"chat template {self.origin} cannot render this conversation "
+                f"({type(err).__name__}: {_first_line(err)})"
+            ) from None
 
 
-def load_chat_template(tokenizer: str | Path, builtin: str | None = None,
-                       tok: Tokenizer | None = None) -> ChatTemplate:
+def load_chat_template(
+    tokenizer: str | Path, builtin: str | None = None, tok: Tokenizer | None = None
+) -> ChatTemplate:
     """The template for the tokenizer ``tokenizer`` names (``byte``, a folder, its ``tokenizer.json``
     or a cached hub id): ``builtin`` when given, else the folder's own; ValueError when there is none.
 
@@ -87,13 +103,16 @@ def load_chat_template(tokenizer: str | Path, builtin: str | None = None,
     else:
         source, origin = _folder_template(folder, config)
         if source is None:
-            raise UserError(f"tokenizer {tokenizer}: no chat template (no chat_template.jinja and no chat_template "
-                             f"in tokenizer_config.json); pass --chat-template {'|'.join(BUILTIN_TEMPLATES)}")
+            raise UserError(
+                f"tokenizer {tokenizer}: no chat template (no chat_template.jinja and no chat_template "
+                f"in tokenizer_config.json); pass --chat-template {'|'.join(BUILTIN_TEMPLATES)}"
+            )
     return ChatTemplate(source, origin, _special_tokens(config, folder, tokenizer, tok))
 
 
-def encode_conversation(template: ChatTemplate, tok: Tokenizer, messages: Any,
-                        train_on: str = "assistant") -> tuple[list[int], list[int]]:
+def encode_conversation(
+    template: ChatTemplate, tok: Tokenizer, messages: Any, train_on: str = "assistant"
+) -> tuple[list[int], list[int]]:
     """Token ids of a whole conversation and its loss mask (1 = trained), both of one length.
 
     ``train_on``: ``assistant`` (every assistant turn), ``last-assistant`` (only the last one) or
@@ -107,8 +126,10 @@ def encode_conversation(template: ChatTemplate, tok: Tokenizer, messages: Any,
     for i, m in enumerate(messages):
         reasoning = m.get("reasoning_content")
         if reasoning and reasoning not in text:
-            raise UserError(f"message {i + 1}: chat template {template.origin} drops its reasoning_content; use a "
-                             "template that renders it")
+            raise UserError(
+                f"message {i + 1}: chat template {template.origin} drops its reasoning_content; use a "
+                "template that renders it"
+            )
     ids, offsets = tok.encode_chat(text)
     if train_on == "all":
         return ids, [1] * len(ids)
@@ -122,7 +143,9 @@ def encode_conversation(template: ChatTemplate, tok: Tokenizer, messages: Any,
 
 def encode_prompt(template: ChatTemplate, tok: Tokenizer, messages: list[dict[str, Any]]) -> list[int]:
     """Ids of ``messages`` followed by the generation prompt: what a model is asked to continue."""
-    return tok.encode_chat(template.render(_with_reasoning(template, messages), add_generation_prompt=True))[0]
+    return tok.encode_chat(template.render(_with_reasoning(template, messages), add_generation_prompt=True))[
+        0
+    ]
 
 
 def check_messages(messages: Any) -> None:
@@ -155,8 +178,10 @@ def _turn_span(template: ChatTemplate, chat: list[dict[str, Any]], i: int, text:
     if not upto.startswith(head):
         head = template.render(chat[:i])
     if not (upto.startswith(head) and text.startswith(upto)):
-        raise UserError(f"chat template {template.origin} renders message {i + 1} differently once later turns "
-                         "follow, so its trained span cannot be found; pass --train-on all or fix the template")
+        raise UserError(
+            f"chat template {template.origin} renders message {i + 1} differently once later turns "
+            "follow, so its trained span cannot be found; pass --train-on all or fix the template"
+        )
     return len(head), len(upto)
 
 
@@ -176,7 +201,9 @@ def _with_reasoning(template: ChatTemplate, messages: list[dict[str, Any]]) -> l
 
 def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
     reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
-    return message if reasoning is None else {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return (
+        message if reasoning is None else {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    )
 
 
 def _folder_of(spec: str) -> Path | None:
@@ -211,15 +238,18 @@ def _folder_template(folder: Path | None, config: dict[str, Any] | None) -> tupl
         return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
     value = (config or {}).get("chat_template")
     if isinstance(value, list):
-        value = next((t.get("template") for t in value if isinstance(t, dict) and t.get("name") == "default"), None)
+        value = next(
+            (t.get("template") for t in value if isinstance(t, dict) and t.get("name") == "default"), None
+        )
     origin = str(folder / "tokenizer_config.json")
     if value is not None and not isinstance(value, str):
         raise UserError(f"{origin}: chat_template is {_kind(value)}, not a template string")
     return value, origin
 
 
-def _special_tokens(config: dict[str, Any] | None, folder: Path | None, spec: str | Path,
-                    tok: Tokenizer | None) -> dict[str, str]:
+def _special_tokens(
+    config: dict[str, Any] | None, folder: Path | None, spec: str | Path, tok: Tokenizer | None
+) -> dict[str, str]:
     """``bos_token``, ``eos_token``... as the template sees them: from the folder's config files when it
     has them (transformers' ``special_tokens_map``), else the tokenizer's own bos/eos names."""
     if config is not None:
@@ -311,10 +341,13 @@ def _environment() -> Any:
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda format: datetime.now().strftime(format)

@@ -27,20 +27,26 @@ class TokenDataset:
         info = self.manifest.split(split)
         if info.tokens == 0:
             raise UserError(
-                f"data.path={self.directory}: split {split!r} is empty; re-prepare with more documents or a larger --val-fraction"
+                f"data.path={self.directory}: split {split!r} is empty; re-prepare with more "
+                "documents or a larger --val-fraction"
             )
         self.dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
         self.shards: list[Shard] = info.shards
         self._tokens = _ShardStream(self.directory, info.shards, self.dtype)
         if self._tokens.total != info.tokens:
-            raise UserError(f"{self.directory}/manifest.json: shard token counts do not add up to {info.tokens}; re-prepare the data")
+            raise UserError(
+                f"{self.directory}/manifest.json: shard token counts do not add up to "
+                f"{info.tokens}; re-prepare the data"
+            )
         self._mask = _ShardStream(self.directory, info.mask, np.dtype("u1")) if info.mask else None
         self.ends: np.ndarray | None = None  # running token count after each document
         if info.ends is not None:
             self.ends = _open(self.directory, info.ends, np.dtype("<i8"))
             if info.ends.tokens and int(self.ends[-1]) != info.tokens:
-                raise UserError(f"{self.directory / info.ends.file}: document ends do not end at the split's "
-                                 f"{info.tokens} tokens; re-run `seektrain data prepare ... --force`")
+                raise UserError(
+                    f"{self.directory / info.ends.file}: document ends do not end at the split's "
+                    f"{info.tokens} tokens; re-run `seektrain data prepare ... --force`"
+                )
 
     def __len__(self) -> int:
         return self._tokens.total
@@ -66,9 +72,11 @@ class TokenDataset:
     def document_ends(self) -> np.ndarray:
         """Where each document ends; ValueError for a folder prepared before they were stored."""
         if self.ends is None:
-            raise UserError(f"data.path={self.directory}: prepared by an older seektrain, without document "
-                             "boundaries; re-run `seektrain data prepare ... --force` (data.packing, "
-                             "data.document_mask and `data show` need them)")
+            raise UserError(
+                f"data.path={self.directory}: prepared by an older seektrain, without document "
+                "boundaries; re-run `seektrain data prepare ... --force` (data.packing, "
+                "data.document_mask and `data show` need them)"
+            )
         return self.ends
 
     def verify(self) -> None:
@@ -104,7 +112,9 @@ def _open(directory: Path, shard: Shard, dtype: np.dtype) -> np.memmap:
     path = directory / shard.file
     expected = shard.tokens * dtype.itemsize
     if not path.is_file():
-        raise UserError(f"{path}: shard listed in manifest.json is missing; re-run `seektrain data prepare ... --force`")
+        raise UserError(
+            f"{path}: shard listed in manifest.json is missing; re-run `seektrain data prepare ... --force`"
+        )
     if path.stat().st_size != expected:
         raise UserError(
             f"{path}: {path.stat().st_size} bytes but manifest says {expected}; the shard is truncated or "
@@ -119,7 +129,10 @@ def _check_sha256(directory: Path, shard: Shard) -> None:
         while chunk := f.read(8 << 20):
             h.update(chunk)
     if h.hexdigest() != shard.sha256:
-        raise UserError(f"{directory / shard.file}: sha256 mismatch, the shard is corrupt or modified; re-run `seektrain data prepare ... --force`")
+        raise UserError(
+            f"{directory / shard.file}: sha256 mismatch, the shard is corrupt or modified; re-run "
+            "`seektrain data prepare ... --force`"
+        )
 
 
 def verify_dataset(directory: str | Path) -> Manifest:

@@ -54,7 +54,9 @@ class DistributedBatchLoader:
         if seq_len < 1 or micro_batch_size < 1:
             raise ValueError(f"seq_len={seq_len}, micro_batch_size={micro_batch_size}: both must be >= 1")
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
-            raise ValueError(f"dp_rank={dp_rank}, dp_size={dp_size}: need dp_size >= 1 and 0 <= dp_rank < dp_size")
+            raise ValueError(
+                f"dp_rank={dp_rank}, dp_size={dp_size}: need dp_size >= 1 and 0 <= dp_rank < dp_size"
+            )
         if seed < 0:
             raise ValueError(f"seed={seed}: must be a non-negative integer")
         self.dataset = dataset
@@ -154,11 +156,16 @@ class DistributedBatchLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position; dp_size and micro_batch_size may differ from the saving run."""
         if state.get("version") != STATE_VERSION:
-            raise UserError(f"data loader state version {state.get('version')!r} is not {STATE_VERSION}; resume with the seektrain that saved it")
+            raise UserError(
+                f"data loader state version {state.get('version')!r} is not {STATE_VERSION}; resume "
+                "with the seektrain that saved it"
+            )
         if state.get("layout", "windows") != self.layout:
-            raise UserError(f"data loader state is of {state.get('layout', 'windows')} rows but this run reads "
-                             f"{self.layout} rows (data.packing or the data changed); resume with the same data and "
-                             "data.packing (or start a fresh run)")
+            raise UserError(
+                f"data loader state is of {state.get('layout', 'windows')} rows but this run reads "
+                f"{self.layout} rows (data.packing or the data changed); resume with the same data and "
+                "data.packing (or start a fresh run)"
+            )
         for key in ("seed", "seq_len", "num_windows"):
             if state[key] != getattr(self, key):
                 raise UserError(

@@ -40,7 +40,9 @@ class Split:
     shards: list[Shard] = field(default_factory=list)
     tokens: int = 0
     documents: int = 0
-    mask: list[Shard] = field(default_factory=list)  # uint8 per token, aligned with ``shards``; [] = all trained
+    mask: list[Shard] = field(
+        default_factory=list
+    )  # uint8 per token, aligned with ``shards``; [] = all trained
     ends: Shard | None = None  # int64 per document (``tokens`` = documents); None in version 1 folders
     trained_tokens: int | None = None  # tokens whose mask is 1 (== tokens without a mask)
 
@@ -99,8 +101,14 @@ class Manifest:
     def from_dict(d: dict[str, Any]) -> Manifest:
         def split(s: dict[str, Any]) -> Split:
             ends = Shard(**s["ends"]) if s.get("ends") is not None else None
-            return Split([Shard(**x) for x in s["shards"]], s["tokens"], s["documents"],
-                         [Shard(**x) for x in s.get("mask", [])], ends, s.get("trained_tokens"))
+            return Split(
+                [Shard(**x) for x in s["shards"]],
+                s["tokens"],
+                s["documents"],
+                [Shard(**x) for x in s.get("mask", [])],
+                ends,
+                s.get("trained_tokens"),
+            )
 
         return Manifest(
             tokenizer=TokenizerInfo(**d["tokenizer"]),
@@ -119,15 +127,25 @@ def read_manifest(directory: str | Path) -> Manifest:
     directory = Path(directory)
     path = directory / MANIFEST_NAME
     if not directory.is_dir():
-        raise UserError(f"data.path={directory}: no such directory; run `seektrain data prepare --input ... --output {directory}` first")
+        raise UserError(
+            f"data.path={directory}: no such directory; run `seektrain data prepare --input ... "
+            f"--output {directory}` first"
+        )
     if not path.is_file():
-        raise UserError(f"data.path={directory}: no manifest.json found; run `seektrain data prepare --input ... --output {directory}` first")
+        raise UserError(
+            f"data.path={directory}: no manifest.json found; run `seektrain data prepare --input "
+            f"... --output {directory}` first"
+        )
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise UserError(f"{path}: not valid JSON ({str(e).splitlines()[0][:200]}); re-run `seektrain data prepare ... --force`") from None
+        raise UserError(
+            f"{path}: not valid JSON ({str(e).splitlines()[0][:200]}); re-run `seektrain data prepare ... --force`"
+        ) from None
     if not isinstance(d, dict):
-        raise UserError(f"{path}: expected a JSON object, got {type(d).__name__}; re-run `seektrain data prepare ... --force`")
+        raise UserError(
+            f"{path}: expected a JSON object, got {type(d).__name__}; re-run `seektrain data prepare ... --force`"
+        )
     if d.get("format") != FORMAT or d.get("version") not in READABLE_VERSIONS:
         raise UserError(
             f"{path}: format {d.get('format')!r} version {d.get('version')!r} is not {FORMAT!r} version "
@@ -138,7 +156,9 @@ def read_manifest(directory: str | Path) -> Manifest:
     try:
         return Manifest.from_dict(d)
     except (KeyError, TypeError) as e:
-        raise UserError(f"{path}: malformed manifest (field {e}); re-run `seektrain data prepare ... --force`") from None
+        raise UserError(
+            f"{path}: malformed manifest (field {e}); re-run `seektrain data prepare ... --force`"
+        ) from None
 
 
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:

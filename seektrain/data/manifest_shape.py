@@ -36,11 +36,19 @@ def _check(d: Any) -> None:
     eos = _count(tok, "eos_id", "tokenizer.")
     _need(eos < vocab, "tokenizer.eos_id", f"{eos} is not below vocab_size {vocab}")
     bos = tok.get("bos_id")
-    _need(bos is None or (type(bos) is int and 0 <= bos < vocab), "tokenizer.bos_id", f"{bos!r} is not null or a token id")
+    _need(
+        bos is None or (type(bos) is int and 0 <= bos < vocab),
+        "tokenizer.bos_id",
+        f"{bos!r} is not null or a token id",
+    )
     _field(tok, "fingerprint", str, "tokenizer.")
     dtype = _field(d, "dtype", str)
     _need(dtype in DTYPES, "dtype", f"{dtype!r} is unknown; expected one of {', '.join(DTYPES)}")
-    _need(vocab <= (1 << 16 if dtype == "uint16" else 1 << 32), "dtype", f"{dtype} cannot hold vocab_size {vocab}")
+    _need(
+        vocab <= (1 << 16 if dtype == "uint16" else 1 << 32),
+        "dtype",
+        f"{dtype} cannot hold vocab_size {vocab}",
+    )
     for split in ("train", "val"):
         s = _field(d, split, dict)
         shards = _field(s, "shards", list, f"{split}.")
@@ -52,16 +60,27 @@ def _check(d: Any) -> None:
         documents = _count(s, "documents", f"{split}.")
         masks = s.get("mask", [])
         _need(isinstance(masks, list), f"{split}.mask", "must be a list")
-        _need(masks == [] or [m.get("tokens") if isinstance(m, dict) else None for m in masks]
-              == [x.get("tokens") for x in shards], f"{split}.mask", "does not match its token shards one for one")
+        _need(
+            masks == []
+            or [m.get("tokens") if isinstance(m, dict) else None for m in masks]
+            == [x.get("tokens") for x in shards],
+            f"{split}.mask",
+            "does not match its token shards one for one",
+        )
         for i, shard in enumerate(masks):
             _shard(shard, f"{split}.mask[{i}]", _MASK_NAME)
         if s.get("ends") is not None:
-            _need(_shard(s["ends"], f"{split}.ends", _ENDS_NAME) == documents, f"{split}.ends.tokens",
-                  f"is not the number of documents ({documents})")
+            _need(
+                _shard(s["ends"], f"{split}.ends", _ENDS_NAME) == documents,
+                f"{split}.ends.tokens",
+                f"is not the number of documents ({documents})",
+            )
         trained = s.get("trained_tokens")
-        _need(trained is None or (type(trained) is int and 0 <= trained <= tokens), f"{split}.trained_tokens",
-              f"{trained!r} is not null or a count of at most {tokens}")
+        _need(
+            trained is None or (type(trained) is int and 0 <= trained <= tokens),
+            f"{split}.trained_tokens",
+            f"{trained!r} is not null or a count of at most {tokens}",
+        )
     frac = d.get("val_fraction")
     _need(type(frac) in (int, float) and 0 <= frac < 1, "val_fraction", f"{frac!r} is not a number in [0, 1)")
     _need(isinstance(d.get("sources", []), list), "sources", "must be a list")
@@ -86,8 +105,11 @@ def _need(ok: bool, field: str, problem: str) -> None:
 
 def _field(d: dict, key: str, typ: type, prefix: str = "") -> Any:
     _need(key in d, prefix + key, "is missing")
-    _need(isinstance(d[key], typ) and not isinstance(d[key], bool), prefix + key,
-          f"must be a {'JSON object' if typ is dict else typ.__name__}, got {type(d[key]).__name__}")
+    _need(
+        isinstance(d[key], typ) and not isinstance(d[key], bool),
+        prefix + key,
+        f"must be a {'JSON object' if typ is dict else typ.__name__}, got {type(d[key]).__name__}",
+    )
     return d[key]
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seektrain.models.linear_cross_entropy import IGNORE
+from seektrain.data.batch import IGNORE
 from seektrain.errors import UserError
 
 
@@ -35,8 +35,10 @@ def rows_of(ends: np.ndarray, seq_len: int, layout: str, masked: bool, where: st
     longest = int(lengths.max()) if lengths.size else 0
     if longest > seq_len and (masked or layout == "documents"):
         doc = int(np.argmax(lengths))
-        raise UserError(f"{where}: document {doc} has {longest} tokens, more than train.seq_len={seq_len}; "
-                         f"re-prepare with --max-len {seq_len} (--overlong drop|truncate) or raise train.seq_len")
+        raise UserError(
+            f"{where}: document {doc} has {longest} tokens, more than train.seq_len={seq_len}; "
+            f"re-prepare with --max-len {seq_len} (--overlong drop|truncate) or raise train.seq_len"
+        )
     if layout == "documents":
         return np.stack([starts, ends], axis=1)
     rows: list[tuple[int, int]] = []
@@ -57,8 +59,9 @@ def rows_of(ends: np.ndarray, seq_len: int, layout: str, masked: bool, where: st
     return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
 
 
-def row_fields(tokens: np.ndarray, mask: np.ndarray, cuts: np.ndarray, seq_len: int,
-               pad_id: int) -> tuple[np.ndarray, ...]:
+def row_fields(
+    tokens: np.ndarray, mask: np.ndarray, cuts: np.ndarray, seq_len: int, pad_id: int
+) -> tuple[np.ndarray, ...]:
     """(tokens, labels, positions, document_ids), each ``[seq_len]``, of one row.
 
     ``tokens``/``mask``: the row's ``n <= seq_len`` stored tokens and their loss mask; ``cuts``: the
@@ -67,7 +70,12 @@ def row_fields(tokens: np.ndarray, mask: np.ndarray, cuts: np.ndarray, seq_len: 
     n = tokens.size
     fields = _fields(tokens, mask, cuts, n)
     pad = seq_len - n  # padding is a document of its own: the next id, positions from 0
-    tail = (np.full(pad, pad_id), np.full(pad, IGNORE), np.arange(pad), np.full(pad, fields[3][-1] + 1 if n else 0))
+    tail = (
+        np.full(pad, pad_id),
+        np.full(pad, IGNORE),
+        np.arange(pad),
+        np.full(pad, fields[3][-1] + 1 if n else 0),
+    )
     return tuple(np.concatenate([f, t]).astype(np.int64) for f, t in zip(fields, tail))
 
 

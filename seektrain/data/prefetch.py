@@ -98,7 +98,9 @@ class PrefetchingLoader:
                 return self._queue.get(timeout=POLL_S)
             except queue.Empty:
                 if not (self._thread and self._thread.is_alive()) and self._queue.empty():
-                    raise RuntimeError("the data prefetch thread stopped without a batch or an error") from None
+                    raise RuntimeError(
+                        "the data prefetch thread stopped without a batch or an error"
+                    ) from None
 
     def _run(self) -> None:
         try:
@@ -114,7 +116,7 @@ class PrefetchingLoader:
                     batch = pin(batch)
                 if not self._put((batch, self.loader.state_dict())):
                     return
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer, raised there
+        except BaseException as err:
             self._put(_Failed(err))
 
     def _put(self, item) -> bool:

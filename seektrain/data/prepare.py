@@ -14,15 +14,23 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from seektrain.data.chat_template import load_chat_template
-from seektrain.data.manifest import MANIFEST_NAME, SPLITS, Manifest, Shard, Split, TokenizerInfo, write_manifest
+from seektrain.data.manifest import (
+    MANIFEST_NAME,
+    SPLITS,
+    Manifest,
+    Shard,
+    Split,
+    TokenizerInfo,
+    write_manifest,
+)
 from seektrain.data.rows import RowEncoder
 from seektrain.data.sources import ROW_KINDS, discover, read_documents, read_records, row_kind
 from seektrain.data.tokenizer import Tokenizer, load_tokenizer
@@ -49,7 +57,9 @@ def is_val_document(index: int, val_fraction: float) -> bool:
 class ShardWriter:
     """Streams tokens into ``{prefix}-00000.bin``, ``{prefix}-00001.bin``, ... hashing as it goes."""
 
-    def __init__(self, directory: Path, prefix: str, dtype: np.dtype, shard_tokens: int, suffix: str = ".bin") -> None:
+    def __init__(
+        self, directory: Path, prefix: str, dtype: np.dtype, shard_tokens: int, suffix: str = ".bin"
+    ) -> None:
         self.directory, self.prefix, self.dtype, self.shard_tokens = directory, prefix, dtype, shard_tokens
         self.suffix = suffix
         self.shards: list[Shard] = []
@@ -127,8 +137,9 @@ def prepare_dataset(
         tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
         forced = fmt if fmt in ROW_KINDS[1:] else None
-        manifest = _tokenize_into(tmp, files, tokenizer, dtype, text_field, shard_tokens, val_fraction, max_tokens,
-                                  forced, rows)
+        manifest = _tokenize_into(
+            tmp, files, tokenizer, dtype, text_field, shard_tokens, val_fraction, max_tokens, forced, rows
+        )
         write_manifest(tmp, manifest)
         _commit(tmp, output, force)
     except BaseException:
@@ -146,25 +157,34 @@ def _check_output(output: Path, force: bool, inputs: Sequence[str | Path]) -> No
     for raw in inputs:
         src = Path(raw).expanduser().resolve()
         if src == resolved or resolved in src.parents:
-            raise UserError(f"--output {output}: holds --input {raw}; write the dataset to a new folder, the "
-                             "inputs are never replaced")
+            raise UserError(
+                f"--output {output}: holds --input {raw}; write the dataset to a new folder, the "
+                "inputs are never replaced"
+            )
     if not output.is_dir() or not any(output.iterdir()):
         return
     ours = (output / MANIFEST_NAME).is_file()
     if ours and not force:
-        raise UserError(f"--output {output}: already a prepared dataset; pass --force to overwrite or choose another --output")
+        raise UserError(
+            f"--output {output}: already a prepared dataset; pass --force to overwrite or choose another --output"
+        )
     if not ours:
-        raise UserError(f"--output {output}: exists and is not empty, and is not a folder made by `seektrain data "
-                         "prepare` (no manifest.json), so --force will not replace it; choose a new directory")
+        raise UserError(
+            f"--output {output}: exists and is not empty, and is not a folder made by `seektrain data "
+            "prepare` (no manifest.json), so --force will not replace it; choose a new directory"
+        )
     foreign = sorted(p.name for p in output.iterdir() if not _made_by_prepare(p))
     if foreign:
-        raise UserError(f"--output {output}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
-                         "which `seektrain data prepare` did not write, so --force will not replace the folder; move "
-                         "it out or choose a new directory")
+        raise UserError(
+            f"--output {output}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
+            "which `seektrain data prepare` did not write, so --force will not replace the folder; move "
+            "it out or choose a new directory"
+        )
 
 
 def _made_by_prepare(path: Path) -> bool:
-    """manifest.json, shard/val-NNNNN.bin and .mask, shard/val-ends.bin, or a manifest temp file: nothing a user keeps."""
+    """manifest.json, shard/val-NNNNN.bin and .mask, shard/val-ends.bin, or a manifest temp file: "
+    "nothing a user keeps."""
     return path.is_file() and (path.name == MANIFEST_NAME or bool(_OUR_FILES.fullmatch(path.name)))
 
 
@@ -200,12 +220,33 @@ class _Splits:
     """The shard writers of both splits and what they have taken: documents, tokens, trained tokens,
     where each document ends, and the documents dropped or truncated for length."""
 
-    def __init__(self, directory: Path, dtype: np.dtype, shard_tokens: int, masked: bool, rows: RowOptions,
-                 val_fraction: float) -> None:
-        self.writers = {"train": ShardWriter(directory, "shard", dtype, shard_tokens),
-                        "val": ShardWriter(directory, "val", dtype, shard_tokens)}
-        self.masks = {name: ShardWriter(directory, "shard" if name == "train" else "val", np.dtype("u1"),
-                                        shard_tokens, suffix=".mask") for name in SPLITS} if masked else None
+    def __init__(
+        self,
+        directory: Path,
+        dtype: np.dtype,
+        shard_tokens: int,
+        masked: bool,
+        rows: RowOptions,
+        val_fraction: float,
+    ) -> None:
+        self.writers = {
+            "train": ShardWriter(directory, "shard", dtype, shard_tokens),
+            "val": ShardWriter(directory, "val", dtype, shard_tokens),
+        }
+        self.masks = (
+            {
+                name: ShardWriter(
+                    directory,
+                    "shard" if name == "train" else "val",
+                    np.dtype("u1"),
+                    shard_tokens,
+                    suffix=".mask",
+                )
+                for name in SPLITS
+            }
+            if masked
+            else None
+        )
         self.counts = {name: [0, 0, 0] for name in SPLITS}  # documents, tokens, trained tokens
         self.ends: dict[str, list[int]] = {name: [] for name in SPLITS}
         self.rows, self.val_fraction = rows, val_fraction
@@ -222,13 +263,19 @@ class _Splits:
             if self.rows.overlong == "drop" or (mask is not None and not any(mask[:limit])):
                 self.dropped += 1
                 return
-            ids, mask, self.truncated = ids[:limit], None if mask is None else mask[:limit], self.truncated + 1
+            ids, mask, self.truncated = (
+                ids[:limit],
+                None if mask is None else mask[:limit],
+                self.truncated + 1,
+            )
         split = "val" if is_val_document(self.index, self.val_fraction) else "train"
         self.index += 1
         self.writers[split].write(np.asarray(ids, dtype=np.int64))
         trained = len(ids) if mask is None else sum(mask)
         if self.masks is not None:
-            self.masks[split].write(np.ones(len(ids), np.uint8) if mask is None else np.asarray(mask, np.uint8))
+            self.masks[split].write(
+                np.ones(len(ids), np.uint8) if mask is None else np.asarray(mask, np.uint8)
+            )
         count = self.counts[split]
         count[0], count[1], count[2] = count[0] + 1, count[1] + len(ids), count[2] + trained
         self.ends[split].append(count[1])
@@ -239,8 +286,14 @@ class _Splits:
         documents, tokens, trained = self.counts[name]
         ends = _write_ends(directory / f"{'shard' if name == 'train' else 'val'}-ends.bin", self.ends[name])
         masks = self.masks[name].close() if self.masks is not None else []
-        return Split(self.writers[name].close(), tokens, documents, masks, ends,
-                     trained if self.masks is not None else None)
+        return Split(
+            self.writers[name].close(),
+            tokens,
+            documents,
+            masks,
+            ends,
+            trained if self.masks is not None else None,
+        )
 
 
 def _write_ends(path: Path, ends: list[int]) -> Shard:
@@ -312,14 +365,24 @@ def _tokenize_into(
             break
 
     if out.counts["train"][1] == 0:
-        dropped = f"; {out.dropped} documents were longer than --max-len {rows.max_len}" if out.dropped else ""
-        raise UserError(f"inputs ({len(files)} files) contain no text{dropped}; pass files with non-empty "
-                         "documents (check --text-field)")
-    info = TokenizerInfo(tokenizer.spec, tokenizer.vocab_size, tokenizer.eos_id, tokenizer.bos_id, tokenizer.fingerprint)
+        dropped = (
+            f"; {out.dropped} documents were longer than --max-len {rows.max_len}" if out.dropped else ""
+        )
+        raise UserError(
+            f"inputs ({len(files)} files) contain no text{dropped}; pass files with non-empty "
+            "documents (check --text-field)"
+        )
+    info = TokenizerInfo(
+        tokenizer.spec, tokenizer.vocab_size, tokenizer.eos_id, tokenizer.bos_id, tokenizer.fingerprint
+    )
     row_info: dict[str, Any] = {}
     if masked or rows.max_len is not None:
-        row_info = {"max_len": rows.max_len, "overlong": rows.overlong, "dropped": out.dropped,
-                    "truncated": out.truncated}
+        row_info = {
+            "max_len": rows.max_len,
+            "overlong": rows.overlong,
+            "dropped": out.dropped,
+            "truncated": out.truncated,
+        }
     if masked:
         row_info = {"template": template.origin if template else None, "train_on": rows.train_on, **row_info}
     return Manifest(

@@ -18,7 +18,9 @@ from seektrain.errors import UserError
 
 
 class RowEncoder:
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None, train_on: str = "assistant") -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, template: ChatTemplate | None, train_on: str = "assistant"
+    ) -> None:
         self.tokenizer, self.template, self.train_on = tokenizer, template, train_on
 
     def encode(self, kind: str, where: str, record: Any) -> tuple[list[int], list[int]]:
@@ -32,13 +34,17 @@ class RowEncoder:
 
     def _chat(self, record: Any) -> tuple[list[int], list[int]]:
         if not isinstance(record, dict) or "messages" not in record:
-            raise UserError("no field 'messages' (a chat row is {\"messages\": [{\"role\": ..., \"content\": ...}]})")
+            raise UserError(
+                'no field \'messages\' (a chat row is {"messages": [{"role": ..., "content": ...}]})'
+            )
         assert self.template is not None
         return encode_conversation(self.template, self.tokenizer, record["messages"], self.train_on)
 
     def _completion(self, record: Any) -> tuple[list[int], list[int]]:
         if not isinstance(record, dict):
-            raise UserError(f"a row must be an object with prompt and completion, got {type(record).__name__}")
+            raise UserError(
+                f"a row must be an object with prompt and completion, got {type(record).__name__}"
+            )
         for key in ("prompt", "completion"):
             if not isinstance(record.get(key), str):
                 got = "missing" if record.get(key) is None else f"a {type(record[key]).__name__}"

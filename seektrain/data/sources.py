@@ -63,10 +63,15 @@ def discover(inputs: Sequence[str | Path], fmt: str = "auto") -> list[tuple[Path
         if path.is_file():
             kind = fmt if fmt != "auto" else _format_of(path)
             if rows_only and kind not in ("jsonl", "parquet"):
-                raise UserError(f"--input {raw}: chat and completion rows are read from .jsonl or .parquet files; "
-                                 "rename the file or pass --format jsonl")
+                raise UserError(
+                    f"--input {raw}: chat and completion rows are read from .jsonl or .parquet files; "
+                    "rename the file or pass --format jsonl"
+                )
             if kind is None:
-                raise UserError(f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); pass --format text|jsonl|parquet")
+                raise UserError(
+                    f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); pass "
+                    "--format text|jsonl|parquet"
+                )
             candidates = [(path, kind)]
         else:
             candidates = []
@@ -75,7 +80,10 @@ def discover(inputs: Sequence[str | Path], fmt: str = "auto") -> list[tuple[Path
                 if kind is not None and not (rows_only and kind == "text"):
                     candidates.append((f, kind))
             if not candidates:
-                raise UserError(f"--input {raw}: no readable files found (format {fmt}); pass files with known extensions or --format text")
+                raise UserError(
+                    f"--input {raw}: no readable files found (format {fmt}); pass files with known "
+                    "extensions or --format text"
+                )
         for f, kind in candidates:
             resolved = f.resolve()
             if resolved not in seen:
@@ -112,12 +120,19 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it") from None
+                raise UserError(
+                    f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it"
+                ) from None
             if not isinstance(record, dict) or text_field not in record:
-                raise UserError(f"{path}:{lineno}: no field {text_field!r}; pass --text-field with the name of the text field")
+                raise UserError(
+                    f"{path}:{lineno}: no field {text_field!r}; pass --text-field with the name of the text field"
+                )
             text = record[text_field]
             if not isinstance(text, str):
-                raise UserError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string; pass the right --text-field")
+                raise UserError(
+                    f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string; "
+                    "pass the right --text-field"
+                )
             yield text
 
 
@@ -129,7 +144,9 @@ def _open_parquet(path: Path) -> Any:
     try:
         return pq.ParquetFile(path)
     except Exception as e:
-        raise UserError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]}); check the file") from None
+        raise UserError(
+            f"{path}: not a readable Parquet file ({str(e).splitlines()[0]}); check the file"
+        ) from None
 
 
 def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
@@ -137,10 +154,14 @@ def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
     import pyarrow as pa
 
     if text_field not in pf.schema_arrow.names:
-        raise UserError(f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); pass --text-field")
+        raise UserError(
+            f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); pass --text-field"
+        )
     kind = pf.schema_arrow.field(text_field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise UserError(f"{path}: column {text_field!r} holds {kind}, not text; pass --text-field with a string column")
+        raise UserError(
+            f"{path}: column {text_field!r} holds {kind}, not text; pass --text-field with a string column"
+        )
     for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
         for text in batch.column(0).to_pylist():
             if text is not None:
@@ -155,7 +176,12 @@ def row_kind(path: Path, kind: str, text_field: str, forced: str | None = None) 
     for _, record in read_records(path, kind):
         if isinstance(record, dict) and "messages" in record:
             return "chat"
-        if isinstance(record, dict) and "prompt" in record and "completion" in record and text_field not in record:
+        if (
+            isinstance(record, dict)
+            and "prompt" in record
+            and "completion" in record
+            and text_field not in record
+        ):
             return "completion"
         break
     return "text"
@@ -171,7 +197,9 @@ def read_records(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
                 try:
                     yield f"{path}:{lineno}", json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise UserError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it") from None
+                    raise UserError(
+                        f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it"
+                    ) from None
     elif kind == "parquet":
         pf = _open_parquet(path)
         row = 0
@@ -180,4 +208,6 @@ def read_records(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
                 row += 1
                 yield f"{path}: row {row}", record
     else:
-        raise UserError(f"{path}: {kind} files hold no rows; chat and completion rows are read from .jsonl or .parquet")
+        raise UserError(
+            f"{path}: {kind} files hold no rows; chat and completion rows are read from .jsonl or .parquet"
+        )

@@ -29,6 +29,7 @@ class Tokenizer(Protocol):
     path: Path | None
     fingerprint: str
     vocab_size: int
+
     @property
     def eos_id(self) -> int: ...
 
@@ -115,11 +116,15 @@ class HFTokenizer:
         try:
             from tokenizers import Tokenizer as _RustTokenizer
         except ImportError:  # pragma: no cover - tokenizers is a hard dependency
-            raise UserError("reading tokenizer.json needs the `tokenizers` package; pip install tokenizers") from None
+            raise UserError(
+                "reading tokenizer.json needs the `tokenizers` package; pip install tokenizers"
+            ) from None
         try:
             self._tok = _RustTokenizer.from_file(str(path))
         except Exception as e:
-            raise UserError(f"tokenizer={path}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
+            raise UserError(
+                f"tokenizer={path}: not a valid tokenizer.json ({str(e).splitlines()[0]})"
+            ) from None
         self.spec = str(path)
         self.path: Path | None = path  # the tokenizer.json, whose folder may hold the chat template
         self.fingerprint = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -136,8 +141,10 @@ class HFTokenizer:
 
     def _find(self, configured: str | None, candidates: tuple[str, ...]) -> int | None:
         if configured and self._tok.token_to_id(configured) is None:  # a typo must not pick another token
-            raise UserError(f"{self._config_path}: token {configured!r} is not in the vocabulary of "
-                             f"{self._config_path.with_name('tokenizer.json')}; fix the token name")
+            raise UserError(
+                f"{self._config_path}: token {configured!r} is not in the vocabulary of "
+                f"{self._config_path.with_name('tokenizer.json')}; fix the token name"
+            )
         for name in ((configured,) if configured else ()) + candidates:
             tid = self._tok.token_to_id(name)
             if tid is not None:
@@ -170,8 +177,10 @@ def _configured_specials(path: Path) -> tuple[str | None, str | None]:
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise UserError(f"{cfg_path}: unreadable ({str(err).splitlines()[0][:200]}); fix it or remove it (eos/bos "
-                         "are then found in tokenizer.json)") from None
+        raise UserError(
+            f"{cfg_path}: unreadable ({str(err).splitlines()[0][:200]}); fix it or remove it (eos/bos "
+            "are then found in tokenizer.json)"
+        ) from None
     if not isinstance(cfg, dict):
         raise UserError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}; fix it or remove it")
 
@@ -192,8 +201,10 @@ def load_tokenizer(spec: str) -> Tokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise UserError(f"tokenizer={spec}: not 'byte' and no such tokenizer.json; pass --tokenizer byte, a path to "
-                         "tokenizer.json or a cached hub id org/name")
+        raise UserError(
+            f"tokenizer={spec}: not 'byte' and no such tokenizer.json; pass --tokenizer byte, a path to "
+            "tokenizer.json or a cached hub id org/name"
+        )
     tokenizer = HFTokenizer(path.resolve())
     if is_hub_id(spec) and not Path(spec).expanduser().exists():
         tokenizer.spec = spec  # the hub id, not this machine's cache path, goes into manifests

@@ -17,7 +17,12 @@ from seektrain.data.tokenizer import BYTE_SPEC
 from seektrain.models.hub import resolve_local_path
 
 RUN_TOKENIZER_DIR = "tokenizer"  # inside a run folder
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 _BUILTIN = "built-in "  # how a manifest's rows.template names a built-in template (chat_template.py)
 
 
@@ -62,7 +67,7 @@ def copy_to_run(manifest, run_dir: Path) -> str:
     made with, swapped in whole (a reader never sees half a folder). Returns what was done, for the log:
     the byte tokenizer needs no files, and a tokenizer that is gone or changed since the data was
     prepared is not copied (training does not need it; chat and convert then say what is missing)."""
-    from seektrain.models.hf_replace import write_swapped
+    from seektrain.checkpoint.atomic import write_swapped
 
     spec = manifest.tokenizer.spec
     try:
@@ -73,8 +78,10 @@ def copy_to_run(manifest, run_dir: Path) -> str:
         return "the byte tokenizer needs no files in the run folder"
     tokenizer_json = source / "tokenizer.json"
     if not tokenizer_json.is_file() or _sha256(tokenizer_json) != manifest.tokenizer.fingerprint:
-        return (f"tokenizer not copied into the run folder: {tokenizer_json} is not the tokenizer.json the data "
-                "was prepared with (missing or changed since)")
+        return (
+            f"tokenizer not copied into the run folder: {tokenizer_json} is not the tokenizer.json the data "
+            "was prepared with (missing or changed since)"
+        )
     dest = run_dir / RUN_TOKENIZER_DIR
     builtin = data_template(manifest)
     template = load_chat_template(spec, builtin).source if builtin else None

@@ -24,7 +24,7 @@ def stop_token_ids(tokenizer, template: ChatTemplate | None) -> list[int]:
     head = template.render(asked, add_generation_prompt=True)
     full = template.render(asked + [{"role": "assistant", "content": _PROBE_ANSWER}])
     at = full.find(_PROBE_ANSWER, len(head) if full.startswith(head) else 0)
-    after = full[at + len(_PROBE_ANSWER):] if at >= 0 else ""
+    after = full[at + len(_PROBE_ANSWER) :] if at >= 0 else ""
     ids = tokenizer.encode_chat(after)[0] if after else []
     if ids:
         marker = tokenizer.decode(ids[:1])

@@ -95,10 +95,22 @@ def measure(device: torch.device, sizes: list[int], iters: int = 5) -> dict:
         for name, op in ops.items():
             t = _time(op, device, iters)
             algbw = nbytes / t / 1e9
-            rows.append({"op": name, "bytes": nbytes, "time_us": t * 1e6, "algbw_gbps": algbw,
-                         "busbw_gbps": algbw * BUS_FACTOR[name](n)})
-    return {"world_size": n, "backend": dist.get_backend(), "device": device.type, "rows": rows,
-            "links": measure_links(device, max(sizes), iters)}
+            rows.append(
+                {
+                    "op": name,
+                    "bytes": nbytes,
+                    "time_us": t * 1e6,
+                    "algbw_gbps": algbw,
+                    "busbw_gbps": algbw * BUS_FACTOR[name](n),
+                }
+            )
+    return {
+        "world_size": n,
+        "backend": dist.get_backend(),
+        "device": device.type,
+        "rows": rows,
+        "links": measure_links(device, max(sizes), iters),
+    }
 
 
 def measure_links(device: torch.device, size: int, iters: int) -> list[dict]:
@@ -122,8 +134,15 @@ def measure_links(device: torch.device, size: int, iters: int) -> list[dict]:
             if rank == dst:
                 seconds[0] = (time.perf_counter() - start) / iters
         dist.all_reduce(seconds)
-        links.append({"src": src, "dst": dst, "src_host": hosts[src], "dst_host": hosts[dst],
-                      "gbps": buf.numel() * 4 / seconds.item() / 1e9})
+        links.append(
+            {
+                "src": src,
+                "dst": dst,
+                "src_host": hosts[src],
+                "dst_host": hosts[dst],
+                "gbps": buf.numel() * 4 / seconds.item() / 1e9,
+            }
+        )
     return links
 
 
@@ -146,17 +165,23 @@ def _size(nbytes: int) -> str:
 
 def render_table(result: dict) -> str:
     n = result["world_size"]
-    lines = [f"collective bandwidth on {n} ranks ({result['backend']}, {result['device']}); nccl-tests "
-             "definitions: algbw = size / time, busbw = algbw x (all_reduce 2(n-1)/n; all_gather, "
-             "reduce_scatter, all_to_all (n-1)/n)",
-             f"{'op':<15}{'size':>10}{'time (us)':>12}{'algbw (GB/s)':>14}{'busbw (GB/s)':>14}"]
+    lines = [
+        f"collective bandwidth on {n} ranks ({result['backend']}, {result['device']}); nccl-tests "
+        "definitions: algbw = size / time, busbw = algbw x (all_reduce 2(n-1)/n; all_gather, "
+        "reduce_scatter, all_to_all (n-1)/n)",
+        f"{'op':<15}{'size':>10}{'time (us)':>12}{'algbw (GB/s)':>14}{'busbw (GB/s)':>14}",
+    ]
     for r in result["rows"]:
-        lines.append(f"{r['op']:<15}{_size(r['bytes']):>10}{r['time_us']:>12.1f}{r['algbw_gbps']:>14.3f}"
-                     f"{r['busbw_gbps']:>14.3f}")
+        lines.append(
+            f"{r['op']:<15}{_size(r['bytes']):>10}{r['time_us']:>12.1f}{r['algbw_gbps']:>14.3f}"
+            f"{r['busbw_gbps']:>14.3f}"
+        )
     found = slowest_link(result)
     if found:
         link, median, slow = found
-        lines.append(f"slowest link: rank {link['src']} ({link['src_host']}) -> rank {link['dst']} "
-                     f"({link['dst_host']}): {link['gbps']:.3f} GB/s, median of {len(result['links'])} ring "
-                     f"link(s) {median:.3f} GB/s" + (" -- SLOW: check this link/node" if slow else ""))
+        lines.append(
+            f"slowest link: rank {link['src']} ({link['src_host']}) -> rank {link['dst']} "
+            f"({link['dst_host']}): {link['gbps']:.3f} GB/s, median of {len(result['links'])} ring "
+            f"link(s) {median:.3f} GB/s" + (" -- SLOW: check this link/node" if slow else "")
+        )
     return "\n".join(lines)

@@ -34,8 +34,11 @@ def interfaces() -> dict[str, dict]:
     for dev in sorted(SYS_NET.iterdir()):
         if dev.name == "lo":
             continue
-        found[dev.name] = {"state": _read(dev / "operstate"), "mtu": _read(dev / "mtu"),
-                           "speed_mbps": _read(dev / "speed")}
+        found[dev.name] = {
+            "state": _read(dev / "operstate"),
+            "mtu": _read(dev / "mtu"),
+            "speed_mbps": _read(dev / "speed"),
+        }
     return found
 
 
@@ -48,8 +51,13 @@ def interface_checks() -> list[Check]:
         speed = info["speed_mbps"]
         speed = f", {int(speed) / 1000:g} Gb/s" if speed.lstrip("-").isdigit() and int(speed) > 0 else ""
         parts.append(f"{name} ({info['state']}, mtu {info['mtu']}{speed})")
-    checks = [Check("ok" if any(i["state"] == "up" for i in found.values()) else "warn", "network",
-                    ", ".join(parts) + f"; hostname {socket.gethostname()}")]
+    checks = [
+        Check(
+            "ok" if any(i["state"] == "up" for i in found.values()) else "warn",
+            "network",
+            ", ".join(parts) + f"; hostname {socket.gethostname()}",
+        )
+    ]
     for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         checks += _ifname_check(var, os.environ.get(var, ""), found)
     return checks
@@ -64,23 +72,40 @@ def _ifname_check(var: str, value: str, found: dict) -> list[Check]:
     known = list(found) + ["lo"]
     if any((n in known) if exact else any(k.startswith(n) for k in known) for n in names):
         return []
-    return [Check("blocker", f"env {var}", f"{var}={value} matches no interface here ({', '.join(known)}): the "
-                                           "process group cannot start; fix or unset it")]
+    return [
+        Check(
+            "blocker",
+            f"env {var}",
+            f"{var}={value} matches no interface here ({', '.join(known)}): the "
+            "process group cannot start; fix or unset it",
+        )
+    ]
 
 
 def infiniband_checks() -> list[Check]:
     if not SYS_IB.is_dir():
-        return [Check("info", "infiniband", "no InfiniBand/RoCE devices (/sys/class/infiniband): inter-node "
-                                            "traffic goes over TCP sockets")]
+        return [
+            Check(
+                "info",
+                "infiniband",
+                "no InfiniBand/RoCE devices (/sys/class/infiniband): inter-node "
+                "traffic goes over TCP sockets",
+            )
+        ]
     checks = []
     for dev in sorted(SYS_IB.iterdir()):
         for port in sorted((dev / "ports").iterdir()) if (dev / "ports").is_dir() else []:
             state, rate = _read(port / "state"), _read(port / "rate")
             layer = _read(port / "link_layer")
             active = "ACTIVE" in state
-            checks.append(Check("ok" if active else "warn", f"ib {dev.name}/{port.name}",
-                                f"{state or 'unknown state'}, {rate or 'unknown rate'}, {layer or 'link layer ?'}"
-                                + ("" if active else ": this port is down, NCCL will not use it")))
+            checks.append(
+                Check(
+                    "ok" if active else "warn",
+                    f"ib {dev.name}/{port.name}",
+                    f"{state or 'unknown state'}, {rate or 'unknown rate'}, {layer or 'link layer ?'}"
+                    + ("" if active else ": this port is down, NCCL will not use it"),
+                )
+            )
     return checks or [Check("warn", "infiniband", f"{SYS_IB} exists but lists no ports")]
 
 
@@ -117,7 +142,12 @@ def port_checks(ports: list[int] | None) -> list[Check]:
     span = f"{ports[0]}-{ports[-1]}" if len(ports) > 1 else str(ports[0])
     if not busy:
         return [Check("ok", "ports", f"{span} free")]
-    return [Check("blocker" if asked else "warn", "ports",
-                  f"in use: {', '.join(map(str, busy[:10]))}{' ...' if len(busy) > 10 else ''} of {span}: a "
-                  "rendezvous or MASTER_PORT there fails with 'address already in use'; pick another port or end "
-                  "the process holding it (ss -ltnp)")]
+    return [
+        Check(
+            "blocker" if asked else "warn",
+            "ports",
+            f"in use: {', '.join(map(str, busy[:10]))}{' ...' if len(busy) > 10 else ''} of {span}: a "
+            "rendezvous or MASTER_PORT there fails with 'address already in use'; pick another port or end "
+            "the process holding it (ss -ltnp)",
+        )
+    ]

@@ -44,8 +44,15 @@ class Report:
         return 1 if self.blockers else 0
 
     def to_json(self) -> str:
-        return json.dumps({"checks": [asdict(c) for c in self.checks], "blockers": len(self.blockers),
-                           "warnings": len(self.warnings), "comm": self.comm}, indent=1)
+        return json.dumps(
+            {
+                "checks": [asdict(c) for c in self.checks],
+                "blockers": len(self.blockers),
+                "warnings": len(self.warnings),
+                "comm": self.comm,
+            },
+            indent=1,
+        )
 
     def render(self) -> str:
         width = max((len(c.name) for c in self.checks), default=0)
@@ -60,7 +67,10 @@ class Report:
             from seektrain.doctor.comm import render_table
 
             lines += ["", render_table(self.comm)]
-        verdict = (f"{len(self.blockers)} blocker(s): a job here would fail; fix the BLOCKER lines above"
-                   if self.blockers else "no blockers")
+        verdict = (
+            f"{len(self.blockers)} blocker(s): a job here would fail; fix the BLOCKER lines above"
+            if self.blockers
+            else "no blockers"
+        )
         lines += ["", f"{verdict}, {len(self.warnings)} warning(s)"]
         return "\n".join(lines)

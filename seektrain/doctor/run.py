@@ -42,8 +42,16 @@ def node_checks(opts: DoctorOptions, in_launch: bool = False) -> list[Check]:
 def doctor_here(opts: DoctorOptions) -> Report:
     report = Report()
     report.extend(node_checks(opts))
-    report.extend([Check("info", "shared storage", "one process: run with --nproc-per-node N (and --nnodes) or "
-                                                   "under torchrun to check that every rank sees run.dir")])
+    report.extend(
+        [
+            Check(
+                "info",
+                "shared storage",
+                "one process: run with --nproc-per-node N (and --nnodes) or "
+                "under torchrun to check that every rank sees run.dir",
+            )
+        ]
+    )
     return report
 
 
@@ -70,9 +78,13 @@ def doctor_worker(opts: DoctorOptions, timeout_s: float) -> Report | None:
             dist.all_gather_object(out, obj)
             return out
 
-        report.extend([storage.shared_storage_check(opts.run_dir, env.rank, env.world_size, dist.barrier, gather)])
+        report.extend(
+            [storage.shared_storage_check(opts.run_dir, env.rank, env.world_size, dist.barrier, gather)]
+        )
         if opts.comm and env.world_size < 2:
-            report.extend([Check("warn", "comm", "one rank: no collective to measure; use --nproc-per-node >= 2")])
+            report.extend(
+                [Check("warn", "comm", "one rank: no collective to measure; use --nproc-per-node >= 2")]
+            )
         elif opts.comm:
             from seektrain.doctor import comm
 
@@ -80,9 +92,17 @@ def doctor_worker(opts: DoctorOptions, timeout_s: float) -> Report | None:
             found = comm.slowest_link(report.comm)
             if found and found[2]:
                 link = found[0]
-                report.extend([Check("warn", "slow link", f"rank {link['src']} ({link['src_host']}) -> rank "
-                                                          f"{link['dst']} ({link['dst_host']}): {link['gbps']:.3f} "
-                                                          f"GB/s, under half the median {found[1]:.3f} GB/s")])
+                report.extend(
+                    [
+                        Check(
+                            "warn",
+                            "slow link",
+                            f"rank {link['src']} ({link['src_host']}) -> rank "
+                            f"{link['dst']} ({link['dst_host']}): {link['gbps']:.3f} "
+                            f"GB/s, under half the median {found[1]:.3f} GB/s",
+                        )
+                    ]
+                )
         dist.barrier()
         return report if env.rank == 0 else None
     finally:

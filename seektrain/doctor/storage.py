@@ -24,33 +24,61 @@ def _size(nbytes: float) -> str:
     return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.0f} MiB"
 
 
-def disk_checks(run_dir: Path, min_free_gib: float, write_mib: int, checkpoint_bytes: int | None) -> list[Check]:
+def disk_checks(
+    run_dir: Path, min_free_gib: float, write_mib: int, checkpoint_bytes: int | None
+) -> list[Check]:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         speed = write_speed(run_dir, write_mib)
     except OSError as err:
-        return [Check("blocker", "run.dir", f"{run_dir} cannot be written: {err.strerror or err}; training could "
-                                            "not save its config, logs or checkpoints: pick another run.dir or "
-                                            "fix its permissions/space")]
+        return [
+            Check(
+                "blocker",
+                "run.dir",
+                f"{run_dir} cannot be written: {err.strerror or err}; training could "
+                "not save its config, logs or checkpoints: pick another run.dir or "
+                "fix its permissions/space",
+            )
+        ]
     usage = shutil.disk_usage(run_dir)
     free = usage.free / GIB
     checks = [Check("ok", "run.dir", f"{run_dir}: writable")]
     if free < min_free_gib:
-        checks.append(Check("blocker", "disk", f"{free:.1f} GiB free under {run_dir}, below --min-free-gib "
-                                               f"{min_free_gib:g}: checkpoints would fail; free space or move "
-                                               "run.dir"))
+        checks.append(
+            Check(
+                "blocker",
+                "disk",
+                f"{free:.1f} GiB free under {run_dir}, below --min-free-gib "
+                f"{min_free_gib:g}: checkpoints would fail; free space or move "
+                "run.dir",
+            )
+        )
     elif checkpoint_bytes and usage.free < checkpoint_bytes:
-        checks.append(Check("warn", "disk", f"{free:.1f} GiB free, but the kept checkpoints need about "
-                                            f"{_size(checkpoint_bytes)} (fp32 weights + AdamW state, "
-                                            "checkpoint.keep + 1 in flight)"))
+        checks.append(
+            Check(
+                "warn",
+                "disk",
+                f"{free:.1f} GiB free, but the kept checkpoints need about "
+                f"{_size(checkpoint_bytes)} (fp32 weights + AdamW state, "
+                "checkpoint.keep + 1 in flight)",
+            )
+        )
     else:
         need = f"; kept checkpoints need about {_size(checkpoint_bytes)}" if checkpoint_bytes else ""
         checks.append(Check("ok", "disk", f"{free:.1f} GiB free of {usage.total / GIB:.1f} GiB{need}"))
     mib_s = write_mib / speed
-    checks.append(Check("ok" if mib_s >= 50 else "warn", "write speed",
-                        f"{mib_s:.0f} MiB/s ({write_mib} MiB written and fsynced)"
-                        + ("" if mib_s >= 50 else ": checkpoints will stall training; consider async_save or "
-                                                   "faster storage")))
+    checks.append(
+        Check(
+            "ok" if mib_s >= 50 else "warn",
+            "write speed",
+            f"{mib_s:.0f} MiB/s ({write_mib} MiB written and fsynced)"
+            + (
+                ""
+                if mib_s >= 50
+                else ": checkpoints will stall training; consider async_save or faster storage"
+            ),
+        )
+    )
     return checks
 
 
@@ -97,9 +125,18 @@ def shared_storage_check(run_dir: Path, rank: int, world: int, barrier, all_gath
     errors = [e for e, _ in results if e]
     missing = {r: u for r, (_, u) in enumerate(results) if u}
     if errors or missing:
-        lines = errors + [f"rank {r} ({hosts[r]}) does not see the files of rank(s) "
-                          f"{', '.join(f'{o} ({hosts[o]})' for o in u)}" for r, u in missing.items()]
-        return Check("blocker", "shared storage", f"{run_dir} is not one folder shared by all {world} ranks: "
-                     "checkpoints and resume need that; put run.dir on a shared filesystem\n" + "\n".join(lines))
+        lines = errors + [
+            f"rank {r} ({hosts[r]}) does not see the files of rank(s) "
+            f"{', '.join(f'{o} ({hosts[o]})' for o in u)}"
+            for r, u in missing.items()
+        ]
+        return Check(
+            "blocker",
+            "shared storage",
+            f"{run_dir} is not one folder shared by all {world} ranks: "
+            "checkpoints and resume need that; put run.dir on a shared filesystem\n" + "\n".join(lines),
+        )
     nodes = len(set(hosts))
-    return Check("ok", "shared storage", f"{run_dir}: all {world} ranks on {nodes} host(s) see each other's files")
+    return Check(
+        "ok", "shared storage", f"{run_dir}: all {world} ranks on {nodes} host(s) see each other's files"
+    )

@@ -50,26 +50,58 @@ def driver_info() -> tuple[str | None, tuple[int, ...] | None, list[str]]:
 def version_checks() -> list[Check]:
     torch_cuda = torch.version.cuda
     driver, driver_cuda, smi_gpus = driver_info()
-    checks = [Check("ok", "torch", f"{torch.__version__} (built for CUDA {torch_cuda or 'none: CPU-only build'})")]
+    checks = [
+        Check("ok", "torch", f"{torch.__version__} (built for CUDA {torch_cuda or 'none: CPU-only build'})")
+    ]
     if driver:
-        checks.append(Check("ok", "driver", f"NVIDIA {driver}, supports CUDA up to "
-                                            f"{'.'.join(map(str, driver_cuda)) if driver_cuda else 'unknown'}"))
+        checks.append(
+            Check(
+                "ok",
+                "driver",
+                f"NVIDIA {driver}, supports CUDA up to "
+                f"{'.'.join(map(str, driver_cuda)) if driver_cuda else 'unknown'}",
+            )
+        )
     want = _version(torch_cuda)
     if smi_gpus and want is None:
-        checks.append(Check("blocker", "cuda", f"{len(smi_gpus)} GPU(s) present but torch is a CPU-only build; "
-                                               "install a CUDA build of torch"))
+        checks.append(
+            Check(
+                "blocker",
+                "cuda",
+                f"{len(smi_gpus)} GPU(s) present but torch is a CPU-only build; "
+                "install a CUDA build of torch",
+            )
+        )
     elif smi_gpus and driver_cuda and want and driver_cuda[0] < want[0]:
-        checks.append(Check("blocker", "cuda", f"torch needs CUDA {torch_cuda} but the driver supports only "
-                                               f"{'.'.join(map(str, driver_cuda))}: upgrade the driver or install "
-                                               "a torch built for an older CUDA"))
+        checks.append(
+            Check(
+                "blocker",
+                "cuda",
+                f"torch needs CUDA {torch_cuda} but the driver supports only "
+                f"{'.'.join(map(str, driver_cuda))}: upgrade the driver or install "
+                "a torch built for an older CUDA",
+            )
+        )
     elif smi_gpus and driver_cuda and want and driver_cuda < want:
-        checks.append(Check("warn", "cuda", f"torch's CUDA {torch_cuda} is newer than the driver's "
-                                            f"{'.'.join(map(str, driver_cuda))}: runs by minor-version "
-                                            "compatibility, but kernels needing newer PTX fail; upgrade the driver"))
+        checks.append(
+            Check(
+                "warn",
+                "cuda",
+                f"torch's CUDA {torch_cuda} is newer than the driver's "
+                f"{'.'.join(map(str, driver_cuda))}: runs by minor-version "
+                "compatibility, but kernels needing newer PTX fail; upgrade the driver",
+            )
+        )
     elif smi_gpus and not torch.cuda.is_available():
-        checks.append(Check("blocker", "cuda", f"nvidia-smi lists {len(smi_gpus)} GPU(s) but torch cannot use them "
-                                               "(torch.cuda.is_available() is False): check CUDA_VISIBLE_DEVICES "
-                                               "and the driver installation"))
+        checks.append(
+            Check(
+                "blocker",
+                "cuda",
+                f"nvidia-smi lists {len(smi_gpus)} GPU(s) but torch cannot use them "
+                "(torch.cuda.is_available() is False): check CUDA_VISIBLE_DEVICES "
+                "and the driver installation",
+            )
+        )
     elif want:
         checks.append(Check("ok", "cuda", f"CUDA {torch_cuda} usable: {torch.cuda.is_available()}"))
     if torch.cuda.is_available():
@@ -78,18 +110,34 @@ def version_checks() -> list[Check]:
             nccl = ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)
             checks.append(Check("ok", "nccl", f"NCCL {nccl} (bundled with torch)"))
         else:
-            checks.append(Check("blocker", "nccl", "torch has CUDA but no NCCL: multi-GPU training cannot run; "
-                                                   "install an official CUDA build of torch"))
+            checks.append(
+                Check(
+                    "blocker",
+                    "nccl",
+                    "torch has CUDA but no NCCL: multi-GPU training cannot run; "
+                    "install an official CUDA build of torch",
+                )
+            )
     gloo = dist.is_gloo_available()
-    checks.append(Check("ok" if gloo else "warn", "gloo",
-                        "available (CPU collectives, object collectives)" if gloo else "not built into this torch"))
+    checks.append(
+        Check(
+            "ok" if gloo else "warn",
+            "gloo",
+            "available (CPU collectives, object collectives)" if gloo else "not built into this torch",
+        )
+    )
     return checks
 
 
 def gpu_checks() -> list[Check]:
     if not torch.cuda.is_available():
-        return [Check("info", "gpus", "none usable: training runs on the CPU with gloo (not a blocker on a CPU "
-                                      "machine)")]
+        return [
+            Check(
+                "info",
+                "gpus",
+                "none usable: training runs on the CPU with gloo (not a blocker on a CPU machine)",
+            )
+        ]
     checks = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
@@ -97,8 +145,13 @@ def gpu_checks() -> list[Check]:
         status, note = "ok", ""
         if free < 0.9 * total:
             status, note = "warn", f"; {(total - free) / GIB:.1f} GiB already taken by another process"
-        checks.append(Check(status, f"gpu{i}", f"{props.name}, {total / GIB:.1f} GiB, compute capability "
-                                               f"{props.major}.{props.minor}{note}"))
+        checks.append(
+            Check(
+                status,
+                f"gpu{i}",
+                f"{props.name}, {total / GIB:.1f} GiB, compute capability {props.major}.{props.minor}{note}",
+            )
+        )
     checks.append(topology_check(torch.cuda.device_count()))
     return checks
 
@@ -109,9 +162,13 @@ def topology_check(n_gpus: int) -> Check:
     if text is None:
         return Check("info", "topology", "nvidia-smi topo -m not available")
     gpu_rows = [line.split() for line in text.splitlines() if re.match(r"^GPU\d+\s", line)]
-    links = {cell for row in gpu_rows for cell in row[1:n_gpus + 1] if cell != "X"}
+    links = {cell for row in gpu_rows for cell in row[1 : n_gpus + 1] if cell != "X"}
     nvlink = any(cell.startswith("NV") for cell in links)
     if n_gpus > 1 and not nvlink:
-        return Check("warn", "topology", "no NVLink between the GPUs (" + ", ".join(sorted(links)) + "): tensor "
-                     "and expert parallelism within the node run at PCIe speed\n" + text.rstrip())
+        return Check(
+            "warn",
+            "topology",
+            "no NVLink between the GPUs (" + ", ".join(sorted(links)) + "): tensor "
+            "and expert parallelism within the node run at PCIe speed\n" + text.rstrip(),
+        )
     return Check("ok", "topology", ("NVLink" if nvlink else "one GPU") + "\n" + text.rstrip())

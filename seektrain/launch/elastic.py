@@ -38,8 +38,9 @@ class LaunchOptions:
         """(min, max) nodes from ``--nnodes N`` or ``MIN:MAX``; a ValueError of one line otherwise."""
         lo, sep, hi = (self.nnodes or "1").partition(":")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise UserError(f"--nnodes {self.nnodes!r}: give a node count N or an elastic range MIN:MAX, "
-                             "e.g. 2 or 2:4")
+            raise UserError(
+                f"--nnodes {self.nnodes!r}: give a node count N or an elastic range MIN:MAX, e.g. 2 or 2:4"
+            )
         lo_n, hi_n = int(lo), int(hi) if sep else int(lo)
         if lo_n < 1 or hi_n < lo_n:
             raise UserError(f"--nnodes {self.nnodes!r}: need 1 <= MIN <= MAX nodes, e.g. 2 or 2:4")
@@ -64,15 +65,23 @@ class LaunchOptions:
             raise UserError(f"--rdzv-timeout {self.rdzv_timeout_s:g}: must be > 0 seconds")
         _, hi = self.node_range
         if self.node_rank is not None and not 0 <= self.node_rank < hi:
-            raise UserError(f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes or 1}: "
-                             f"use 0..{hi - 1}, a different one on each node")
+            raise UserError(
+                f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes or 1}: "
+                f"use 0..{hi - 1}, a different one on each node"
+            )
         if hi > 1 and not self.rdzv_endpoint:
-            raise UserError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the first node's address, the same "
-                             "on every node)")
-        if self.nnodes is None and (self.rdzv_endpoint or self.local_addr):  # forgotten --nnodes: never train alone
+            raise UserError(
+                "--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the first node's address, the same "
+                "on every node)"
+            )
+        if self.nnodes is None and (
+            self.rdzv_endpoint or self.local_addr
+        ):  # forgotten --nnodes: never train alone
             # (an explicit --nnodes 1, as in a one-node Slurm job, is one node: its endpoint is not needed)
-            raise UserError("--rdzv-endpoint/--local-addr are for several nodes; add --nnodes N "
-                             "(or drop them for a one-node run)")
+            raise UserError(
+                "--rdzv-endpoint/--local-addr are for several nodes; add --nnodes N "
+                "(or drop them for a one-node run)"
+            )
 
     @property
     def node_name(self) -> str:
@@ -86,8 +95,14 @@ def torchrun_args(opts: LaunchOptions, worker_argv: list[str], net: NodeNetwork 
         conf = f"join_timeout={timeout},read_timeout={timeout}"
         if not net.endpoint_ip.startswith("127."):  # on loopback every node is local: torchrun's own
             conf += f",is_host={int(net.hosts_store)}"  # try-host-then-join is right there
-        args += [f"--nnodes={opts.nnodes}", f"--rdzv-backend={RDZV_BACKEND}", f"--rdzv-endpoint={net.endpoint}",
-                 f"--rdzv-id={opts.rdzv_id}", f"--rdzv-conf={conf}", f"--local-addr={net.local_addr}"]
+        args += [
+            f"--nnodes={opts.nnodes}",
+            f"--rdzv-backend={RDZV_BACKEND}",
+            f"--rdzv-endpoint={net.endpoint}",
+            f"--rdzv-id={opts.rdzv_id}",
+            f"--rdzv-conf={conf}",
+            f"--local-addr={net.local_addr}",
+        ]
     else:
         args.append("--standalone")
     return args + ["-m", "seektrain.cli.main", *worker_argv]
@@ -102,7 +117,7 @@ def worker_env(opts: LaunchOptions, net: NodeNetwork | None, environ: dict[str, 
     env = dict(opts.worker_env)
     env[LAUNCH_VAR] = f"--nnodes {opts.nnodes or 1} --nproc-per-node {opts.nproc_per_node}"
     if opts.socket_ifname:
-        env.update({v: opts.socket_ifname for v in IFNAME_VARS})
+        env.update(dict.fromkeys(IFNAME_VARS, opts.socket_ifname))
     if net is not None:
         env[LOCAL_ADDR_VAR] = net.local_addr
         if net.ifname:
@@ -113,9 +128,13 @@ def worker_env(opts: LaunchOptions, net: NodeNetwork | None, environ: dict[str, 
 
 def describe(opts: LaunchOptions, net: NodeNetwork, env: dict[str, str]) -> str:
     role = "hosts the rendezvous store" if net.hosts_store else "joins the rendezvous"
-    ifnames = ", ".join(f"{v}={env.get(v, os.environ.get(v))}" for v in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"))
-    return (f"seektrain: {opts.node_name} {role} at {net.endpoint}, advertises {net.local_addr}; {ifnames} "
-            f"(timeout {opts.rdzv_timeout_s:g} s)")
+    ifnames = ", ".join(
+        f"{v}={env.get(v, os.environ.get(v))}" for v in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+    )
+    return (
+        f"seektrain: {opts.node_name} {role} at {net.endpoint}, advertises {net.local_addr}; {ifnames} "
+        f"(timeout {opts.rdzv_timeout_s:g} s)"
+    )
 
 
 def launch(opts: LaunchOptions, worker_argv: list[str], what: str = "training") -> int:
@@ -130,8 +149,11 @@ def launch(opts: LaunchOptions, worker_argv: list[str], what: str = "training") 
     if net is not None:
         print(describe(opts, net, env), file=sys.stderr, flush=True)  # the choice, logged once
     os.environ.update(env)  # the agent's environment is what its workers inherit
-    if net is not None and not net.hosts_store and not wait_for_endpoint(net.endpoint_ip, net.endpoint.port,
-                                                                          opts.rdzv_timeout_s):
+    if (
+        net is not None
+        and not net.hosts_store
+        and not wait_for_endpoint(net.endpoint_ip, net.endpoint.port, opts.rdzv_timeout_s)
+    ):
         print(f"seektrain: error: {unreachable(opts, net)}", file=sys.stderr)
         return 1
     with worker_error_folder(quiet=opts.max_restarts == 0) as errors:
@@ -155,8 +177,11 @@ def _run(opts: LaunchOptions, worker_argv: list[str], what: str, net: NodeNetwor
         _quiet_rendezvous_logs()
         run(parse_args(torchrun_args(opts, worker_argv, net)))
     except SignalException as err:  # preemption: the workers saved a checkpoint on their way out
-        print(f"seektrain: stopped by signal {err.sigval.name}; the workers saved a checkpoint to resume from "
-              "(run the same command again)", file=sys.stderr)
+        print(
+            f"seektrain: stopped by signal {err.sigval.name}; the workers saved a checkpoint to resume from "
+            "(run the same command again)",
+            file=sys.stderr,
+        )
         return 128 + int(err.sigval)
     except ChildFailedError as err:
         return report_failures(err.failures, errors, what)
@@ -168,8 +193,11 @@ def _run(opts: LaunchOptions, worker_argv: list[str], what: str, net: NodeNetwor
 
 def rendezvous_failure(opts: LaunchOptions, net: NodeNetwork | None, err: Exception) -> str:
     """One line for a rendezvous that did not complete: which endpoint, which node, what to do."""
-    from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousConnectionError,
-                                                          RendezvousTimeoutError)
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError,
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
 
     from seektrain.launch.rendezvous import NodeCountMismatch
 
@@ -178,30 +206,42 @@ def rendezvous_failure(opts: LaunchOptions, net: NodeNetwork | None, err: Except
     if isinstance(err, NodeCountMismatch):
         return f"{where} at {endpoint}: {err}"
     if isinstance(err, RendezvousClosedError):
-        return (f"{where}: another node stopped the rendezvous at {endpoint} (its own error line says why, e.g. "
-                "a different --nnodes); start every node again with the same options")
+        return (
+            f"{where}: another node stopped the rendezvous at {endpoint} (its own error line says why, e.g. "
+            "a different --nnodes); start every node again with the same options"
+        )
     if isinstance(err, RendezvousConnectionError):
-        return unreachable(opts, net) if net else f"{where} could not reach the rendezvous store at {endpoint}"
+        return (
+            unreachable(opts, net) if net else f"{where} could not reach the rendezvous store at {endpoint}"
+        )
     if isinstance(err, RendezvousTimeoutError):
         lo, _ = opts.node_range
-        return (f"{where}: not all {lo} nodes joined the rendezvous at {endpoint} within "
-                f"{opts.rdzv_timeout_s:g} s; start `seektrain train` with the same --rdzv-endpoint and --nnodes "
-                "on every node, or raise --rdzv-timeout")
-    return f"{where}: the rendezvous at {endpoint} failed ({type(err).__name__}: {err}); start every node again"
+        return (
+            f"{where}: not all {lo} nodes joined the rendezvous at {endpoint} within "
+            f"{opts.rdzv_timeout_s:g} s; start `seektrain train` with the same --rdzv-endpoint and --nnodes "
+            "on every node, or raise --rdzv-timeout"
+        )
+    return (
+        f"{where}: the rendezvous at {endpoint} failed ({type(err).__name__}: {err}); start every node again"
+    )
 
 
 def unreachable(opts: LaunchOptions, net: NodeNetwork) -> str:
-    return (f"{opts.node_name} ({net.local_addr}) could not reach the rendezvous store at {net.endpoint} within "
-            f"{opts.rdzv_timeout_s:g} s; start node 0 (the host of {net.endpoint_ip}) too, check the address, "
-            "port and firewall, or raise --rdzv-timeout")
+    return (
+        f"{opts.node_name} ({net.local_addr}) could not reach the rendezvous store at {net.endpoint} within "
+        f"{opts.rdzv_timeout_s:g} s; start node 0 (the host of {net.endpoint_ip}) too, check the address, "
+        "port and firewall, or raise --rdzv-timeout"
+    )
 
 
 def _quiet_rendezvous_logs() -> None:
     """torchrun logs a failed rendezvous (and a peer lost at the exit barrier) with a multi-line
     traceback before raising; we print one line instead. The rendezvous modules are silenced; the agent
     keeps its warnings (a worker failed, the group restarts) but loses the tracebacks."""
-    for name in ("torch.distributed.elastic.rendezvous.dynamic_rendezvous",
-                 "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"):
+    for name in (
+        "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
+        "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
+    ):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
     if not any(isinstance(f, _NoTracebacks) for f in agent.filters):

@@ -33,8 +33,10 @@ def parse_endpoint(text: str) -> Endpoint:
     host, sep, port = text.strip().rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"--rdzv-endpoint {text!r} is not HOST:PORT; give the first node's address and a free "
-                         "port, the same on every node, e.g. --rdzv-endpoint 10.0.0.1:29500")
+        raise UserError(
+            f"--rdzv-endpoint {text!r} is not HOST:PORT; give the first node's address and a free "
+            "port, the same on every node, e.g. --rdzv-endpoint 10.0.0.1:29500"
+        )
     return Endpoint(host, int(port))
 
 
@@ -43,8 +45,10 @@ def resolve_host(endpoint: Endpoint) -> str:
     try:
         return socket.getaddrinfo(endpoint.host, endpoint.port, proto=socket.IPPROTO_TCP)[0][4][0]
     except socket.gaierror:
-        raise UserError(f"--rdzv-endpoint {endpoint}: host {endpoint.host!r} does not resolve on this node; "
-                         "use the first node's IP address (or a name every node resolves)") from None
+        raise UserError(
+            f"--rdzv-endpoint {endpoint}: host {endpoint.host!r} does not resolve on this node; "
+            "use the first node's IP address (or a name every node resolves)"
+        ) from None
 
 
 def route_source_address(ip: str, port: int) -> str:
@@ -54,8 +58,10 @@ def route_source_address(ip: str, port: int) -> str:
         try:
             s.connect((ip, port))
         except OSError as err:
-            raise UserError(f"--rdzv-endpoint {ip}:{port}: no route from this node ({err.strerror}); check the "
-                             "network, or pass --local-addr with this node's address") from None
+            raise UserError(
+                f"--rdzv-endpoint {ip}:{port}: no route from this node ({err.strerror}); check the "
+                "network, or pass --local-addr with this node's address"
+            ) from None
         return s.getsockname()[0]
 
 
@@ -116,6 +122,7 @@ def is_local_address(ip: str) -> bool:
 class NodeNetwork:
     """What one node of a multi-node launch uses: whether it hosts the store, what it advertises, which
     interface the collectives bind to (``None``: leave the backend's own choice)."""
+
     endpoint: Endpoint
     endpoint_ip: str
     hosts_store: bool
@@ -128,18 +135,24 @@ def node_network(endpoint_text: str, local_addr: str = "", ifname: str = "") -> 
     endpoint = parse_endpoint(endpoint_text)
     ip = resolve_host(endpoint)
     if ipaddress.ip_address(ip).is_loopback and not _names_loopback(endpoint.host):
-        raise UserError(f"--rdzv-endpoint {endpoint}: {endpoint.host!r} resolves to {ip} (loopback) on this node, "
-                         "which the other nodes cannot reach; give node 0's network IP address instead")
+        raise UserError(
+            f"--rdzv-endpoint {endpoint}: {endpoint.host!r} resolves to {ip} (loopback) on this node, "
+            "which the other nodes cannot reach; give node 0's network IP address instead"
+        )
     hosts = is_local_address(ip)
     if local_addr:
         try:
             ipaddress.ip_address(local_addr)
         except ValueError:
-            raise UserError(f"--local-addr {local_addr!r} is not an IP address; give this node's address "
-                             "that the other nodes reach") from None
+            raise UserError(
+                f"--local-addr {local_addr!r} is not an IP address; give this node's address "
+                "that the other nodes reach"
+            ) from None
         if not is_local_address(local_addr):
-            raise UserError(f"--local-addr {local_addr} is not an address of this node; pick one from "
-                             "`ip -o addr` that the other nodes reach")
+            raise UserError(
+                f"--local-addr {local_addr} is not an address of this node; pick one from "
+                "`ip -o addr` that the other nodes reach"
+            )
     else:
         local_addr = ip if hosts else route_source_address(ip, endpoint.port)
     if not ifname:

@@ -12,4 +12,6 @@ def check_layout(cfg, world_size: int, ranks_per_node: int | None = None) -> Non
 
     from seektrain.train.startup import resolve_start
 
-    resolve_start(cfg, world_size, "cuda" if torch.cuda.is_available() else "cpu", ranks_per_node=ranks_per_node)
+    resolve_start(
+        cfg, world_size, "cuda" if torch.cuda.is_available() else "cpu", ranks_per_node=ranks_per_node
+    )

@@ -19,8 +19,13 @@ from __future__ import annotations
 import os
 import uuid
 
-from torch.distributed.elastic.rendezvous import (RendezvousError, RendezvousHandler, RendezvousInfo,
-                                                  RendezvousParameters, rendezvous_handler_registry)
+from torch.distributed.elastic.rendezvous import (
+    RendezvousError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    rendezvous_handler_registry,
+)
 
 BACKEND = "seektrain-c10d"
 ATTEMPT_VAR = "SEEKTRAIN_ATTEMPT"
@@ -57,8 +62,10 @@ class RoundTokenRendezvous(RendezvousHandler):
         key = f"{_NODES_KEY}/{self._inner.get_run_id()}"
         first = self._store.compare_set(key, "", self._nodes).decode()  # sets it when no node has yet
         if first != self._nodes:
-            raise NodeCountMismatch(f"this node was started with --nnodes {self._nodes} but the nodes already at "
-                                    f"the rendezvous with --nnodes {first}; start every node with the same --nnodes")
+            raise NodeCountMismatch(
+                f"this node was started with --nnodes {self._nodes} but the nodes already at "
+                f"the rendezvous with --nnodes {first}; start every node with the same --nnodes"
+            )
         self._checked = True
 
     def get_backend(self) -> str:
@@ -89,11 +96,19 @@ def _create(params: RendezvousParameters) -> RendezvousHandler:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-    c10d = RendezvousParameters("c10d", params.endpoint, params.run_id, params.min_nodes, params.max_nodes,
-                                params.local_addr, **params.config)
+    c10d = RendezvousParameters(
+        "c10d",
+        params.endpoint,
+        params.run_id,
+        params.min_nodes,
+        params.max_nodes,
+        params.local_addr,
+        **params.config,
+    )
     backend, store = create_backend(c10d)
-    return RoundTokenRendezvous(create_handler(store, backend, c10d), store,
-                                node_spec(params.min_nodes, params.max_nodes))
+    return RoundTokenRendezvous(
+        create_handler(store, backend, c10d), store, node_spec(params.min_nodes, params.max_nodes)
+    )
 
 
 def register() -> None:

@@ -27,7 +27,7 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from seektrain.errors import UserError
@@ -79,15 +79,26 @@ class SlurmJob:
         return self.nodes * self.nproc_per_node
 
 
-def plan_slurm_job(config: str, overrides: list[str], nodes: int, gpus_per_node: int, *,
-                   nproc_per_node: int | None = None, cpus_per_task: int | None = None, partition: str = "",
-                   time: str = "", account: str = "", image: str = "", python: str = "",
-                   workdir: Path | None = None) -> SlurmJob:
+def plan_slurm_job(
+    config: str,
+    overrides: list[str],
+    nodes: int,
+    gpus_per_node: int,
+    *,
+    nproc_per_node: int | None = None,
+    cpus_per_task: int | None = None,
+    partition: str = "",
+    time: str = "",
+    account: str = "",
+    image: str = "",
+    python: str = "",
+    workdir: Path | None = None,
+) -> SlurmJob:
     """Validate the config and the layout for ``nodes`` × workers now, before anything is queued.
     ``python`` is the interpreter the nodes run (default: this one; ignored with ``image``).
     Raises ValueError (one line)."""
-    from seektrain.launch.preflight import check_layout
     from seektrain.config.loader import load_config
+    from seektrain.launch.preflight import check_layout
 
     if nodes < 1:
         raise UserError(f"--nodes must be >= 1, got {nodes}")
@@ -98,37 +109,60 @@ def plan_slurm_job(config: str, overrides: list[str], nodes: int, gpus_per_node:
     if nproc_per_node < 1:
         raise UserError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
     if gpus_per_node and nproc_per_node != gpus_per_node:
-        raise UserError(f"--nproc-per-node {nproc_per_node} differs from --gpus-per-node {gpus_per_node}; "
-                         "seektrain runs one worker per GPU (drop --nproc-per-node)")
+        raise UserError(
+            f"--nproc-per-node {nproc_per_node} differs from --gpus-per-node {gpus_per_node}; "
+            "seektrain runs one worker per GPU (drop --nproc-per-node)"
+        )
     if cpus_per_task is None:
         cpus_per_task = 8 * nproc_per_node
     if cpus_per_task < nproc_per_node:
-        raise UserError(f"--cpus-per-task {cpus_per_task} is fewer than the {nproc_per_node} worker processes "
-                         "per node; give each worker at least one CPU")
+        raise UserError(
+            f"--cpus-per-task {cpus_per_task} is fewer than the {nproc_per_node} worker processes "
+            "per node; give each worker at least one CPU"
+        )
 
     config_path = Path(config).expanduser().absolute()
     cfg = load_config(config_path, overrides)
     run_dir = Path(cfg.run.dir)  # not expanded: the trainer does not expand ~ either
     if not run_dir.is_absolute():
-        raise UserError(f"run.dir={cfg.run.dir!r} is relative, but Slurm tasks may start in another directory on "
-                         "another node; set run.dir to an absolute path on storage every node shares")
+        raise UserError(
+            f"run.dir={cfg.run.dir!r} is relative, but Slurm tasks may start in another directory on "
+            "another node; set run.dir to an absolute path on storage every node shares"
+        )
     check_layout(cfg, nodes * nproc_per_node)
 
     signal_s = math.ceil(cfg.checkpoint.preempt_grace_s) + SIGNAL_MARGIN_S
     if time and parse_slurm_time(time) < signal_s + MIN_TRAIN_S:
-        raise UserError(f"--time {time} is too short: Slurm is asked to stop training {signal_s} s before the "
-                         f"limit (checkpoint.preempt_grace_s + {SIGNAL_MARGIN_S} s); ask for at least "
-                         f"{signal_s + MIN_TRAIN_S} s")
+        raise UserError(
+            f"--time {time} is too short: Slurm is asked to stop training {signal_s} s before the "
+            f"limit (checkpoint.preempt_grace_s + {SIGNAL_MARGIN_S} s); ask for at least "
+            f"{signal_s + MIN_TRAIN_S} s"
+        )
     notes = []
     if cfg.checkpoint.resume != "auto":
-        notes.append(f"checkpoint.resume={cfg.checkpoint.resume!r}: a requeued job starts from that again, not "
-                     "from the checkpoint it saved when preempted; checkpoint.resume=auto resumes from the newest")
+        notes.append(
+            f"checkpoint.resume={cfg.checkpoint.resume!r}: a requeued job starts from that again, not "
+            "from the checkpoint it saved when preempted; checkpoint.resume=auto resumes from the newest"
+        )
     train_command = list(CONTAINER_TRAIN) if image else [python or sys.executable, "-m", "seektrain.cli.main"]
-    return SlurmJob(config=config_path, overrides=list(overrides), nodes=nodes, gpus_per_node=gpus_per_node,
-                    nproc_per_node=nproc_per_node, cpus_per_task=cpus_per_task, run_dir=run_dir,
-                    workdir=(workdir or Path.cwd()).absolute(), job_name=_job_name(cfg.run.name or run_dir.name),
-                    signal_s=signal_s, train_command=train_command, partition=partition, time=time,
-                    account=account, image=image, notes=notes)
+    return SlurmJob(
+        config=config_path,
+        overrides=list(overrides),
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        nproc_per_node=nproc_per_node,
+        cpus_per_task=cpus_per_task,
+        run_dir=run_dir,
+        workdir=(workdir or Path.cwd()).absolute(),
+        job_name=_job_name(cfg.run.name or run_dir.name),
+        signal_s=signal_s,
+        train_command=train_command,
+        partition=partition,
+        time=time,
+        account=account,
+        image=image,
+        notes=notes,
+    )
 
 
 def _job_name(name: str) -> str:
@@ -137,13 +171,26 @@ def _job_name(name: str) -> str:
 
 def generator_command(job: SlurmJob) -> str:
     """The `seektrain launch slurm` command line that writes this script (for its header)."""
-    argv = ["seektrain", "launch", "slurm", "--config", str(job.config), "--nodes", str(job.nodes),
-            "--gpus-per-node", str(job.gpus_per_node)]
+    argv = [
+        "seektrain",
+        "launch",
+        "slurm",
+        "--config",
+        str(job.config),
+        "--nodes",
+        str(job.nodes),
+        "--gpus-per-node",
+        str(job.gpus_per_node),
+    ]
     if not job.gpus_per_node:
         argv += ["--nproc-per-node", str(job.nproc_per_node)]
     argv += ["--cpus-per-task", str(job.cpus_per_task)]
-    for flag, value in (("--partition", job.partition), ("--time", job.time), ("--account", job.account),
-                        ("--image", job.image)):
+    for flag, value in (
+        ("--partition", job.partition),
+        ("--time", job.time),
+        ("--account", job.account),
+        ("--image", job.image),
+    ):
         if value:
             argv += [flag, value]
     for item in job.overrides:
@@ -152,35 +199,54 @@ def generator_command(job: SlurmJob) -> str:
 
 
 def _sbatch_lines(job: SlurmJob) -> list[str]:
-    opts = [f"--job-name={job.job_name}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
-            f"--cpus-per-task={job.cpus_per_task}"]
+    opts = [
+        f"--job-name={job.job_name}",
+        f"--nodes={job.nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={job.cpus_per_task}",
+    ]
     if job.gpus_per_node:
         opts.append(f"--gpus-per-node={job.gpus_per_node}")
     for flag, value in (("partition", job.partition), ("time", job.time), ("account", job.account)):
         if value:
             opts.append(f"--{flag}={value}")
-    opts += [f"--chdir={job.workdir}", f"--output={job.run_dir}/slurm-%j.out", "--open-mode=append",
-             f"--signal=TERM@{job.signal_s}", "--requeue"]
+    opts += [
+        f"--chdir={job.workdir}",
+        f"--output={job.run_dir}/slurm-%j.out",
+        "--open-mode=append",
+        f"--signal=TERM@{job.signal_s}",
+        "--requeue",
+    ]
     return [f"#SBATCH {shlex.quote(o)}" for o in opts]
 
 
 def _srun_options(job: SlurmJob) -> list[str]:
-    opts = ['--nodes="$SLURM_NNODES"', "--ntasks-per-node=1", '--cpus-per-task="$SLURM_CPUS_PER_TASK"',
-            "--kill-on-bad-exit=1"]
+    opts = [
+        '--nodes="$SLURM_NNODES"',
+        "--ntasks-per-node=1",
+        '--cpus-per-task="$SLURM_CPUS_PER_TASK"',
+        "--kill-on-bad-exit=1",
+    ]
     if job.gpus_per_node:  # explicit, so the step holds every GPU of the node whatever the site's defaults
         opts.append(f"--gpus-per-node={job.gpus_per_node}")
     if job.image:  # pyxis/enroot: the run dir, the config and the working directory at the same paths
         mounts = sorted({str(job.run_dir), str(job.config.parent), str(job.workdir)})
-        opts += [f"--container-image={shlex.quote(job.image)}",
-                 f"--container-mounts={shlex.quote(','.join(mounts))}",
-                 f"--container-workdir={shlex.quote(str(job.workdir))}"]
+        opts += [
+            f"--container-image={shlex.quote(job.image)}",
+            f"--container-mounts={shlex.quote(','.join(mounts))}",
+            f"--container-workdir={shlex.quote(str(job.workdir))}",
+        ]
     return opts
 
 
 def render_sbatch(job: SlurmJob) -> str:
     """The sbatch script for ``job`` (see the module docstring for why each part is there)."""
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    train = [job.train_command, ["train", "--config", str(job.config)], *(["--set", o] for o in job.overrides)]
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    train = [
+        job.train_command,
+        ["train", "--config", str(job.config)],
+        *(["--set", o] for o in job.overrides),
+    ]
     train_lines = "\n    ".join(shlex.join(words) for words in train)
     where = f"inside {job.image} (pyxis)" if job.image else f"with {job.train_command[0]}"
     lines = [
@@ -209,9 +275,9 @@ def render_sbatch(job: SlurmJob) -> str:
         ")",
         "# SLURM_NODEID differs per node: expand it inside each task, not here.",
         "srun " + " ".join(_srun_options(job)) + " \\",
-        "    bash -c 'exec \"$@\" --node-rank \"$SLURM_NODEID\"' seektrain-node \"${TRAIN[@]}\"",
+        '    bash -c \'exec "$@" --node-rank "$SLURM_NODEID"\' seektrain-node "${TRAIN[@]}"',
         "rc=$?",
-        "if [ \"$rc\" -eq 143 ]; then",
+        'if [ "$rc" -eq 143 ]; then',
         '    echo "seektrain: training saved a checkpoint after SIGTERM; requeueing job $SLURM_JOB_ID to resume"',
         '    scontrol requeue "$SLURM_JOB_ID"',
         "fi",

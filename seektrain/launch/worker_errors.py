@@ -12,8 +12,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 EXIT_USER_ERROR = 2  # bad input: a config key, a flag, a file
 EXIT_FAILED = 1  # the input was fine and the run failed (internal errors included)
@@ -73,11 +73,16 @@ def report_failures(failures: dict, folder: Path | None = None, what: str = "tra
         print(message + where, file=sys.stderr)
     if silent:
         where = "the log above and run.dir/train.log" if what == "training" else "the output above"
-        print(f"seektrain: error: {what} workers failed without a message: {', '.join(silent)}; see {where}",
-              file=sys.stderr)
+        print(
+            f"seektrain: error: {what} workers failed without a message: {', '.join(silent)}; see {where}",
+            file=sys.stderr,
+        )
     # A worker that refused bad input may be stopped by a signal while exiting: its line decides.
-    all_bad_input = not silent and all(m.startswith("seektrain: error:") for m in said) and any(
-        f.exitcode == EXIT_USER_ERROR for f in failures.values())
+    all_bad_input = (
+        not silent
+        and all(m.startswith("seektrain: error:") for m in said)
+        and any(f.exitcode == EXIT_USER_ERROR for f in failures.values())
+    )
     return EXIT_USER_ERROR if all_bad_input else EXIT_FAILED
 
 

@@ -32,8 +32,14 @@ def _scalar(value) -> str:
 
 
 def _is_block_text(value) -> bool:
-    return (isinstance(value, str) and "\n" in value and value.endswith("\n") and not value.endswith("\n\n")
-            and not value.startswith((" ", "\n")) and all(ch == "\n" or ch.isprintable() for ch in value))
+    return (
+        isinstance(value, str)
+        and "\n" in value
+        and value.endswith("\n")
+        and not value.endswith("\n\n")
+        and not value.startswith((" ", "\n"))
+        and all(ch == "\n" or ch.isprintable() for ch in value)
+    )
 
 
 def _block_text(text: str, indent: int) -> list[str]:

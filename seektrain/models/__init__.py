@@ -11,12 +11,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _HOME = {
-    "ModelConfig": "config", "RopeScaling": "config",
-    "ParamCounts": "param_count", "count_params": "param_count",
-    "OFFICIAL_PRESETS": "presets", "PRESETS": "presets", "get_preset": "presets",
-    "Transformer": "transformer", "build_model": "registry",
-    "ModelFamily": "registry", "get_family": "registry", "family_for": "registry",
-    "from_pretrained": "hf_io", "save_pretrained": "hf_io",
+    "ModelConfig": "config",
+    "RopeScaling": "config",
+    "ParamCounts": "param_count",
+    "count_params": "param_count",
+    "OFFICIAL_PRESETS": "presets",
+    "PRESETS": "presets",
+    "get_preset": "presets",
+    "Transformer": "transformer",
+    "build_model": "registry",
+    "ModelFamily": "registry",
+    "get_family": "registry",
+    "family_for": "registry",
+    "from_pretrained": "hf_io",
+    "save_pretrained": "hf_io",
 }
 
 __all__ = list(_HOME)

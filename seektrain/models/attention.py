@@ -18,8 +18,9 @@ from seektrain.models.kernels import Kernels
 from seektrain.models.layers import RMSNorm, apply_rope, softmax_scale
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, kernels: Kernels,
-            mask) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, kernels: Kernels, mask
+) -> torch.Tensor:
     """q [B,H,T,K], k [B,Hkv,T,K], v [B,Hkv,T,Kv] -> [B,T,H*Kv]; ``mask``: see ``Kernels``."""
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
@@ -36,7 +37,7 @@ class GQAttention(nn.Module):
         self.kernels = kernels or Kernels()
         d, hd = cfg.hidden_size, cfg.head_dim
         self.head_dim = hd
-        self.scale = hd ** -0.5
+        self.scale = hd**-0.5
         self.q_proj = nn.Linear(d, cfg.num_attention_heads * hd, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(d, cfg.num_key_value_heads * hd, bias=cfg.attention_bias)

@@ -94,13 +94,12 @@ class ModelConfig:
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         return (
-            self.is_moe
-            and layer_idx >= self.first_k_dense_replace
-            and layer_idx % self.moe_layer_freq == 0
+            self.is_moe and layer_idx >= self.first_k_dense_replace and layer_idx % self.moe_layer_freq == 0
         )
 
-    def validate(self) -> "ModelConfig":
+    def validate(self) -> ModelConfig:
         """Raise ValueError naming the first inconsistent field and how to fix it."""
+
         def bad(msg: str) -> None:
             raise UserError(f"model config {self.name!r}: {msg}")
 
@@ -133,14 +132,14 @@ class ModelConfig:
             bad("multi-token prediction (num_nextn_predict_layers) exists only for deepseek_v3")
         return self
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
+    def from_dict(cls, data: dict) -> ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:

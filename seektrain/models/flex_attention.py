@@ -36,8 +36,9 @@ def document_block_mask(document_ids_BT: torch.Tensor):
     return create_block_mask(document_causal, B, None, T, T, device=document_ids_BT.device)
 
 
-def flex_causal_attention(q_BHTK: torch.Tensor, k_BHTK: torch.Tensor, v_BHTV: torch.Tensor, scale: float,
-                          mask=None) -> torch.Tensor:
+def flex_causal_attention(
+    q_BHTK: torch.Tensor, k_BHTK: torch.Tensor, v_BHTV: torch.Tensor, scale: float, mask=None
+) -> torch.Tensor:
     """``causal_attention``'s contract with ``mask`` a block mask of ``document_block_mask``; plain causal
     rows (no mask) keep SDPA's fused kernels."""
     if mask is None:

@@ -26,18 +26,57 @@ HF_BY_ARCH = {arch: name for name, arch in ARCH_BY_HF.items()}
 
 _COMMON = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 _MLA = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-_MOE = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
-        "first_k_dense_replace", "moe_layer_freq", "scoring_func", "topk_method", "n_group", "topk_group",
-        "norm_topk_prob", "routed_scaling_factor")
+_MOE = (
+    "n_routed_experts",
+    "n_shared_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "first_k_dense_replace",
+    "moe_layer_freq",
+    "scoring_func",
+    "topk_method",
+    "n_group",
+    "topk_group",
+    "norm_topk_prob",
+    "routed_scaling_factor",
+)
 # Fields we interpret (or deliberately drop) ourselves; everything else goes to ModelConfig.extra.
-_CONSUMED = set(_COMMON) | set(_MLA) | set(_MOE) | {
-    "architectures", "model_type", "num_key_value_heads", "rms_norm_eps", "max_position_embeddings",
-    "rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias",
-    "initializer_range", "q_lora_rank", "num_nextn_predict_layers", "num_experts", "hidden_act", "mlp_bias",
-    "head_dim", "qk_head_dim", "rope_interleave", "quantization_config", "torch_dtype", "dtype",
-    "transformers_version", "auto_map", "pretraining_tp", "attention_dropout", "use_cache",
-    "output_router_logits", "partial_rotary_factor",
-}
+_CONSUMED = (
+    set(_COMMON)
+    | set(_MLA)
+    | set(_MOE)
+    | {
+        "architectures",
+        "model_type",
+        "num_key_value_heads",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "tie_word_embeddings",
+        "attention_bias",
+        "initializer_range",
+        "q_lora_rank",
+        "num_nextn_predict_layers",
+        "num_experts",
+        "hidden_act",
+        "mlp_bias",
+        "head_dim",
+        "qk_head_dim",
+        "rope_interleave",
+        "quantization_config",
+        "torch_dtype",
+        "dtype",
+        "transformers_version",
+        "auto_map",
+        "pretraining_tp",
+        "attention_dropout",
+        "use_cache",
+        "output_router_logits",
+        "partial_rotary_factor",
+    }
+)
 # Defaults of the official modelling code where a release omits a field.
 _ARCH_DEFAULTS = {
     "deepseek_v2": dict(scoring_func="softmax", topk_method="greedy", norm_topk_prob=False),
@@ -54,8 +93,10 @@ def read_config_json(path: str | os.PathLike, what: str = "model.hf_path") -> di
     into one readable line; ``what`` names the option ``path`` came from in those lines."""
     path = os.fspath(resolve_local_path(os.fspath(path), what))
     if not os.path.isdir(path):
-        raise HFConfigError(f"{what}={path}: no such directory (expected a Hugging Face model folder or a "
-                            "cached hub id org/name)")
+        raise HFConfigError(
+            f"{what}={path}: no such directory (expected a Hugging Face model folder or a "
+            "cached hub id org/name)"
+        )
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
         raise HFConfigError(f"{file}: missing (a Hugging Face model folder needs a config.json)")
@@ -100,10 +141,15 @@ def _rope(raw: dict, where: str) -> tuple[float, RopeScaling | None]:
     orig = int(scaling.get("original_max_position_embeddings", 4096))
     factor = scaling.get("factor")
     factor = float(factor) if factor is not None else raw.get("max_position_embeddings", orig) / orig
-    rs = RopeScaling(type="yarn", factor=factor, original_max_position_embeddings=orig,
-                     beta_fast=float(scaling.get("beta_fast", 32.0)), beta_slow=float(scaling.get("beta_slow", 1.0)),
-                     mscale=float(scaling.get("mscale") or 1.0),
-                     mscale_all_dim=float(scaling.get("mscale_all_dim") or 0.0))
+    rs = RopeScaling(
+        type="yarn",
+        factor=factor,
+        original_max_position_embeddings=orig,
+        beta_fast=float(scaling.get("beta_fast", 32.0)),
+        beta_slow=float(scaling.get("beta_slow", 1.0)),
+        mscale=float(scaling.get("mscale") or 1.0),
+        mscale_all_dim=float(scaling.get("mscale_all_dim") or 0.0),
+    )
     if scaling.get("attention_factor") is not None:
         raise HFConfigError(f"{where}: rope attention_factor is not supported (give mscale/mscale_all_dim)")
     return float(theta), rs
@@ -117,7 +163,9 @@ def config_from_hf(raw: dict, name: str = "custom", where: str = "config.json") 
     except HFConfigError:
         raise
     except (TypeError, ValueError, AttributeError, KeyError) as exc:
-        raise HFConfigError(f"{where}: a field has a value of the wrong type or range ({exc}); fix config.json") from None
+        raise HFConfigError(
+            f"{where}: a field has a value of the wrong type or range ({exc}); fix config.json"
+        ) from None
 
 
 def _config_from_hf(raw: dict, name: str, where: str) -> ModelConfig:
@@ -137,7 +185,10 @@ def _config_from_hf(raw: dict, name: str, where: str) -> ModelConfig:
     theta, rope_scaling = _rope(raw, where)
     fields = {key: need(key) for key in _COMMON}
     fields.update(
-        name=name, arch=arch, rope_theta=theta, rope_scaling=rope_scaling,
+        name=name,
+        arch=arch,
+        rope_theta=theta,
+        rope_scaling=rope_scaling,
         num_key_value_heads=raw.get("num_key_value_heads") or fields["num_attention_heads"],
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
@@ -148,7 +199,9 @@ def _config_from_hf(raw: dict, name: str, where: str) -> ModelConfig:
     if arch == "llama":
         head_dim = raw.get("head_dim")
         if head_dim is not None and head_dim != fields["hidden_size"] // fields["num_attention_heads"]:
-            raise HFConfigError(f"{where}: head_dim={head_dim} != hidden_size/num_attention_heads is not supported")
+            raise HFConfigError(
+                f"{where}: head_dim={head_dim} != hidden_size/num_attention_heads is not supported"
+            )
         if fields["attention_bias"]:
             # No DeepSeek release uses attention biases; the weight mapping carries none.
             raise HFConfigError(f"{where}: attention_bias=true is not supported for LlamaForCausalLM")
@@ -215,25 +268,39 @@ def config_to_hf(cfg: ModelConfig, dtype_name: str) -> dict:
     if cfg.rope_scaling is not None and cfg.rope_scaling.factor > 1.0:
         rs = cfg.rope_scaling
         out["rope_scaling"] = {
-            "type": rs.type, "factor": rs.factor,
+            "type": rs.type,
+            "factor": rs.factor,
             "original_max_position_embeddings": rs.original_max_position_embeddings,
-            "beta_fast": rs.beta_fast, "beta_slow": rs.beta_slow,
-            "mscale": rs.mscale, "mscale_all_dim": rs.mscale_all_dim,
+            "beta_fast": rs.beta_fast,
+            "beta_slow": rs.beta_slow,
+            "mscale": rs.mscale,
+            "mscale_all_dim": rs.mscale_all_dim,
         }
     if cfg.arch == "llama":
         out["mlp_bias"] = False
     else:
         first_dense = cfg.first_k_dense_replace if cfg.is_moe else cfg.num_hidden_layers
-        out.update({
-            "q_lora_rank": cfg.q_lora_rank, "kv_lora_rank": cfg.kv_lora_rank,
-            "qk_nope_head_dim": cfg.qk_nope_head_dim, "qk_rope_head_dim": cfg.qk_rope_head_dim,
-            "v_head_dim": cfg.v_head_dim, "n_routed_experts": cfg.n_routed_experts,
-            "n_shared_experts": cfg.n_shared_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
-            "moe_intermediate_size": cfg.moe_intermediate_size, "first_k_dense_replace": first_dense,
-            "moe_layer_freq": cfg.moe_layer_freq, "scoring_func": cfg.scoring_func,
-            "topk_method": cfg.topk_method, "n_group": cfg.n_group, "topk_group": cfg.topk_group,
-            "norm_topk_prob": cfg.norm_topk_prob, "routed_scaling_factor": cfg.routed_scaling_factor,
-        })
+        out.update(
+            {
+                "q_lora_rank": cfg.q_lora_rank,
+                "kv_lora_rank": cfg.kv_lora_rank,
+                "qk_nope_head_dim": cfg.qk_nope_head_dim,
+                "qk_rope_head_dim": cfg.qk_rope_head_dim,
+                "v_head_dim": cfg.v_head_dim,
+                "n_routed_experts": cfg.n_routed_experts,
+                "n_shared_experts": cfg.n_shared_experts,
+                "num_experts_per_tok": cfg.num_experts_per_tok,
+                "moe_intermediate_size": cfg.moe_intermediate_size,
+                "first_k_dense_replace": first_dense,
+                "moe_layer_freq": cfg.moe_layer_freq,
+                "scoring_func": cfg.scoring_func,
+                "topk_method": cfg.topk_method,
+                "n_group": cfg.n_group,
+                "topk_group": cfg.topk_group,
+                "norm_topk_prob": cfg.norm_topk_prob,
+                "routed_scaling_factor": cfg.routed_scaling_factor,
+            }
+        )
         if cfg.arch == "deepseek_v3":
             out["num_nextn_predict_layers"] = cfg.num_nextn_predict_layers
             out["rope_interleave"] = True

@@ -23,16 +23,29 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from seektrain.errors import UserError
+from seektrain.models.config import ModelConfig
 from seektrain.models.hf_config import (
-    HFConfigError, config_from_hf, config_to_hf, quant_block_size, read_config_json,
+    HFConfigError,
+    config_from_hf,
+    config_to_hf,
+    quant_block_size,
+    read_config_json,
 )
 from seektrain.models.hf_weights import (
-    FP8_DTYPES, Entry, dequantize_fp8, dtype_name, fused_alternatives, hf_layout, is_ignored, part_shape,
-    part_view, scale_shape, shard_plan,
+    FP8_DTYPES,
+    Entry,
+    dequantize_fp8,
+    dtype_name,
+    fused_alternatives,
+    hf_layout,
+    is_ignored,
+    part_shape,
+    part_view,
+    scale_shape,
+    shard_plan,
 )
-from seektrain.models.config import ModelConfig
-from seektrain.models.kernels import Kernels
 from seektrain.models.hub import resolve_local_path
+from seektrain.models.kernels import Kernels
 from seektrain.models.transformer import Transformer, build_model
 
 log = logging.getLogger(__name__)
@@ -58,27 +71,42 @@ def _weight_map(path: str) -> dict[str, str]:
                 weight_map = json.load(fh)["weight_map"]
             if not isinstance(weight_map, dict):
                 raise TypeError("weight_map is not an object")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, RecursionError) as exc:
-            raise HFWeightsError(f"{index}: unreadable index ({type(exc).__name__}: {str(exc)[:200]})") from None
+        except (
+            OSError,
+            UnicodeDecodeError,
+            json.JSONDecodeError,
+            KeyError,
+            TypeError,
+            RecursionError,
+        ) as exc:
+            raise HFWeightsError(
+                f"{index}: unreadable index ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
         for key, shard in weight_map.items():
             if not isinstance(shard, str) or os.path.basename(shard) != shard or not shard:
-                raise HFWeightsError(f"{index}: weight_map[{key!r}] = {shard!r} is not a file name of this folder")
+                raise HFWeightsError(
+                    f"{index}: weight_map[{key!r}] = {shard!r} is not a file name of this folder"
+                )
         for shard in sorted(set(weight_map.values())):
             if not os.path.isfile(os.path.join(path, shard)):
                 raise HFWeightsError(f"{os.path.join(path, shard)}: missing shard (listed in {INDEX_FILE})")
             with _open(os.path.join(path, shard)) as fh:  # header only: which tensors the shard holds
                 held = set(fh.keys())
             for key in sorted(k for k, s in weight_map.items() if s == shard and k not in held):
-                raise HFWeightsError(f"{index}: weight_map puts {key} in {shard}, which does not hold it; fix "
-                                     "the index (or re-download the model)")
+                raise HFWeightsError(
+                    f"{index}: weight_map puts {key} in {shard}, which does not hold it; fix "
+                    "the index (or re-download the model)"
+                )
         return weight_map
     single = os.path.join(path, SINGLE_FILE)
     if os.path.isfile(single):
         with _open(single) as fh:
-            return {key: SINGLE_FILE for key in fh.keys()}
+            return dict.fromkeys(fh.keys(), SINGLE_FILE)
     if any(name.endswith(".bin") for name in os.listdir(path)):
-        raise HFWeightsError(f"{path}: only pickle .bin weights found; convert them to safetensors first "
-                             "(we never unpickle checkpoints)")
+        raise HFWeightsError(
+            f"{path}: only pickle .bin weights found; convert them to safetensors first "
+            "(we never unpickle checkpoints)"
+        )
     raise HFWeightsError(f"{path}: no {SINGLE_FILE} or {INDEX_FILE} found")
 
 
@@ -116,8 +144,10 @@ def _plan(cfg, shapes: dict, weight_map: dict[str, str], path: str) -> list[tupl
         elif key.endswith("_scale_inv") and key[: -len("_scale_inv")] in weight_map:
             continue  # read together with its weight
         else:
-            raise HFWeightsError(f"{key}: unexpected tensor in {weight_map[key]} (a {cfg.arch} model with this "
-                                 f"config.json has no such weight)")
+            raise HFWeightsError(
+                f"{key}: unexpected tensor in {weight_map[key]} (a {cfg.arch} model with this "
+                f"config.json has no such weight)"
+            )
         if entry.copy:
             continue
         if entry.part is None:
@@ -151,7 +181,9 @@ def _check_shapes(plan, shapes, weight_map, handles, block) -> None:
             s_got = tuple(handles(weight_map[scale_key]).get_slice(scale_key).get_shape())
             if len(got) != 2 or s_got != scale_shape(got, block):
                 want_s = scale_shape(got, block) if len(got) == 2 else "a 2-D weight"
-                raise HFWeightsError(f"{scale_key}: expected shape {want_s}, got {s_got} in {weight_map[scale_key]}")
+                raise HFWeightsError(
+                    f"{scale_key}: expected shape {want_s}, got {s_got} in {weight_map[scale_key]}"
+                )
 
 
 def _open_pretrained(spec: str, what: str) -> tuple[str, dict, ModelConfig, dict]:
@@ -165,8 +197,13 @@ def _open_pretrained(spec: str, what: str) -> tuple[str, dict, ModelConfig, dict
     weight_map = _weight_map(path)
     present = _present_mtp_layers(cfg, weight_map)
     if present < cfg.num_nextn_predict_layers:
-        log.warning("%s: config.json asks for %d MTP layer(s) but the weights hold %d; building the model "
-                    "with %d", path, cfg.num_nextn_predict_layers, present, present)
+        log.warning(
+            "%s: config.json asks for %d MTP layer(s) but the weights hold %d; building the model with %d",
+            path,
+            cfg.num_nextn_predict_layers,
+            present,
+            present,
+        )
         cfg = cfg.replace(num_nextn_predict_layers=present)
     return path, raw, cfg, weight_map
 
@@ -177,9 +214,13 @@ def pretrained_config(path: str | os.PathLike, what: str = "model.hf_path") -> M
     return _open_pretrained(os.fspath(path), what)[2]
 
 
-def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu", what: str = "model.hf_path",
-                    kernels: Kernels | None = None) -> Transformer:
+def from_pretrained(
+    path: str | os.PathLike,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    what: str = "model.hf_path",
+    kernels: Kernels | None = None,
+) -> Transformer:
     """Build our ``Transformer`` from a Hugging Face folder (config.json + safetensors, sharded or not),
     or from a hub id (``org/name``) already in the local Hugging Face cache (``seektrain.models.hub``);
     ``kernels`` as for ``build_model``."""
@@ -216,8 +257,12 @@ def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
 
 
 # ------------------------------------------------------------------------------------------ writing
-def save_pretrained(model: Transformer, path: str | os.PathLike, dtype: torch.dtype | None = None,
-                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
+def save_pretrained(
+    model: Transformer,
+    path: str | os.PathLike,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> list[str]:
     """Write ``model`` as a Hugging Face folder in the release layout; returns the weight files written.
 
     ``dtype`` casts the weights (default: the embedding's dtype); the MoE balancing bias always stays
@@ -243,8 +288,11 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, dtype: torch.dt
             numel *= dim
         sizes.append(numel * torch.empty((), dtype=cast(entry)).element_size())
     ranges = shard_plan(sizes, max_shard_bytes)
-    names = ([SINGLE_FILE] if len(ranges) == 1 else
-             [f"model-{i + 1:05d}-of-{len(ranges):05d}.safetensors" for i in range(len(ranges))])
+    names = (
+        [SINGLE_FILE]
+        if len(ranges) == 1
+        else [f"model-{i + 1:05d}-of-{len(ranges):05d}.safetensors" for i in range(len(ranges))]
+    )
 
     os.makedirs(path, exist_ok=True)
     for old in os.listdir(path):
@@ -255,8 +303,12 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, dtype: torch.dt
         tensors = {}
         for entry in entries[start:end]:
             # copy=True: per-expert slices share storage, and safetensors refuses shared tensors
-            tensors[entry.hf_key] = part_view(state[entry.ours], entry.part).detach().to(
-                device="cpu", dtype=cast(entry), copy=True).contiguous()
+            tensors[entry.hf_key] = (
+                part_view(state[entry.ours], entry.part)
+                .detach()
+                .to(device="cpu", dtype=cast(entry), copy=True)
+                .contiguous()
+            )
             weight_map[entry.hf_key] = name
         save_file(tensors, os.path.join(path, name), metadata={"format": "pt"})
         del tensors
@@ -269,4 +321,4 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, dtype: torch.dt
     return names
 
 
-__all__ = ["from_pretrained", "save_pretrained", "HFConfigError", "HFWeightsError", "DEFAULT_MAX_SHARD_BYTES"]
+__all__ = ["DEFAULT_MAX_SHARD_BYTES", "HFConfigError", "HFWeightsError", "from_pretrained", "save_pretrained"]

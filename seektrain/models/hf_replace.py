@@ -1,6 +1,6 @@
 """Where ``convert --to-hf`` may write: a new or empty folder, or one holding only a Hugging Face model
 we could have written (config.json + safetensors [+ index], and the tokenizer files and generation config
-``checkpoint/hf_tokenizer.py`` adds). The same model there is replaced (a
+``data/hf_tokenizer.py`` adds). The same model there is replaced (a
 re-export); a different model only with ``--force``; a folder holding anything else, or the model being
 read, never. The new folder is written beside the old one and swapped in by rename, so a write that
 fails midway (disk full) leaves the old folder as it was.
@@ -9,21 +9,29 @@ fails midway (disk full) leaves the old folder as it was.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 from seektrain.errors import UserError
 
-_HF_FILES = re.compile(r"config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json|"
-                       r"generation_config\.json|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|"
-                       r"chat_template\.jinja")  # the tokenizer half: checkpoint/hf_tokenizer.py
+_HF_FILES = re.compile(
+    r"config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json|"
+    r"generation_config\.json|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|"
+    r"chat_template\.jinja"
+)  # the tokenizer half: data/hf_tokenizer.py
 # config.json fields that name the model (not its dtype or library versions)
-_IDENTITY = ("architectures", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-             "intermediate_size", "n_routed_experts", "kv_lora_rank", "q_lora_rank", "moe_intermediate_size")
+_IDENTITY = (
+    "architectures",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "n_routed_experts",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "moe_intermediate_size",
+)
 
 
 def check_target(out: Path, new_config: dict | None, force: bool, sources: tuple[Path, ...] = ()) -> None:
@@ -38,9 +46,11 @@ def check_target(out: Path, new_config: dict | None, force: bool, sources: tuple
         return
     foreign = sorted(p.name for p in out.iterdir() if not (p.is_file() and _HF_FILES.fullmatch(p.name)))
     if foreign:
-        raise UserError(f"--to-hf {out}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
-                         "which convert does not write, so it will not replace this folder (not even with --force); "
-                         "choose a new folder")
+        raise UserError(
+            f"--to-hf {out}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
+            "which convert does not write, so it will not replace this folder (not even with --force); "
+            "choose a new folder"
+        )
     if force or new_config is None:
         return
     try:
@@ -48,28 +58,14 @@ def check_target(out: Path, new_config: dict | None, force: bool, sources: tuple
     except (OSError, ValueError, RecursionError):
         old = None
     if not isinstance(old, dict) or any(old.get(k) != new_config.get(k) for k in _IDENTITY):
-        what = (f"a different model ({_describe(old)})" if isinstance(old, dict) else "weights without a readable config.json")
-        raise UserError(f"--to-hf {out}: already holds {what}; pass --force to replace it, or choose a new folder")
-
-
-def write_swapped(out: Path, write: Callable[[Path], object]) -> object:
-    """Run ``write(tmp_folder)`` beside ``out`` and rename the result into place; the old folder (checked
-    by ``check_target``) is removed only after the new one is complete."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        result = write(tmp)
-        old = None
-        if out.is_dir():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / "model")
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return result
+        what = (
+            f"a different model ({_describe(old)})"
+            if isinstance(old, dict)
+            else "weights without a readable config.json"
+        )
+        raise UserError(
+            f"--to-hf {out}: already holds {what}; pass --force to replace it, or choose a new folder"
+        )
 
 
 def _describe(cfg: dict) -> str:

@@ -27,10 +27,17 @@ import torch
 
 from seektrain.models.config import ModelConfig
 
-FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-                                                "float8_e5m2fnuz") if hasattr(torch, n))
-_MTP_OWN = {"enorm.weight": "enorm.weight", "hnorm.weight": "hnorm.weight", "eh_proj.weight": "eh_proj.weight",
-            "shared_head.norm.weight": "norm.weight"}
+FP8_DTYPES = tuple(
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+)
+_MTP_OWN = {
+    "enorm.weight": "enorm.weight",
+    "hnorm.weight": "hnorm.weight",
+    "eh_proj.weight": "eh_proj.weight",
+    "shared_head.norm.weight": "norm.weight",
+}
 _MTP_COPIES = {"embed_tokens.weight": "embed_tokens.weight", "shared_head.head.weight": "lm_head.weight"}
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 # Keys some older checkpoints carry that describe no weight (recomputed RoPE tables).
@@ -62,7 +69,9 @@ def _layer_entries(hf_prefix: str, our_prefix: str, names: list[str], shapes: di
                 out.append(Entry(f"{base}{e}.up_proj.weight", ours, ("up", e)))
         elif rest.endswith("mlp.experts.down_proj"):
             base = hf_prefix + rest[: -len("down_proj")]
-            out.extend(Entry(f"{base}{e}.down_proj.weight", ours, ("down", e)) for e in range(shapes[ours][0]))
+            out.extend(
+                Entry(f"{base}{e}.down_proj.weight", ours, ("down", e)) for e in range(shapes[ours][0])
+            )
         else:
             out.append(Entry(hf_prefix + rest, ours))
     return out
@@ -81,7 +90,9 @@ def hf_layout(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> list[Entr
             mtp_own.setdefault(int(depth), []).append(rest)
     entries = [Entry("model.embed_tokens.weight", "embed_tokens.weight")]
     for i in range(cfg.num_hidden_layers):
-        entries += _layer_entries(f"model.layers.{i}.", f"layers.{i}.", by_layer.get(f"layers.{i}", []), shapes)
+        entries += _layer_entries(
+            f"model.layers.{i}.", f"layers.{i}.", by_layer.get(f"layers.{i}", []), shapes
+        )
     entries.append(Entry("model.norm.weight", "norm.weight"))
     if not cfg.tie_word_embeddings:
         entries.append(Entry("lm_head.weight", "lm_head.weight"))
@@ -133,8 +144,9 @@ def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, in
     return math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1])
 
 
-def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
-                   dtype: torch.dtype) -> torch.Tensor:
+def dequantize_fp8(
+    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype: torch.dtype
+) -> torch.Tensor:
     """weight * scale, with one scale per ``block`` (rows x cols); edge blocks may be partial."""
     rows, cols = weight.shape
     scale = scale_inv.float().repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :cols]

@@ -35,10 +35,14 @@ def resolve_local_path(spec: str, what: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise UserError(f"{what}={spec!r}: no such local path; reading it as a hub id needs huggingface_hub: "
-                         "pip install huggingface_hub") from None
+        raise UserError(
+            f"{what}={spec!r}: no such local path; reading it as a hub id needs huggingface_hub: "
+            "pip install huggingface_hub"
+        ) from None
     try:
         return Path(snapshot_download(spec, local_files_only=True))
     except Exception:  # LocalEntryNotFoundError, HFValidationError, a broken cache entry
-        raise UserError(f"{what}={spec!r}: no such local path, and hub id {spec} is not in the Hugging Face "
-                         f"cache; download it first: hf download {spec}") from None
+        raise UserError(
+            f"{what}={spec!r}: no such local path, and hub id {spec} is not in the Hugging Face "
+            f"cache; download it first: hf download {spec}"
+        ) from None

@@ -31,7 +31,9 @@ def _seed_for(seed: int, name: str, block: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def _local_view(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+def _local_view(
+    param: torch.Tensor,
+) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(local tensor, global shape, local shape, global offset) for a plain tensor or a DTensor."""
     from torch.distributed.tensor import DTensor
 
@@ -39,7 +41,9 @@ def _local_view(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tup
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
         local = param.to_local()
-        shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+        shape, offset = compute_local_shape_and_global_offset(
+            param.shape, param.device_mesh, param.placements
+        )
         return local, tuple(param.shape), tuple(shape), tuple(offset)
     return param, tuple(param.shape), tuple(param.shape), (0,) * param.ndim
 
@@ -59,7 +63,7 @@ def deterministic_normal_(param: torch.Tensor, std: float, seed: int, name: str)
         gen = torch.Generator(device=local.device).manual_seed(_seed_for(seed, name, block))
         values = torch.randn((b1 - b0,) + gshape[1:], generator=gen, device=local.device, dtype=torch.float32)
         lo, hi = max(b0, r0), min(b1, r1)
-        local[lo - r0:hi - r0].copy_(values[(slice(lo - b0, hi - b0),) + inner].mul_(std))
+        local[lo - r0 : hi - r0].copy_(values[(slice(lo - b0, hi - b0),) + inner].mul_(std))
 
 
 @torch.no_grad()

@@ -18,8 +18,13 @@ import torch
 import torch.nn.functional as F
 
 
-def causal_attention(q_BHTK: torch.Tensor, k_BHTK: torch.Tensor, v_BHTV: torch.Tensor, scale: float,
-                     mask: torch.Tensor | None = None) -> torch.Tensor:
+def causal_attention(
+    q_BHTK: torch.Tensor,
+    k_BHTK: torch.Tensor,
+    v_BHTV: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Causal softmax attention over heads of equal count, [B, H, T, V] (torch picks the kernel).
     ``mask``: ``None`` (plain causal, the fast path), or what ``Kernels.document_mask`` built for packed
     rows; here that of ``document_causal_mask``."""

@@ -31,7 +31,6 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-
 class SwiGLU(nn.Module):
     """The dense feed-forward block (and DeepSeekMoE's shared experts): down(silu(gate(x)) * up(x))."""
 
@@ -62,7 +61,11 @@ def rope_inv_freq(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, float]:
         raise UserError(f"rope_scaling.type={rs.type!r} is not supported; only 'yarn' is")
 
     def correction_dim(rotations: float) -> float:
-        return dim * math.log(rs.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        return (
+            dim
+            * math.log(rs.original_max_position_embeddings / (rotations * 2 * math.pi))
+            / (2 * math.log(base))
+        )
 
     low = max(math.floor(correction_dim(rs.beta_fast)), 0)
     high: float = min(math.ceil(correction_dim(rs.beta_slow)), dim - 1)
@@ -80,15 +83,16 @@ def rope_inv_freq(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, float]:
 
 def softmax_scale(cfg: ModelConfig) -> float:
     """1/sqrt(head dim), corrected by mscale_all_dim^2 under YaRN (DeepSeek-V2/V3)."""
-    scale = cfg.qk_head_dim ** -0.5
+    scale = cfg.qk_head_dim**-0.5
     rs = cfg.rope_scaling
     if rs is not None and rs.factor > 1.0 and rs.mscale_all_dim:
         scale *= yarn_mscale(rs.factor, rs.mscale_all_dim) ** 2
     return scale
 
 
-def rope_cos_sin(cfg: ModelConfig, seq_len: int, device, dtype,
-                 positions_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    cfg: ModelConfig, seq_len: int, device, dtype, positions_BT: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [T, rope_dim/2] for positions 0 .. T-1, or [B, 1, T, rope_dim/2] gathered per token
     from ``positions_BT`` (packed rows, where positions restart at each document; the 1 broadcasts over
     heads). Computed per call (cheap), so no buffer needs re-initialising."""

@@ -29,9 +29,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         target_N1 = labels_N.clamp_min(0).unsqueeze(1)
         loss = torch.zeros((), dtype=torch.float32, device=h_ND.device)
         for s in range(0, n, rows):
-            block = logits_NV[s:s + rows]
+            block = logits_NV[s : s + rows]
             logp = torch.log_softmax(block.float(), dim=1)
-            target, valid = target_N1[s:s + rows], valid_N[s:s + rows]
+            target, valid = target_N1[s : s + rows], valid_N[s : s + rows]
             loss -= logp.gather(1, target).squeeze(1).masked_fill(~valid, 0.0).sum()
             probs = logp.exp_()
             probs.scatter_add_(1, target, valid.to(probs.dtype).neg().unsqueeze(1))
@@ -71,7 +71,9 @@ def linear_cross_entropy(h_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: 
         return _LinearCrossEntropy.apply(h_ND, weight_VD, labels_N)
 
 
-def shift_labels(labels_BT: torch.Tensor, depth: int, document_ids_BT: torch.Tensor | None = None) -> torch.Tensor:
+def shift_labels(
+    labels_BT: torch.Tensor, depth: int, document_ids_BT: torch.Tensor | None = None
+) -> torch.Tensor:
     """Targets of MTP depth ``depth`` (1-based): the label ``depth`` positions ahead; the tail is ignored,
     and so is every position whose target lies in another document of a packed row."""
     shifted = torch.full_like(labels_BT, IGNORE)

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from seektrain.models.config import ModelConfig
-from seektrain.models.layers import SwiGLU
 from seektrain.models.kernels import Kernels
+from seektrain.models.layers import SwiGLU
 from seektrain.models.moe_rows import PermuteRows, run_padded_groups
 
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
@@ -31,7 +31,9 @@ def count_slots(idx: torch.Tensor, n_experts: int) -> torch.Tensor:
     than ``torch.bincount``, which on CUDA reads the smallest and largest index on the host to check
     and size its output: a device sync in every MoE layer's forward."""
     flat = idx.flatten()
-    return torch.zeros(n_experts, dtype=torch.long, device=idx.device).scatter_add_(0, flat, torch.ones_like(flat))
+    return torch.zeros(n_experts, dtype=torch.long, device=idx.device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -83,7 +85,9 @@ class Router(nn.Module):
         cfg = self.cfg
         logits = F.linear(x_ND.float(), self.weight.float())
         scores = logits.sigmoid() if cfg.scoring_func == "sigmoid" else logits.softmax(dim=-1)
-        choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias.float()
+        choice = (
+            scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias.float()
+        )
         if cfg.topk_method != "greedy" and cfg.n_group > 1:
             grouped = choice.view(-1, cfg.n_group, cfg.n_routed_experts // cfg.n_group)
             if cfg.topk_method == "noaux_tc":
@@ -92,7 +96,9 @@ class Router(nn.Module):
             else:
                 group_scores = grouped.max(dim=-1).values
                 fill = 0.0
-            keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(cfg.topk_group, dim=-1).indices, 1.0)
+            keep = torch.zeros_like(group_scores).scatter_(
+                1, group_scores.topk(cfg.topk_group, dim=-1).indices, 1.0
+            )
             keep = keep.bool().unsqueeze(-1).expand_as(grouped).reshape(choice.shape)
             choice = choice.masked_fill(~keep, fill)
         idx_NK = choice.topk(cfg.num_experts_per_tok, dim=-1).indices
@@ -102,9 +108,16 @@ class Router(nn.Module):
         return weights_NK * cfg.routed_scaling_factor, idx_NK, scores
 
 
+PLAIN_KERNELS = Kernels()  # the default of grouped_swiglu: plain kernels (a frozen dataclass, shared)
 
-def grouped_swiglu(x_ND: torch.Tensor, counts_E: torch.Tensor, gate_up_proj: torch.Tensor,
-                   down_proj: torch.Tensor, kernels: Kernels = Kernels()) -> torch.Tensor:
+
+def grouped_swiglu(
+    x_ND: torch.Tensor,
+    counts_E: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    kernels: Kernels = PLAIN_KERNELS,
+) -> torch.Tensor:
     """E SwiGLU experts (``gate_up [E, 2F, D]``, ``down [E, D, F]``) over token slots already sorted by
     expert, ``counts_E`` slots each: one grouped GEMM per projection, or a padded batched matmul where
     ``kernels`` has no grouped GEMM for the dtype and shapes (or no slots at all, which the grouped GEMM's
@@ -125,8 +138,12 @@ def grouped_swiglu(x_ND: torch.Tensor, counts_E: torch.Tensor, gate_up_proj: tor
 
         def swiglu(x, counts):
             offs = counts.cumsum(0).to(torch.int32)
-            gate, up = _ContiguousGrad.apply(grouped_mm(x, gate_up_proj.transpose(-2, -1), offs=offs)).chunk(2, -1)
-            return _ContiguousGrad.apply(grouped_mm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs))
+            gate, up = _ContiguousGrad.apply(grouped_mm(x, gate_up_proj.transpose(-2, -1), offs=offs)).chunk(
+                2, -1
+            )
+            return _ContiguousGrad.apply(
+                grouped_mm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs)
+            )
 
         if kernels.expert_row_multiple > 1:
             return run_padded_groups(swiglu, x_ND, counts_E, kernels.expert_row_multiple)
@@ -160,8 +177,9 @@ class GroupedExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * hidden, dim))
         self.down_proj = nn.Parameter(torch.empty(n_experts, dim, hidden))
 
-    def forward(self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor,
-                counts_E: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor, counts_E: torch.Tensor
+    ) -> torch.Tensor:
         """Sum over every token's chosen experts of weight * expert(token), [N, D]."""
         N, K = idx_NK.shape
         order = idx_NK.flatten().argsort(stable=True)  # slot (token * K + k) of each expert-sorted row
@@ -188,10 +206,14 @@ class MoE(nn.Module):
         super().__init__()
         self.n_experts, self.top_k = cfg.n_routed_experts, cfg.num_experts_per_tok
         self.gate = Router(cfg)
-        self.experts = GroupedExperts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size,
-                                      kernels)
-        self.shared_experts = (SwiGLU(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
-                               if cfg.n_shared_experts else None)
+        self.experts = GroupedExperts(
+            cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, kernels
+        )
+        self.shared_experts = (
+            SwiGLU(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
+            if cfg.n_shared_experts
+            else None
+        )
         self.aux_loss_alpha = 0.0
         self.aux_loss_scale = 1.0
         self.expert_counts: list[torch.Tensor] = []  # tokens per expert, one entry per forward call
@@ -227,8 +249,8 @@ class MoE(nn.Module):
         B, T, E = scores_BTE.shape
         probs = scores_BTE / (scores_BTE.sum(-1, keepdim=True) + 1e-20)
         hits = torch.zeros(B, E, device=scores_BTE.device).scatter_add_(
-            1, idx_BTK.reshape(B, -1), torch.ones(B, T * self.top_k, device=scores_BTE.device))
+            1, idx_BTK.reshape(B, -1), torch.ones(B, T * self.top_k, device=scores_BTE.device)
+        )
         f = hits * (E / (self.top_k * T))
         p = probs.mean(dim=1)
         return self.aux_loss_alpha * (f * p).sum(-1).mean()
-

@@ -72,8 +72,9 @@ def padded_group_positions(counts_E: torch.Tensor, multiple: int) -> tuple[torch
     padded_E = (counts_E + multiple - 1) // multiple * multiple
     shift_E = (padded_E.cumsum(0) - padded_E) - (counts_E.cumsum(0) - counts_E)
     n = int(counts_E.sum())
-    group = torch.repeat_interleave(torch.arange(counts_E.numel(), device=counts_E.device), counts_E,
-                                    output_size=n)
+    group = torch.repeat_interleave(
+        torch.arange(counts_E.numel(), device=counts_E.device), counts_E, output_size=n
+    )
     pos = torch.arange(n, device=counts_E.device) + shift_E[group]
     return pos, padded_E, int(padded_E.sum())
 

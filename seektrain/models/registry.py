@@ -15,18 +15,18 @@ nothing of parallelism, ``seektrain.parallel`` resolves it (``parallel/tensor_pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
 
+from seektrain.errors import UserError
 from seektrain.models import shapes
 from seektrain.models.config import ARCHITECTURES, ModelConfig
 from seektrain.models.hf_config import ARCH_BY_HF
 from seektrain.models.kernels import Kernels
 from seektrain.models.transformer import Transformer, keep_fp32_buffers
-from seektrain.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,18 @@ class ModelFamily:
 
 FAMILIES: dict[str, ModelFamily] = {
     "deepseek": ModelFamily(
-        name="deepseek", config_class=ModelConfig, archs=ARCHITECTURES, hf_architectures=tuple(ARCH_BY_HF),
-        module_class=Transformer, weights=shapes.weights_by_path,
+        name="deepseek",
+        config_class=ModelConfig,
+        archs=ARCHITECTURES,
+        hf_architectures=tuple(ARCH_BY_HF),
+        module_class=Transformer,
+        weights=shapes.weights_by_path,
         tp_plan="seektrain.parallel.tensor_parallel:transformer_tp_plan",
-        pipeline=PipelineRules(layers="layers", first=shapes.FIRST_STAGE, last=shapes.LAST_STAGE,
-                               blocks=("layers", "mtp")),
-        keep_fp32=keep_fp32_buffers),
+        pipeline=PipelineRules(
+            layers="layers", first=shapes.FIRST_STAGE, last=shapes.LAST_STAGE, blocks=("layers", "mtp")
+        ),
+        keep_fp32=keep_fp32_buffers,
+    ),
 }
 
 
@@ -72,14 +78,16 @@ def get_family(name: str) -> ModelFamily:
     return FAMILIES[name]
 
 
-def family_for(cfg) -> ModelFamily:
+def family_for(cfg: ModelConfig) -> ModelFamily:
     """The family that builds ``cfg`` (by its config class and ``arch``)."""
     for family in FAMILIES.values():
         if isinstance(cfg, family.config_class) and cfg.arch in family.archs:
             return family
     known = ", ".join(a for f in FAMILIES.values() for a in f.archs)
-    raise UserError(f"model config {getattr(cfg, 'name', '?')!r}: no model family builds arch={cfg.arch!r} "
-                     f"(known: {known})")
+    raise UserError(
+        f"model config {getattr(cfg, 'name', '?')!r}: no model family builds arch={cfg.arch!r} "
+        f"(known: {known})"
+    )
 
 
 def family_of(model: nn.Module) -> ModelFamily:
@@ -106,8 +114,14 @@ def model_blocks(model: nn.Module) -> list[nn.Module]:
     return out
 
 
-def build_model(cfg, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                init: bool = True, seed: int = 0, kernels: Kernels | None = None) -> nn.Module:
+def build_model(
+    cfg,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    init: bool = True,
+    seed: int = 0,
+    kernels: Kernels | None = None,
+) -> nn.Module:
     """The model of ``cfg``'s family on ``device`` ("meta" costs no memory for any size; call
     ``init_weights`` after ``to_empty``). ``kernels``: the platform's
     (``seektrain.platform.policy_for(device).model_kernels()``) for training; the default, plain ones
@@ -120,5 +134,5 @@ def build_model(cfg, device: str | torch.device = "cpu", dtype: torch.dtype = to
         model.to(dtype)
         family.keep_fp32(model)
     if init and torch.device(device).type != "meta":
-        model.init_weights(seed)
+        model.init_weights(seed)  # type: ignore[operator]  # every family's module has init_weights
     return model

@@ -30,6 +30,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from seektrain.models.config import ModelConfig
 
@@ -99,8 +100,14 @@ class Weight:
 
     def params(self) -> list[tuple[str, tuple[int, ...], int | None]]:
         """(parameter name, shape, dimension TP shards or None) of each parameter of this weight."""
-        weight_dim = {COLWISE: 0, ROWWISE: 1, ROWWISE_PARTIAL: 1, VOCAB_EMBEDDING: 0, VOCAB_HEAD: 0,
-                      EXPERT: 0}.get(self.tp)
+        weight_dim = {
+            COLWISE: 0,
+            ROWWISE: 1,
+            ROWWISE_PARTIAL: 1,
+            VOCAB_EMBEDDING: 0,
+            VOCAB_HEAD: 0,
+            EXPERT: 0,
+        }.get(self.tp)
         out = [] if self.tied_to else [(self.weight_name, self.weight_shape, weight_dim)]
         if self.bias:
             out.append((f"{self.path}.bias", (self.out_features,), 0 if self.tp == COLWISE else None))
@@ -121,54 +128,94 @@ def _attention(cfg: ModelConfig, p: str, where: dict) -> list[Weight]:
     if not cfg.is_mla:
         hd, kv = cfg.head_dim, cfg.num_key_value_heads
         kv_heads = ("num_key_value_heads", kv)
-        return [_linear(f"{p}q_proj", d, h * hd, COLWISE, heads, b, **where),
-                _linear(f"{p}k_proj", d, kv * hd, COLWISE, kv_heads, b, **where),
-                _linear(f"{p}v_proj", d, kv * hd, COLWISE, kv_heads, b, **where),
-                _linear(f"{p}o_proj", h * hd, d, ROWWISE, heads, b, **where)]
+        return [
+            _linear(f"{p}q_proj", d, h * hd, COLWISE, heads, b, **where),
+            _linear(f"{p}k_proj", d, kv * hd, COLWISE, kv_heads, b, **where),
+            _linear(f"{p}v_proj", d, kv * hd, COLWISE, kv_heads, b, **where),
+            _linear(f"{p}o_proj", h * hd, d, ROWWISE, heads, b, **where),
+        ]
     qk, rank = cfg.qk_head_dim, cfg.kv_lora_rank
+    assert rank is not None  # an MLA config (cfg.is_mla)
     if cfg.q_lora_rank is None:
         out = [_linear(f"{p}q_proj", d, h * qk, COLWISE, heads, **where)]
     else:
-        out = [_linear(f"{p}q_a_proj", d, cfg.q_lora_rank, REPLICATED, bias=b, **where),
-               _norm(f"{p}q_a_layernorm", cfg.q_lora_rank, REPLICATED, **where),
-               _linear(f"{p}q_b_proj", cfg.q_lora_rank, h * qk, COLWISE, heads, **where)]
+        out = [
+            _linear(f"{p}q_a_proj", d, cfg.q_lora_rank, REPLICATED, bias=b, **where),
+            _norm(f"{p}q_a_layernorm", cfg.q_lora_rank, REPLICATED, **where),
+            _linear(f"{p}q_b_proj", cfg.q_lora_rank, h * qk, COLWISE, heads, **where),
+        ]
     return out + [
         _linear(f"{p}kv_a_proj_with_mqa", d, rank + cfg.qk_rope_head_dim, REPLICATED, bias=b, **where),
         _norm(f"{p}kv_a_layernorm", rank, REPLICATED, **where),
         _linear(f"{p}kv_b_proj", rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), COLWISE, heads, **where),
-        _linear(f"{p}o_proj", h * cfg.v_head_dim, d, ROWWISE, heads, b, **where)]
+        _linear(f"{p}o_proj", h * cfg.v_head_dim, d, ROWWISE, heads, b, **where),
+    ]
 
 
 def _swiglu(p: str, d: int, hidden: int, unit: tuple[str, int], down: str, where: dict) -> list[Weight]:
-    return [_linear(f"{p}gate_proj", d, hidden, COLWISE, unit, **where),
-            _linear(f"{p}up_proj", d, hidden, COLWISE, unit, **where),
-            _linear(f"{p}down_proj", hidden, d, down, unit, **where)]
+    return [
+        _linear(f"{p}gate_proj", d, hidden, COLWISE, unit, **where),
+        _linear(f"{p}up_proj", d, hidden, COLWISE, unit, **where),
+        _linear(f"{p}down_proj", hidden, d, down, unit, **where),
+    ]
 
 
 def _mlp(cfg: ModelConfig, p: str, block: int, where: dict) -> list[Weight]:
     d = cfg.hidden_size
     if not cfg.is_moe_layer(block):
-        return _swiglu(p, d, cfg.intermediate_size, ("intermediate_size", cfg.intermediate_size), ROWWISE, where)
+        return _swiglu(
+            p, d, cfg.intermediate_size, ("intermediate_size", cfg.intermediate_size), ROWWISE, where
+        )
     f, e = cfg.moe_intermediate_size, cfg.n_routed_experts
     experts = ("n_routed_experts", e)
-    out = [Weight(f"{p}gate", ROUTER, d, e, REPLICATED, high_precision="router", **where),
-           Weight(f"{p}experts.gate_up_proj", EXPERTS, d, 2 * f, EXPERT, experts, experts=e,
-                  active=cfg.num_experts_per_tok, **where),
-           Weight(f"{p}experts.down_proj", EXPERTS, f, d, EXPERT, experts, experts=e,
-                  active=cfg.num_experts_per_tok, **where)]
+    out = [
+        Weight(f"{p}gate", ROUTER, d, e, REPLICATED, high_precision="router", **where),
+        Weight(
+            f"{p}experts.gate_up_proj",
+            EXPERTS,
+            d,
+            2 * f,
+            EXPERT,
+            experts,
+            experts=e,
+            active=cfg.num_experts_per_tok,
+            **where,
+        ),
+        Weight(
+            f"{p}experts.down_proj",
+            EXPERTS,
+            f,
+            d,
+            EXPERT,
+            experts,
+            experts=e,
+            active=cfg.num_experts_per_tok,
+            **where,
+        ),
+    ]
     if cfg.n_shared_experts:
         shared = f * cfg.n_shared_experts
-        out += _swiglu(f"{p}shared_experts.", d, shared, ("moe_intermediate_size × n_shared_experts", shared),
-                       ROWWISE_PARTIAL, where)
+        out += _swiglu(
+            f"{p}shared_experts.",
+            d,
+            shared,
+            ("moe_intermediate_size × n_shared_experts", shared),
+            ROWWISE_PARTIAL,
+            where,
+        )
     return out
 
 
 def block_weights(cfg: ModelConfig, block: int, prefix: str, layer: int | None = None) -> list[Weight]:
     """The weights of one decoder block (config layer index ``block``), paths under ``prefix``."""
-    where = {"layer": layer, "block": block}
+    where: dict[str, Any] = {"layer": layer, "block": block}  # Weight.layer, Weight.block
     d = cfg.hidden_size
-    return ([_norm(f"{prefix}input_layernorm", d, **where)] + _attention(cfg, f"{prefix}self_attn.", where)
-            + [_norm(f"{prefix}post_attention_layernorm", d, **where)] + _mlp(cfg, f"{prefix}mlp.", block, where))
+    return (
+        [_norm(f"{prefix}input_layernorm", d, **where)]
+        + _attention(cfg, f"{prefix}self_attn.", where)
+        + [_norm(f"{prefix}post_attention_layernorm", d, **where)]
+        + _mlp(cfg, f"{prefix}mlp.", block, where)
+    )
 
 
 def layer_weights(cfg: ModelConfig, layer: int) -> list[Weight]:
@@ -180,9 +227,15 @@ def mtp_weights(cfg: ModelConfig, depth: int) -> list[Weight]:
     """The weights of MTP module ``depth`` (``mtp.<depth>.…``); its block counts as layer L + depth."""
     d, p = cfg.hidden_size, f"mtp.{depth}."
     block = cfg.num_hidden_layers + depth
-    return ([_norm(f"{p}enorm", d), _norm(f"{p}hnorm", d),
-             _linear(f"{p}eh_proj", 2 * d, d, SEQUENCE, why="MTP projection")]
-            + block_weights(cfg, block, f"{p}block.") + [_norm(f"{p}norm", d)])
+    return (
+        [
+            _norm(f"{p}enorm", d),
+            _norm(f"{p}hnorm", d),
+            _linear(f"{p}eh_proj", 2 * d, d, SEQUENCE, why="MTP projection"),
+        ]
+        + block_weights(cfg, block, f"{p}block.")
+        + [_norm(f"{p}norm", d)]
+    )
 
 
 def _model_weights(cfg: ModelConfig) -> tuple[Weight, ...]:
@@ -190,8 +243,19 @@ def _model_weights(cfg: ModelConfig) -> tuple[Weight, ...]:
     out = [Weight("embed_tokens", EMBEDDING, v, d, VOCAB_EMBEDDING, vocab, high_precision="embedding")]
     for i in range(cfg.num_hidden_layers):
         out += layer_weights(cfg, i)
-    out += [_norm("norm", d), Weight("lm_head", LINEAR, d, v, VOCAB_HEAD, vocab, high_precision="output head",
-                                     tied_to="embed_tokens" if cfg.tie_word_embeddings else None)]
+    out += [
+        _norm("norm", d),
+        Weight(
+            "lm_head",
+            LINEAR,
+            d,
+            v,
+            VOCAB_HEAD,
+            vocab,
+            high_precision="output head",
+            tied_to="embed_tokens" if cfg.tie_word_embeddings else None,
+        ),
+    ]
     for k in range(cfg.num_nextn_predict_layers):
         out += mtp_weights(cfg, k)
     return tuple(out)

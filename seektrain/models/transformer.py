@@ -31,8 +31,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = build_attention(cfg, kernels)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = (MoE(cfg, kernels) if cfg.is_moe_layer(layer_idx)
-                    else SwiGLU(cfg.hidden_size, cfg.intermediate_size))
+        self.mlp = (
+            MoE(cfg, kernels)
+            if cfg.is_moe_layer(layer_idx)
+            else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        )
 
     def forward(self, h_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
         h_BTD = h_BTD + self.self_attn(self.input_layernorm(h_BTD), cos, sin, mask)
@@ -99,18 +102,25 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.kernels = kernels or Kernels()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg, i, kernels)
-                                     for i in range(cfg.num_hidden_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): DecoderLayer(cfg, i, kernels) for i in range(cfg.num_hidden_layers)}
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.mtp = nn.ModuleList(MTPModule(cfg, cfg.num_hidden_layers + k, kernels)
-                                 for k in range(cfg.num_nextn_predict_layers))
+        self.mtp = nn.ModuleList(
+            MTPModule(cfg, cfg.num_hidden_layers + k, kernels) for k in range(cfg.num_nextn_predict_layers)
+        )
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, tokens: torch.Tensor, mtp_tokens: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None, positions: torch.Tensor | None = None,
-                document_ids: torch.Tensor | None = None) -> ModelOutput:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        mtp_tokens: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+    ) -> ModelOutput:
         """``tokens`` are token ids, or the hidden states [B, T, D] of the previous pipeline stage when this
         model has no embedding; likewise ``mtp_tokens`` are token ids or, past the first stage, their
         embeddings. Without a final norm (not the last stage) only ``hidden`` is filled."""
@@ -132,8 +142,16 @@ class Transformer(nn.Module):
     def _head_loss(self, h_BTD: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
         return linear_cross_entropy(h_BTD.flatten(0, 1), self.lm_head.weight, labels_BT.flatten())
 
-    def _mtp(self, h_BTD: torch.Tensor, emb_BTD: torch.Tensor, cos, sin, mask,
-             labels_BT: torch.Tensor | None, document_ids_BT: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    def _mtp(
+        self,
+        h_BTD: torch.Tensor,
+        emb_BTD: torch.Tensor,
+        cos,
+        sin,
+        mask,
+        labels_BT: torch.Tensor | None,
+        document_ids_BT: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, ...]:
         """Each MTP depth's logits from the main model's last hidden state and the embeddings of the MTP
         tokens (computed once; depth k reads them shifted left by k); with ``labels_BT`` its summed
         cross-entropy instead."""
@@ -145,7 +163,9 @@ class Transformer(nn.Module):
             if labels_BT is None:
                 out.append(self.lm_head(module.norm(h_BTD)))
             else:
-                out.append(self._head_loss(module.norm(h_BTD), shift_labels(labels_BT, depth, document_ids_BT)))
+                out.append(
+                    self._head_loss(module.norm(h_BTD), shift_labels(labels_BT, depth, document_ids_BT))
+                )
         return tuple(out)
 
     def init_weights(self, seed: int = 0) -> None:
@@ -161,10 +181,18 @@ def keep_fp32_buffers(model: nn.Module) -> None:
             module.e_score_correction_bias.data = module.e_score_correction_bias.data.float()
 
 
-def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                init: bool = True, seed: int = 0, kernels: Kernels | None = None) -> Transformer:
+def build_model(
+    cfg: ModelConfig,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    init: bool = True,
+    seed: int = 0,
+    kernels: Kernels | None = None,
+) -> Transformer:
     """``seektrain.models.registry.build_model``: the model of ``cfg``'s family (this module's
     ``Transformer`` for the DeepSeek configs), under this module's historical name."""
     from seektrain.models.registry import build_model as build  # the registry imports this module
 
-    return build(cfg, device, dtype, init, seed, kernels)
+    model = build(cfg, device, dtype, init, seed, kernels)
+    assert isinstance(model, Transformer)  # the DeepSeek family's module
+    return model

@@ -37,8 +37,9 @@ def cpu_sdpa_flop(query_shape, key_shape, value_shape, *args: Any, out_shape=Non
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-def cpu_sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args: Any,
-                           out_shape=None, **kwargs: Any) -> int:
+def cpu_sdpa_backward_flop(
+    grad_out_shape, query_shape, key_shape, value_shape, *args: Any, out_shape=None, **kwargs: Any
+) -> int:
     """Backward = 2 x forward (dQ, dK from dScores; dScores, dV from dO), no recomputation counted."""
     return 2 * sdpa_flop_count(query_shape, key_shape, value_shape)
 
@@ -46,9 +47,11 @@ def cpu_sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, 
 def extra_flop_formulas() -> dict[Any, Any]:
     """Formulas to pass as ``FlopCounterMode(custom_mapping=...)``; ops this torch lacks are skipped."""
     table: dict[Any, Any] = {}
-    for name, formula in (("_grouped_mm", grouped_mm_flop),
-                          ("_scaled_dot_product_flash_attention_for_cpu", cpu_sdpa_flop),
-                          ("_scaled_dot_product_flash_attention_for_cpu_backward", cpu_sdpa_backward_flop)):
+    for name, formula in (
+        ("_grouped_mm", grouped_mm_flop),
+        ("_scaled_dot_product_flash_attention_for_cpu", cpu_sdpa_flop),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", cpu_sdpa_backward_flop),
+    ):
         op = getattr(aten, name, None)
         if op is not None:
             table[op] = formula
@@ -56,7 +59,7 @@ def extra_flop_formulas() -> dict[Any, Any]:
 
 
 class _Dispatch(TorchDispatchMode):
-    def __init__(self, owner: "ModuleFlopCounter") -> None:
+    def __init__(self, owner: ModuleFlopCounter) -> None:
         super().__init__()
         self.owner = owner
 
@@ -95,6 +98,7 @@ class ModuleFlopCounter:
     def _pre(self, name: str) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
             self._stack.append((name, _seq()))
+
         return hook
 
     def _post(self, name: str) -> Any:
@@ -104,6 +108,7 @@ class ModuleFlopCounter:
                 if top == name:
                     self._intervals.append((start, _seq(), name))
                     break
+
         return hook
 
     def _owner_of(self, seq: int) -> str:
@@ -120,7 +125,9 @@ class ModuleFlopCounter:
         flops = int(formula(*args, **kwargs, out_val=out))
         node = torch._C._current_autograd_node()
         backward = node is not None
-        path = self._owner_of(node._sequence_nr()) if backward else (self._stack[-1][0] if self._stack else "")
+        path = (
+            self._owner_of(node._sequence_nr()) if backward else (self._stack[-1][0] if self._stack else "")
+        )
         parts = path.split(".") if path else []
         for i in range(len(parts), -1, -1):
             key = ".".join(parts[:i])
@@ -128,7 +135,7 @@ class ModuleFlopCounter:
             if not backward:
                 self.forward_flops[key] += flops
 
-    def __enter__(self) -> "ModuleFlopCounter":
+    def __enter__(self) -> ModuleFlopCounter:
         for name, module in self.model.named_modules():
             if name:
                 self._handles.append(module.register_forward_pre_hook(self._pre(name)))

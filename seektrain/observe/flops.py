@@ -55,8 +55,9 @@ def _v_dim(cfg: ModelConfig) -> int:
     return cfg.v_head_dim if cfg.is_mla else cfg.head_dim
 
 
-def attention_flops_per_token(cfg: ModelConfig, seq_len: int, include_mtp: bool = True,
-                              causal: bool = True) -> float:
+def attention_flops_per_token(
+    cfg: ModelConfig, seq_len: int, include_mtp: bool = True, causal: bool = True
+) -> float:
     """Score (QK^T) and value (PV) FLOPs of forward + backward per token; ``causal`` halves them."""
     layers = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if include_mtp else 0)
     # forward 2 T (qk + v) per head and layer, x3 for training: 6 x 2 x L x H x (qk + v)/2 x T
@@ -64,11 +65,13 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int, include_mtp: bool 
     return full / 2 if causal else full
 
 
-def model_flops_per_token(cfg: ModelConfig, seq_len: int, include_mtp: bool = True,
-                          causal: bool = True) -> float:
+def model_flops_per_token(
+    cfg: ModelConfig, seq_len: int, include_mtp: bool = True, causal: bool = True
+) -> float:
     """Training (forward + backward) model FLOPs per token at sequence length ``seq_len``."""
-    return (6.0 * active_matmul_params(cfg, include_mtp)
-            + attention_flops_per_token(cfg, seq_len, include_mtp, causal))
+    return 6.0 * active_matmul_params(cfg, include_mtp) + attention_flops_per_token(
+        cfg, seq_len, include_mtp, causal
+    )
 
 
 # ----------------------------------------------------------------------------- hardware peaks
@@ -116,13 +119,15 @@ def _time_one(a: torch.Tensor, b: torch.Tensor, sync) -> float:
     return time.perf_counter() - t0
 
 
-def _shape_rate(dev: torch.device, dtype: torch.dtype, shape: tuple[int, int, int], seconds: float, sync) -> float:
+def _shape_rate(
+    dev: torch.device, dtype: torch.dtype, shape: tuple[int, int, int], seconds: float, sync
+) -> float:
     """Best FLOP/s of ``[m, k] @ [k, n]`` over three windows of ``seconds / 3``. A shape starts at 1/8 of
     each side and grows (x8 the work per step) while one matmul of the next size fits a quarter of the
     budget: a dtype without native kernels (bf16 on AVX2: 0.1-0.4 GFLOP/s, so ~100 s for one 2048^3)
     is measured on a smaller matmul instead of stalling the start-up."""
     m, k, n = shape
-    dims = None
+    dims, took = None, 0.0
     for div in (8, 4, 2, 1):
         size = (max(1, m // div), max(1, k // div), max(1, n // div))
         if dims is not None and took * 8 > seconds / 4:
@@ -145,9 +150,14 @@ def _shape_rate(dev: torch.device, dtype: torch.dtype, shape: tuple[int, int, in
     return best
 
 
-@functools.lru_cache(maxsize=None)
-def _probe(device: str, dtype: torch.dtype, threads: int, seconds: float,
-           shapes: tuple[tuple[int, int, int], ...] = (SQUARE,)) -> float:
+@functools.cache
+def _probe(
+    device: str,
+    dtype: torch.dtype,
+    threads: int,
+    seconds: float,
+    shapes: tuple[tuple[int, int, int], ...] = (SQUARE,),
+) -> float:
     """Measured matmul FLOP/s: the best over ``shapes`` (each ``(m, k, n)``), ``seconds`` for them all.
     Cached per process because the number is a property of the machine, and a probe per call would add
     up (every test run starts a trainer)."""
@@ -160,8 +170,12 @@ def _probe(device: str, dtype: torch.dtype, threads: int, seconds: float,
     return max(_shape_rate(dev, dtype, shape, seconds / len(shapes), sync) for shape in shapes)
 
 
-def peak_flops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, probe_seconds: float = 0.5,
-               shapes: tuple[tuple[int, int, int], ...] = ()) -> tuple[float, str]:
+def peak_flops(
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+    probe_seconds: float = 0.5,
+    shapes: tuple[tuple[int, int, int], ...] = (),
+) -> tuple[float, str]:
     """(peak FLOP/s, where the number came from). Known NVIDIA GPUs use datasheet numbers; a CPU or an
     unknown GPU is measured in ``dtype`` at the current torch thread count, with a 2048^3 matmul and the
     matmul ``shapes`` ``(m, k, n)`` a model really runs (``model_matmul_shapes``): the best of them is
@@ -214,8 +228,10 @@ class MfuMeter:
         achieved = tokens_per_s_per_device * self.flops_per_token
         if achieved > self.peak:
             self.peak = achieved
-            self.source = (self.source.split("; raised", 1)[0] + f"; raised to the {achieved / 1e9:.3g} GFLOP/s "
-                           f"step {step} achieved (the probe was lower)")
+            self.source = (
+                self.source.split("; raised", 1)[0] + f"; raised to the {achieved / 1e9:.3g} GFLOP/s "
+                f"step {step} achieved (the probe was lower)"
+            )
         return mfu(tokens_per_s_per_device, self.flops_per_token, self.peak)
 
 

@@ -65,8 +65,13 @@ def _nvml_read(pynvml, handle) -> dict[str, float]:
 
 def _smi_stats(index: int) -> dict[str, float]:
     query = "utilization.gpu,memory.used,power.draw,temperature.gpu"
-    out = subprocess.run(["nvidia-smi", f"--id={index}", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=5, check=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", f"--id={index}", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=5,
+        check=True,
+    ).stdout
     values = [v.strip() for v in out.strip().splitlines()[0].split(",")]
     keys = ("gpu_util_pct", "gpu_mem_used_gib", "gpu_power_w", "gpu_temp_c")
     stats: dict[str, float] = {}

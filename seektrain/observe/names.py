@@ -32,8 +32,9 @@ STANDARD_KEYS: dict[str, str] = {
     "fwd_bwd_s": "Time of forward and backward passes in the last step.",
     "optim_s": "Time of the optimizer update in the last step.",
     "comm_s": "Time of explicit (non-overlapped) communication in the last step.",
-    "checkpoint_stall_s": ("Time the training thread spent saving or committing a checkpoint after the last "
-                           "step that did."),
+    "checkpoint_stall_s": (
+        "Time the training thread spent saving or committing a checkpoint after the last step that did."
+    ),
     "mem_allocated_gib": "CUDA memory held by tensors.",
     "mem_reserved_gib": "CUDA memory held by the caching allocator.",
     "mem_peak_gib": "Peak CUDA memory held by tensors since the run began.",
@@ -78,6 +79,4 @@ def tb_tag(key: str) -> str:
 
 
 # Every name a sink exports when the standard keys are logged. Dashboards and alerts may use only these.
-EXPORTED_METRICS: frozenset[str] = frozenset(
-    {metric_name(k) for k in STANDARD_KEYS} | {RUN_INFO + "_info"}
-)
+EXPORTED_METRICS: frozenset[str] = frozenset({metric_name(k) for k in STANDARD_KEYS} | {RUN_INFO + "_info"})

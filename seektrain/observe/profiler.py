@@ -27,8 +27,9 @@ class StepProfiler:
     https://ui.perfetto.dev or chrome://tracing.
     """
 
-    def __init__(self, run_dir: Path | str, steps: Iterable[int], record_shapes: bool = True,
-                 with_stack: bool = False) -> None:
+    def __init__(
+        self, run_dir: Path | str, steps: Iterable[int], record_shapes: bool = True, with_stack: bool = False
+    ) -> None:
         self.out_dir = Path(run_dir) / "profile"
         self.steps = frozenset(int(s) for s in steps)
         self.record_shapes, self.with_stack = record_shapes, with_stack
@@ -45,8 +46,9 @@ class StepProfiler:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
-        self._active = profile(activities=activities, record_shapes=self.record_shapes,
-                               with_stack=self.with_stack)
+        self._active = profile(
+            activities=activities, record_shapes=self.record_shapes, with_stack=self.with_stack
+        )
         self._active.__enter__()
         self._active_step = step
 
@@ -77,8 +79,9 @@ class FlopsRow:
     fraction: float  # of the whole model's FLOPs
 
 
-def flops_breakdown(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor | None = None
-                    ) -> list[FlopsRow]:
+def flops_breakdown(
+    model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor | None = None
+) -> list[FlopsRow]:
     """Forward + backward FLOPs per module for one batch; gradients are returned, not accumulated,
     and MoE token counters are restored, so the model is left as it was."""
     saved = {m: list(m.expert_counts) for m in model.modules() if hasattr(m, "expert_counts")}
@@ -102,9 +105,16 @@ def flops_breakdown(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor
     rows = []
     for name, module in model.named_modules():
         flops = counter.flops.get(name, 0)
-        rows.append(FlopsRow(module=name, depth=name.count(".") + 1 if name else 0,
-                             params=sum(p.numel() for p in module.parameters()), flops=flops,
-                             forward_flops=counter.forward_flops.get(name, 0), fraction=flops / total))
+        rows.append(
+            FlopsRow(
+                module=name,
+                depth=name.count(".") + 1 if name else 0,
+                params=sum(p.numel() for p in module.parameters()),
+                flops=flops,
+                forward_flops=counter.forward_flops.get(name, 0),
+                fraction=flops / total,
+            )
+        )
     return rows
 
 
@@ -120,9 +130,13 @@ def format_flops_table(rows: list[FlopsRow], depth: int = 2) -> str:
     shown = [r for r in rows if r.depth <= depth and (r.flops or r.params)]
     names = [("  " * r.depth) + (r.module.rsplit(".", 1)[-1] if r.module else "model") for r in shown]
     width = max([len("module")] + [len(n) for n in names])
-    lines = [f"{'module':<{width}}  {'params':>10}  {'fwd FLOPs':>14}  {'fwd+bwd FLOPs':>14}  {'share':>6}",
-             "-" * (width + 54)]
+    lines = [
+        f"{'module':<{width}}  {'params':>10}  {'fwd FLOPs':>14}  {'fwd+bwd FLOPs':>14}  {'share':>6}",
+        "-" * (width + 54),
+    ]
     for name, row in zip(names, shown):
-        lines.append(f"{name:<{width}}  {_human(row.params):>10}  {_human(row.forward_flops, 'FLOPs'):>14}  "
-                     f"{_human(row.flops, 'FLOPs'):>14}  {row.fraction:>6.1%}")
+        lines.append(
+            f"{name:<{width}}  {_human(row.params):>10}  {_human(row.forward_flops, 'FLOPs'):>14}  "
+            f"{_human(row.flops, 'FLOPs'):>14}  {row.fraction:>6.1%}"
+        )
     return "\n".join(lines)

@@ -52,12 +52,23 @@ def _json_default(value: Any) -> Any:
 
 
 class MetricsSink:
-    def __init__(self, run_dir: Path | str, rank: int = 0, enabled: bool | None = None,
-                 prometheus_port: int = 0, prometheus_host: str = "127.0.0.1",
-                 all_ranks_serve: bool = False, local_rank: int = 0, tensorboard: bool = True,
-                 trackers: list[str] | tuple[str, ...] = (), tracker_project: str = "seektrain",
-                 run_name: str = "", mlflow_tracking_uri: str = "", params: dict | None = None,
-                 resume: bool = False) -> None:
+    def __init__(
+        self,
+        run_dir: Path | str,
+        rank: int = 0,
+        enabled: bool | None = None,
+        prometheus_port: int = 0,
+        prometheus_host: str = "127.0.0.1",
+        all_ranks_serve: bool = False,
+        local_rank: int = 0,
+        tensorboard: bool = True,
+        trackers: list[str] | tuple[str, ...] = (),
+        tracker_project: str = "seektrain",
+        run_name: str = "",
+        mlflow_tracking_uri: str = "",
+        params: dict | None = None,
+        resume: bool = False,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
         self.enabled = (rank == 0) if enabled is None else enabled
@@ -82,9 +93,15 @@ class MetricsSink:
                 if self.enabled:
                     self._open_files(rank, tensorboard)
                 if rank == 0 and trackers:
-                    self._trackers = open_trackers(trackers, self.run_dir, tracker_project,
-                                                   run_name or self.run_dir.name, params, mlflow_tracking_uri,
-                                                   resume)
+                    self._trackers = open_trackers(
+                        trackers,
+                        self.run_dir,
+                        tracker_project,
+                        run_name or self.run_dir.name,
+                        params,
+                        mlflow_tracking_uri,
+                        resume,
+                    )
             except BaseException:
                 self.close()
                 raise
@@ -101,8 +118,10 @@ class MetricsSink:
 
     # ------------------------------------------------------------------------------ prometheus
     def _serve(self, port: int, host: str) -> None:
-        fix = ("set metrics.prometheus_port to a free port in 1024-65535 (with metrics.all_ranks each "
-               "rank uses port + local_rank), or to 0 to turn the endpoint off")
+        fix = (
+            "set metrics.prometheus_port to a free port in 1024-65535 (with metrics.all_ranks each "
+            "rank uses port + local_rank), or to 0 to turn the endpoint off"
+        )
         if not 0 < port < 65536:
             raise UserError(f"metrics.prometheus_port: port {port} is out of range; {fix}")
         self.registry = CollectorRegistry(auto_describe=True)
@@ -111,9 +130,11 @@ class MetricsSink:
             started = start_http_server(port, addr=host, registry=self.registry)
         except (OSError, OverflowError) as err:  # EADDRINUSE, EACCES, bad address
             self.registry = None
-            raise UserError(f"metrics.prometheus_port: cannot serve on {host}:{port} "
-                             f"({err.strerror if isinstance(err, OSError) and err.strerror else err}); "
-                             f"{fix}") from None
+            raise UserError(
+                f"metrics.prometheus_port: cannot serve on {host}:{port} "
+                f"({err.strerror if isinstance(err, OSError) and err.strerror else err}); "
+                f"{fix}"
+            ) from None
         # prometheus_client >= 0.17 returns (server, thread); older versions return None.
         if isinstance(started, tuple):
             self._server, self._thread = started
@@ -187,9 +208,8 @@ class MetricsSink:
             trackers, self._trackers = self._trackers, []
             close_all(trackers)
 
-    def __enter__(self) -> "MetricsSink":
+    def __enter__(self) -> MetricsSink:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

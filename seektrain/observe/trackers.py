@@ -13,8 +13,6 @@ switched off: losing a dashboard must not stop a training job.
 
 from __future__ import annotations
 
-from seektrain.config.loader import ConfigError
-from seektrain.config.schema import MetricsSection
 import importlib.util
 import json
 import logging
@@ -22,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from seektrain.config.loader import ConfigError
+from seektrain.config.schema import MetricsSection
 from seektrain.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,10 @@ def check_installed(metrics: MetricsSection) -> None:
     ``RunPlan.resolve``, in the launcher before any worker starts and in every worker."""
     missing = missing_packages(metrics.trackers, metrics.mlflow_tracking_uri)
     if missing:
-        raise ConfigError(f"metrics.trackers={metrics.trackers} needs packages that are not installed; "
-                          f"pip install {' '.join(missing)} (or drop the tracker)")
+        raise ConfigError(
+            f"metrics.trackers={metrics.trackers} needs packages that are not installed; "
+            f"pip install {' '.join(missing)} (or drop the tracker)"
+        )
 
 
 def _uses_sqlite(uri: str) -> bool:
@@ -115,11 +117,20 @@ class WandbTracker:
         import wandb
 
         try:  # id=None starts a new run; a recorded id continues that run
-            self.run = wandb.init(project=project, name=run_name, dir=str(run_dir), config=params,
-                                  id=ids.get("wandb"), resume="allow", reinit="create_new")
+            self.run = wandb.init(
+                project=project,
+                name=run_name,
+                dir=str(run_dir),
+                config=params,
+                id=ids.get("wandb"),
+                resume="allow",
+                reinit="create_new",
+            )
         except Exception as err:  # wandb raises its own types (no API key, no network)
-            raise UserError(f"metrics.trackers: wandb could not start a run ({_first_line(err)}); run "
-                             "`wandb login`, or set WANDB_MODE=offline and `wandb sync` later") from None
+            raise UserError(
+                f"metrics.trackers: wandb could not start a run ({_first_line(err)}); run "
+                "`wandb login`, or set WANDB_MODE=offline and `wandb sync` later"
+            ) from None
         ids.record("wandb", self.run.id)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -134,8 +145,9 @@ class MlflowTracker:
 
     name = "mlflow"
 
-    def __init__(self, run_dir: Path, project: str, run_name: str, params: dict, ids: _RunIds,
-                 tracking_uri: str) -> None:
+    def __init__(
+        self, run_dir: Path, project: str, run_name: str, params: dict, ids: _RunIds, tracking_uri: str
+    ) -> None:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
@@ -145,15 +157,20 @@ class MlflowTracker:
             self.run_id = self._continue(ids.get("mlflow"))
             if self.run_id is None:
                 experiment = self.client.get_experiment_by_name(project)
-                experiment_id = (experiment.experiment_id if experiment is not None
-                                 else self.client.create_experiment(project))
+                experiment_id = (
+                    experiment.experiment_id
+                    if experiment is not None
+                    else self.client.create_experiment(project)
+                )
                 self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
                 items = [Param(k, v) for k, v in flat_params(params).items()]
                 for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-                    self.client.log_batch(self.run_id, params=items[i:i + 100])
+                    self.client.log_batch(self.run_id, params=items[i : i + 100])
         except Exception as err:  # MlflowException, SQL and HTTP errors
-            raise UserError(f"metrics.mlflow_tracking_uri={self.uri!r}: MLflow could not start a run "
-                             f"({_first_line(err)}); fix the URI or leave it empty for a local store") from None
+            raise UserError(
+                f"metrics.mlflow_tracking_uri={self.uri!r}: MLflow could not start a run "
+                f"({_first_line(err)}); fix the URI or leave it empty for a local store"
+            ) from None
         ids.record("mlflow", self.run_id)
 
     def _continue(self, run_id: str | None) -> str | None:
@@ -176,13 +193,22 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id)
 
 
-def open_trackers(names: list[str] | tuple[str, ...], run_dir: Path, project: str, run_name: str,
-                  params: dict | None, mlflow_tracking_uri: str = "", resume: bool = False) -> list[Tracker]:
+def open_trackers(
+    names: list[str] | tuple[str, ...],
+    run_dir: Path,
+    project: str,
+    run_name: str,
+    params: dict | None,
+    mlflow_tracking_uri: str = "",
+    resume: bool = False,
+) -> list[Tracker]:
     """Open the requested trackers (a ValueError with one line when one cannot start)."""
     missing = missing_packages(names, mlflow_tracking_uri)
     if missing:
-        raise UserError(f"metrics.trackers={list(names)} needs packages that are not installed; "
-                         f"pip install {' '.join(missing)} (or drop the tracker)")
+        raise UserError(
+            f"metrics.trackers={list(names)} needs packages that are not installed; "
+            f"pip install {' '.join(missing)} (or drop the tracker)"
+        )
     ids = _RunIds(run_dir, resume)
     opened: list[Tracker] = []
     try:
@@ -190,7 +216,9 @@ def open_trackers(names: list[str] | tuple[str, ...], run_dir: Path, project: st
             if name == "wandb":
                 opened.append(WandbTracker(run_dir, project, run_name, params or {}, ids))
             elif name == "mlflow":
-                opened.append(MlflowTracker(run_dir, project, run_name, params or {}, ids, mlflow_tracking_uri))
+                opened.append(
+                    MlflowTracker(run_dir, project, run_name, params or {}, ids, mlflow_tracking_uri)
+                )
             else:
                 raise UserError(f"metrics.trackers: unknown tracker {name!r}; use {' or '.join(TRACKERS)}")
     except BaseException:
@@ -206,8 +234,9 @@ def log_to(trackers: list[Tracker], step: int, metrics: dict[str, float]) -> lis
         try:
             tracker.log(step, metrics)
         except Exception as err:
-            log.warning("tracker %s failed at step %d and is switched off: %s", tracker.name, step,
-                        _first_line(err))
+            log.warning(
+                "tracker %s failed at step %d and is switched off: %s", tracker.name, step, _first_line(err)
+            )
             continue
         alive.append(tracker)
     return alive

@@ -38,8 +38,13 @@ from seektrain.plan.recompute import SELECTIVE, checkpoint_every
 # lacks are skipped, so the list can name every variant PyTorch 2.11+ dispatches to.
 SAVED_OPS = (
     # matrix multiplies: nn.Linear (mm / addmm), batched and grouped expert GEMMs, FP8 GEMMs
-    "aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
-    "aten._scaled_mm.default", "aten._grouped_mm.default", "aten._scaled_grouped_mm.default",
+    "aten.mm.default",
+    "aten.addmm.default",
+    "aten.bmm.default",
+    "aten.baddbmm.default",
+    "aten._scaled_mm.default",
+    "aten._grouped_mm.default",
+    "aten._scaled_grouped_mm.default",
     # F.scaled_dot_product_attention's kernels: their output and log-sum-exp
     "aten._scaled_dot_product_flash_attention.default",
     "aten._scaled_dot_product_flash_attention_for_cpu.default",
@@ -49,10 +54,13 @@ SAVED_OPS = (
     "aten._scaled_dot_product_attention_math.default",
     # FP8 scaling (precision.fp8: torchao's absmax of each cast tensor; a scalar or a row's worth), kept as
     # torchtitan does so that recomputation does not reduce over the whole tensor again
-    "aten.max.default", "aten.amax.default",
+    "aten.max.default",
+    "aten.amax.default",
     # functional collectives (DTensor's redistributions under TP/SP, expert parallelism's all-to-alls)
-    "_c10d_functional.all_gather_into_tensor.default", "_c10d_functional.reduce_scatter_tensor.default",
-    "_c10d_functional.all_reduce.default", "_c10d_functional.all_to_all_single.default",
+    "_c10d_functional.all_gather_into_tensor.default",
+    "_c10d_functional.reduce_scatter_tensor.default",
+    "_c10d_functional.all_reduce.default",
+    "_c10d_functional.all_to_all_single.default",
     "_c10d_functional_autograd.all_gather_into_tensor.default",
     "_c10d_functional_autograd.reduce_scatter_tensor.default",
     "_c10d_functional_autograd.all_to_all_single.default",

@@ -27,22 +27,35 @@ def fsdp_mixed_precision(dtype_name: str, reduce_dtype_name: str = "fp32") -> Mi
     return MixedPrecisionPolicy(param_dtype=_DTYPES[dtype_name], reduce_dtype=reduce)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, mp: MixedPrecisionPolicy,
-               reshard_after_forward: bool, offload: OffloadPolicy | None = None) -> nn.Module:
+def apply_fsdp(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    mp: MixedPrecisionPolicy,
+    reshard_after_forward: bool,
+    offload: OffloadPolicy | None = None,
+) -> nn.Module:
     """Shard ``model`` over ``dp_mesh`` (1-D: FSDP; 2-D (replicate, shard): HSDP); ``offload``: a
     ``CPUOffloadPolicy`` to keep the shards in host memory (None: on the device)."""
     offload = offload or OffloadPolicy()
     blocks = model_blocks(model)
     for i, block in enumerate(blocks):
         # The last block is resharded at once: the root's backward runs right after it anyway.
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp, offload_policy=offload,
-                    reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard_after_forward)
+        fully_shard(
+            block,
+            mesh=dp_mesh,
+            mp_policy=mp,
+            offload_policy=offload,
+            reshard_after_forward=reshard_after_forward and i < len(blocks) - 1,
+        )
+    fully_shard(
+        model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard_after_forward
+    )
     return model
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
     """Replicate ``model`` over ``dp_mesh``; gradients are averaged in buckets during backward."""
     device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids,
-                                   broadcast_buffers=False)
+    return DistributedDataParallel(
+        model, process_group=dp_mesh.get_group(), device_ids=device_ids, broadcast_buffers=False
+    )

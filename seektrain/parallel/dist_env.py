@@ -32,8 +32,9 @@ def choose_backend(requested: str, cuda: bool) -> str:
     if requested == "auto":
         return "nccl" if cuda else "gloo"
     if requested == "nccl" and not cuda:
-        raise UserError("dist.backend=nccl needs CUDA GPUs and this process sees none; use dist.backend=auto "
-                         "or gloo")
+        raise UserError(
+            "dist.backend=nccl needs CUDA GPUs and this process sees none; use dist.backend=auto or gloo"
+        )
     return requested
 
 
@@ -63,8 +64,13 @@ def versions() -> dict[str, str | None]:
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    return {"seektrain": version(), "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
-            "python": platform.python_version()}
+    return {
+        "seektrain": version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "python": platform.python_version(),
+    }
 
 
 def node_label() -> str:
@@ -76,9 +82,13 @@ def node_label() -> str:
 
 def node_facts() -> dict:
     """What this rank tells the others at start-up: its versions and where it runs."""
-    return {"versions": versions(), "host": socket.gethostname(), "addr": os.environ.get(LOCAL_ADDR_VAR, ""),
-            "ifname": {v: os.environ[v] for v in IFNAME_VARS if v in os.environ},
-            "launch": os.environ.get(LAUNCH_VAR, "")}
+    return {
+        "versions": versions(),
+        "host": socket.gethostname(),
+        "addr": os.environ.get(LOCAL_ADDR_VAR, ""),
+        "ifname": {v: os.environ[v] for v in IFNAME_VARS if v in os.environ},
+        "launch": os.environ.get(LAUNCH_VAR, ""),
+    }
 
 
 def mismatched_versions(facts: list[dict]) -> str | None:
@@ -88,8 +98,10 @@ def mismatched_versions(facts: list[dict]) -> str | None:
         odd = [(r, f) for r, f in enumerate(facts) if f["versions"][package] != want]
         if odd:
             others = ", ".join(f"rank {r} on {f['host']} has {f['versions'][package]}" for r, f in odd[:4])
-            return (f"mixed {package} versions across nodes: rank 0 on {facts[0]['host']} has {want}, {others}; "
-                    f"install the same {package} on every node")
+            return (
+                f"mixed {package} versions across nodes: rank 0 on {facts[0]['host']} has {want}, {others}; "
+                f"install the same {package} on every node"
+            )
     return None
 
 
@@ -99,12 +111,16 @@ def mismatched_launch(facts: list[dict]) -> str | None:
     ``--nproc-per-node``) would otherwise train in a world it did not ask for."""
     want = facts[0].get("launch", "")
     name = lambda f: f"{f['host']} ({f['addr']})" if f.get("addr") else f["host"]  # noqa: E731
-    odd = {name(f): f.get("launch") or "no launcher" for f in facts if f.get("launch", "") != want}  # one per node
+    odd = {
+        name(f): f.get("launch") or "no launcher" for f in facts if f.get("launch", "") != want
+    }  # one per node
     if not odd:
         return None
     others = ", ".join(f"{node} was started with {launch}" for node, launch in list(odd.items())[:4])
-    return (f"nodes were started with different launch options: {name(facts[0])} (rank 0) with "
-            f"{want or 'no launcher'}, {others}; start every node with the same --nnodes and --nproc-per-node")
+    return (
+        f"nodes were started with different launch options: {name(facts[0])} (rank 0) with "
+        f"{want or 'no launcher'}, {others}; start every node with the same --nnodes and --nproc-per-node"
+    )
 
 
 def gather_node_facts() -> list[dict]:
@@ -124,11 +140,16 @@ def write_env_file(run_dir: str | Path, backend: str, facts: list[dict], setting
     """``run.dir/env.json``: versions, backend, interfaces, addresses and the dist settings (rank 0)."""
     from dataclasses import asdict
 
-    report = {"versions": facts[0]["versions"], "backend": backend,
-              "master": {"addr": os.environ.get("MASTER_ADDR"), "port": os.environ.get("MASTER_PORT")},
-              "ranks": [{"rank": r, "host": f["host"], "addr": f["addr"], "ifname": f["ifname"]}
-                        for r, f in enumerate(facts)],
-              "dist": asdict(settings)}
+    report = {
+        "versions": facts[0]["versions"],
+        "backend": backend,
+        "master": {"addr": os.environ.get("MASTER_ADDR"), "port": os.environ.get("MASTER_PORT")},
+        "ranks": [
+            {"rank": r, "host": f["host"], "addr": f["addr"], "ifname": f["ifname"]}
+            for r, f in enumerate(facts)
+        ],
+        "dist": asdict(settings),
+    }
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
     from seektrain.checkpoint.atomic import write_text_atomic

@@ -46,7 +46,9 @@ def shard_expert_weights(module: nn.Module, experts: GroupedExperts, mesh: Devic
     for name in ("gate_up_proj", "down_proj"):
         full = getattr(experts, name)
         local = full.detach().chunk(ranks, dim=0)[rank].clone()
-        dt = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride())
+        dt = DTensor.from_local(
+            local, mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride()
+        )
         module.register_parameter(name, nn.Parameter(dt, requires_grad=full.requires_grad))
 
 
@@ -56,7 +58,9 @@ def _all_to_all(x_ND: torch.Tensor, out_splits: list[int], in_splits: list[int],
     rather than communicating again when it recomputes the layer (seektrain/parallel/activation_checkpoint.py)."""
     global _all_to_all_calls
     _all_to_all_calls += 1
-    out = torch.ops._c10d_functional.all_to_all_single(x_ND.contiguous(), out_splits, in_splits, group.group_name)
+    out = torch.ops._c10d_functional.all_to_all_single(
+        x_ND.contiguous(), out_splits, in_splits, group.group_name
+    )
     return torch.ops._c10d_functional.wait_tensor(out)
 
 
@@ -102,8 +106,9 @@ class ExpertParallelExperts(GroupedExperts):
         self.kernels = experts.kernels
         shard_expert_weights(self, experts, ep_mesh)
 
-    def forward(self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor,
-                counts_E: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor, counts_E: torch.Tensor
+    ) -> torch.Tensor:
         if self.tp == 1:
             return super().forward(x_ND, weights_NK, idx_NK, counts_E)
         group, t = self.tp_mesh.get_group(), self.tp_mesh.get_local_rank()
@@ -134,8 +139,9 @@ class ExpertParallelExperts(GroupedExperts):
         x_recv = _AllToAll.apply(x_ND, recv_splits, send_splits, group)
         # 3. Regroup by local expert (stable: within an expert, source rank 0's slots first, as one
         #    process holding every rank's batch in rank order would see them).
-        local_of_slot = torch.repeat_interleave(torch.arange(E, device=x_ND.device) % L, recv_RL.flatten(),
-                                                output_size=sum(recv_splits))  # known: no second read
+        local_of_slot = torch.repeat_interleave(
+            torch.arange(E, device=x_ND.device) % L, recv_RL.flatten(), output_size=sum(recv_splits)
+        )  # known: no second read
         order = local_of_slot.argsort(stable=True)
         w1, w2 = self.gate_up_proj, self.down_proj
         w1 = w1.to_local() if isinstance(w1, DTensor) else w1
@@ -167,8 +173,13 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh, tp_mesh: Device
         moe.experts = ExpertParallelExperts(moe.experts, ep_mesh, tp_mesh)
 
 
-def shard_experts(model: nn.Module, efsdp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,
-                  reshard_after_forward: bool, offload: OffloadPolicy | None = None) -> None:
+def shard_experts(
+    model: nn.Module,
+    efsdp_mesh: DeviceMesh,
+    mp_policy: MixedPrecisionPolicy,
+    reshard_after_forward: bool,
+    offload: OffloadPolicy | None = None,
+) -> None:
     """FSDP for the expert-parallel experts over the expert-FSDP mesh (even of size 1: FSDP then owns
     them, so the per-layer ``fully_shard`` over ``dp_shard`` that follows leaves them alone). Call after
     ``apply_expert_parallel`` and before ``apply_fsdp``. FSDP's default average over ``efsdp`` is right:
@@ -177,5 +188,10 @@ def shard_experts(model: nn.Module, efsdp_mesh: DeviceMesh, mp_policy: MixedPrec
     offload = offload or OffloadPolicy()
     for module in model.modules():
         if isinstance(module, ExpertParallelExperts):
-            fully_shard(module, mesh=efsdp_mesh, mp_policy=mp_policy, offload_policy=offload,
-                        reshard_after_forward=reshard_after_forward)
+            fully_shard(
+                module,
+                mesh=efsdp_mesh,
+                mp_policy=mp_policy,
+                offload_policy=offload,
+                reshard_after_forward=reshard_after_forward,
+            )

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from seektrain.models.shapes import LINEAR, REPLICATED, Weight, weights_by_path
-from seektrain.plan.fp8_flops import RECIPE_MULTIPLE, experts_convert, linear_kept
+from seektrain.plan.fp8_flops import experts_convert, linear_kept
 
 EXPERT_ROW_MULTIPLE = 16  # torchao's FP8 grouped GEMM: every expert's token group a multiple of 16 rows
 
@@ -60,10 +60,17 @@ class Float8Choice:
         by_why: dict[str, list[str]] = {}
         for name, why in self.kept.items():
             by_why.setdefault(why, []).append(name)
-        kept = "; ".join(f"{why}: {names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else "")
-                         for why, names in by_why.items()) or "none"
-        return (f"precision.fp8={recipe}: {len(self.linears)} linears and {len(self.experts)} routed-expert "
-                f"groups in FP8; linears kept in bf16: {kept}")
+        kept = (
+            "; ".join(
+                f"{why}: {names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+                for why, names in by_why.items()
+            )
+            or "none"
+        )
+        return (
+            f"precision.fp8={recipe}: {len(self.linears)} linears and {len(self.experts)} routed-expert "
+            f"groups in FP8; linears kept in bf16: {kept}"
+        )
 
 
 def float8_targets(model: nn.Module, recipe: str, experts: bool) -> Float8Choice:
@@ -76,8 +83,14 @@ def float8_targets(model: nn.Module, recipe: str, experts: bool) -> Float8Choice
     for name, module in model.named_modules():
         if type(module) is nn.Linear:
             # a model's linears are all described (tests/test_model_shapes.py); a bare module has no policy
-            linear = described.get(name) or Weight(name, LINEAR, module.in_features, module.out_features,
-                                                   REPLICATED, bias=module.bias is not None)
+            linear = described.get(name) or Weight(
+                name,
+                LINEAR,
+                module.in_features,
+                module.out_features,
+                REPLICATED,
+                bias=module.bias is not None,
+            )
             why = linear_kept(linear, recipe)
             if why:
                 choice.kept[name] = why
@@ -97,8 +110,11 @@ def apply_float8(model: nn.Module, recipe: str, experts: bool) -> Float8Choice:
     if recipe == "rowwise":
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise"),
-                                   module_filter_fn=lambda module, fqn: fqn in linears)
+        convert_to_float8_training(
+            model,
+            config=Float8LinearConfig.from_recipe_name("rowwise"),
+            module_filter_fn=lambda module, fqn: fqn in linears,
+        )
     else:
         from torchao.prototype.blockwise_fp8_training.linear import Float8BlockwiseLinear
 
@@ -134,8 +150,14 @@ def _plain_expert_tensors(module: nn.Module, state_dict: dict, prefix: str, loca
         if not isinstance(local, TrainingWeightWrapperBaseTensor):
             continue
         if isinstance(value, DTensor):
-            state_dict[key] = DTensor.from_local(local._data, value.device_mesh, value.placements, run_check=False,
-                                                 shape=value.shape, stride=value.stride())
+            state_dict[key] = DTensor.from_local(
+                local._data,
+                value.device_mesh,
+                value.placements,
+                run_check=False,
+                shape=value.shape,
+                stride=value.stride(),
+            )
         else:
             state_dict[key] = local._data
 

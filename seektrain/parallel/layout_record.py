@@ -83,8 +83,12 @@ def _experts(model: nn.Module) -> dict:
             per_rank.append(total // split)
     if not eps:
         return {"ep": 1, "moe_layers": 0, "ep_layers": 0}
-    return {"ep": min(eps), "experts_per_rank": max(per_rank), "moe_layers": len(eps),
-            "ep_layers": sum(e > 1 for e in eps)}
+    return {
+        "ep": min(eps),
+        "experts_per_rank": max(per_rank),
+        "moe_layers": len(eps),
+        "ep_layers": sum(e > 1 for e in eps),
+    }
 
 
 def _data_parallel_kind(model: nn.Module, units: list[nn.Module], replicate: int) -> str:
@@ -111,9 +115,12 @@ def layout_ran(parallel, world_mesh) -> dict:
     tp, tp_params = _tensor_parallel(model)
     return {
         "mesh": dict(zip(world_mesh.mesh_dim_names, world_mesh.shape)),
-        "data_parallel": kind, "fsdp_units": len(units),
-        "shard_group_size": shard, "replicate_group_size": replicate,
-        "tp": tp, "tp_sharded_params": tp_params,
+        "data_parallel": kind,
+        "fsdp_units": len(units),
+        "shard_group_size": shard,
+        "replicate_group_size": replicate,
+        "tp": tp,
+        "tp_sharded_params": tp_params,
         **_experts(model),
         "pp_stages": list(parallel.stage_ids),
         "pp_schedule": type(parallel.schedule).__name__ if parallel.schedule is not None else None,

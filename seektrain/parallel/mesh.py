@@ -51,8 +51,9 @@ def build_meshes(plan) -> Meshes:
     return meshes
 
 
-def _expert_meshes(world: DeviceMesh, ep: int, dp_shard: int, tp: int,
-                   dp_replicate: int) -> tuple[DeviceMesh, DeviceMesh]:
+def _expert_meshes(
+    world: DeviceMesh, ep: int, dp_shard: int, tp: int, dp_replicate: int
+) -> tuple[DeviceMesh, DeviceMesh]:
     """Split ``dp_shard`` into ``(dp_shard_mod_ep, dp_shard_in_ep)`` and join ``dp_shard_in_ep`` with ``tp``
     into the 1-D ``ep`` mesh (innermost dimensions, so an expert exchange stays among neighbouring ranks).
     The expert-FSDP mesh is what is left of the data-parallel ranks: ``dp_shard_mod_ep``, 2-D with
@@ -62,7 +63,9 @@ def _expert_meshes(world: DeviceMesh, ep: int, dp_shard: int, tp: int,
         split = world._unflatten("dp_shard", (dp_shard // in_ep, in_ep), ("dp_shard_mod_ep", "ep"))
         ep_mesh = split["ep"]
     else:
-        split = world._unflatten("dp_shard", (dp_shard // in_ep, in_ep), ("dp_shard_mod_ep", "dp_shard_in_ep"))
+        split = world._unflatten(
+            "dp_shard", (dp_shard // in_ep, in_ep), ("dp_shard_mod_ep", "dp_shard_in_ep")
+        )
         ep_mesh = split["dp_shard_in_ep", "tp"]._flatten("ep")
     efsdp = split["dp_replicate", "dp_shard_mod_ep"] if dp_replicate > 1 else split["dp_shard_mod_ep"]
     return ep_mesh, efsdp

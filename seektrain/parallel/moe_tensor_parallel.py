@@ -44,8 +44,9 @@ class TensorParallelExperts(GroupedExperts):
         self.tp_mesh, self.kernels = tp_mesh, experts.kernels
         shard_expert_weights(self, experts, tp_mesh)
 
-    def forward(self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor,
-                counts_E: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor, counts_E: torch.Tensor
+    ) -> torch.Tensor:
         group = self.tp_mesh.get_group()
         w1, w2 = self.gate_up_proj.to_local(), self.down_proj.to_local()
         L = w1.shape[0]
@@ -58,10 +59,10 @@ class TensorParallelExperts(GroupedExperts):
         order = idx_NK.flatten().argsort(stable=True)
         # Where my experts' slots start and how many there are, read on the host (one wait for the device):
         # the slice's size depends on the routing. Avoiding the read would mean running every slot.
-        lo, mine = torch.stack([counts_E[:e0].sum(), counts_E[e0:e0 + L].sum()]).tolist()
-        order = order[lo:lo + mine]  # slots routed to my experts
+        lo, mine = torch.stack([counts_E[:e0].sum(), counts_E[e0 : e0 + L].sum()]).tolist()
+        order = order[lo : lo + mine]  # slots routed to my experts
         token = order // top_k
-        y = grouped_swiglu(x_ND[token], counts_E[e0:e0 + L], w1, w2, self.kernels)
+        y = grouped_swiglu(x_ND[token], counts_E[e0 : e0 + L], w1, w2, self.kernels)
         y = y * weights_NK.flatten()[order].unsqueeze(-1).to(y.dtype)
         return torch.zeros_like(x_ND).index_add_(0, token, y.to(x_ND.dtype))
 
@@ -73,8 +74,13 @@ class MoETensorParallel(ParallelStyle):
     def __init__(self, seq: Placement, sequence_parallel: bool):
         super().__init__()
         self.layouts = PrepareModuleInputOutput(
-            input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_input=True,
-            output_layouts=(Partial(),), desired_output_layouts=(seq,), use_local_output=not sequence_parallel)
+            input_layouts=(seq,),
+            desired_input_layouts=(Replicate(),),
+            use_local_input=True,
+            output_layouts=(Partial(),),
+            desired_output_layouts=(seq,),
+            use_local_output=not sequence_parallel,
+        )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, MoE):

@@ -100,8 +100,9 @@ def _replicate_tensor_parallel(part: nn.Module, dp_mesh) -> None:
     replicate(part, mesh=dp_mesh)
 
 
-def parallelize_model(model: nn.Module, plan, device: torch.device, state_dict: dict | None = None,
-                      loss_fn=None) -> ParallelModel:
+def parallelize_model(
+    model: nn.Module, plan, device: torch.device, state_dict: dict | None = None, loss_fn=None
+) -> ParallelModel:
     """The parts of ``model`` (a plain model of a registered family, on the meta device) this rank trains
     under ``plan``.
     ``state_dict`` (full tensors, e.g. from Hugging Face) replaces random init; ``loss_fn(output, labels)``
@@ -143,7 +144,9 @@ class _PartsView(nn.Module):
             setattr(self, name, None)
         merged = nn.ModuleDict()
         setattr(self, rules.layers, merged)
-        for part in sorted(parts, key=lambda p: min((int(k) for k in getattr(p, rules.layers).keys()), default=0)):
+        for part in sorted(
+            parts, key=lambda p: min((int(k) for k in getattr(p, rules.layers).keys()), default=0)
+        ):
             for key, layer in getattr(part, rules.layers).items():
                 merged[key] = layer
             for name in ends:

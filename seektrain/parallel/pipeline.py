@@ -8,7 +8,8 @@ forward skips what is missing. Parameter names — and so checkpoints — are th
 With MTP, the first stage also embeds the labels and the pipeline carries those embeddings to the last
 stage, where the MTP modules need them; their gradient flows back through the pipeline to the one
 embedding table. Positions and document ids of packed rows are keyword arguments of every stage
-(``train/pipeline_step.py``). Which layers each stage holds is decided by the run plan (seektrain/plan/pipeline_split.py).
+(``train/pipeline_step.py``). Which layers each stage holds is decided by the run plan
+(seektrain/plan/pipeline_split.py).
 """
 
 from __future__ import annotations
@@ -18,19 +19,28 @@ import copy
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                                    ScheduleZBVZeroBubble)
+from torch.distributed.pipelining.schedules import (
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+)
 
 from seektrain.models.registry import family_of
 from seektrain.models.transformer import ModelOutput
 from seektrain.plan.pipeline_split import MULTI_STAGE, stage_ids
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B,
-             "zbv": ScheduleZBVZeroBubble}
+SCHEDULES = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved-1f1b": ScheduleInterleaved1F1B,
+    "zbv": ScheduleZBVZeroBubble,
+}
 
 
-def build_stage_model(model: nn.Module, layers: list[int] | tuple[int, ...], first: bool,
-                      last: bool) -> nn.Module:
+def build_stage_model(
+    model: nn.Module, layers: list[int] | tuple[int, ...], first: bool, last: bool
+) -> nn.Module:
     """A copy of the (meta-device) model keeping only what one stage needs, by its family's pipeline
     rules (``models/registry.py``)."""
     rules = family_of(model).pipeline
@@ -75,8 +85,10 @@ def build_schedule(stage_modules: list[nn.Module], ids: list[int], plan, device:
         return world[dim_names if len(dim_names) > 1 else dim_names[0]]
 
     n_stages = len(plan.pp_stage_layers)
-    stages = [PipelineStage(m, i, n_stages, device, group=plan.meshes.pp.get_group(), get_mesh=get_mesh)
-              for m, i in zip(stage_modules, ids)]
+    stages = [
+        PipelineStage(m, i, n_stages, device, group=plan.meshes.pp.get_group(), get_mesh=get_mesh)
+        for m, i in zip(stage_modules, ids)
+    ]
     schedule = plan.job.parallel.pp_schedule
     cls = SCHEDULES[schedule]
     if schedule in MULTI_STAGE:

@@ -50,8 +50,9 @@ def init_distributed(settings=None) -> DistEnv:
     timeout_s = settings.collective_timeout_s
     apply_settings(settings)
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+        )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
@@ -62,9 +63,12 @@ def init_distributed(settings=None) -> DistEnv:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=device if backend == "nccl" else None,
-                                **_restart_safe_store(rank, world, settings.init_timeout_s))
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+            **_restart_safe_store(rank, world, settings.init_timeout_s),
+        )
     return DistEnv(rank, world, local_rank, device, backend, gather_node_facts())
 
 
@@ -78,7 +82,15 @@ def _restart_safe_store(rank: int, world: int, timeout_s: float) -> dict:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     attempt = os.environ.get("SEEKTRAIN_ATTEMPT") or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
-    return {"store": dist.PrefixStore(f"seektrain/attempt_{attempt}", store), "rank": rank, "world_size": world}
-
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return {
+        "store": dist.PrefixStore(f"seektrain/attempt_{attempt}", store),
+        "rank": rank,
+        "world_size": world,
+    }

@@ -26,14 +26,27 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from seektrain.models.moe import MoE
 from seektrain.models.registry import family_of
-from seektrain.models.shapes import (COLWISE, REPLICATED, ROWWISE, ROWWISE_PARTIAL, SEQUENCE, VOCAB_EMBEDDING,
-                                     VOCAB_HEAD, weights_by_path)
+from seektrain.models.shapes import (
+    COLWISE,
+    REPLICATED,
+    ROWWISE,
+    ROWWISE_PARTIAL,
+    SEQUENCE,
+    VOCAB_EMBEDDING,
+    VOCAB_HEAD,
+    weights_by_path,
+)
 from seektrain.parallel.moe_tensor_parallel import MoETensorParallel
 from seektrain.parallel.tp_styles import LocalParams, SumGrad
 
@@ -42,6 +55,7 @@ def _reduce_partial_grads(model: nn.Module) -> None:
     """A replicated weight applied to sequence shards (SequenceParallel) gets a ``Partial`` gradient;
     sum it once per backward, so optimizers and clipping see ordinary replicated gradients. (FSDP, when
     applied on top, replaces the parameters and does this itself.)"""
+
     def hook(param: torch.Tensor) -> None:
         grad = param.grad
         if isinstance(grad, DTensor) and grad.placements != param.placements:
@@ -65,9 +79,12 @@ _LEAF_STYLES = {
     ROWWISE_PARTIAL: lambda seq, sp: RowwiseParallel(output_layouts=Partial()),
     REPLICATED: lambda seq, sp: LocalParams(),
     SEQUENCE: lambda seq, sp: _norm_style(sp),
-    VOCAB_EMBEDDING: lambda seq, sp: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq,
-                                                     use_local_output=not sp),
-    VOCAB_HEAD: lambda seq, sp: ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False),
+    VOCAB_EMBEDDING: lambda seq, sp: RowwiseParallel(
+        input_layouts=Replicate(), output_layouts=seq, use_local_output=not sp
+    ),
+    VOCAB_HEAD: lambda seq, sp: ColwiseParallel(
+        input_layouts=seq, output_layouts=Shard(-1), use_local_output=False
+    ),
 }
 
 
@@ -85,10 +102,16 @@ def _block_plan(block: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: D
     (an MoE block: ``MoETensorParallel``); its leaves' styles come from the shape description."""
     gather = dict(input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True)
     # attention's inputs (x, cos, sin, document mask): RoPE's tables and the mask cover the whole sequence
-    plan = {f"{prefix}.self_attn": PrepareModuleInput(input_layouts=(seq, None, None, None),
-                                                      desired_input_layouts=(Replicate(), None, None, None),
-                                                      use_local_output=True),
-            f"{prefix}.mlp": MoETensorParallel(seq, sp) if isinstance(block.mlp, MoE) else PrepareModuleInput(**gather)}
+    plan = {
+        f"{prefix}.self_attn": PrepareModuleInput(
+            input_layouts=(seq, None, None, None),
+            desired_input_layouts=(Replicate(), None, None, None),
+            use_local_output=True,
+        ),
+        f"{prefix}.mlp": MoETensorParallel(seq, sp)
+        if isinstance(block.mlp, MoE)
+        else PrepareModuleInput(**gather),
+    }
     attn = block.self_attn
     if hasattr(attn, "kv_a_proj_with_mqa"):
         # MLA: the decoupled RoPE key (the last columns of kv_a_proj_with_mqa's output) is shared by all

@@ -28,10 +28,10 @@ class SumGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous() if ctx.start == 0 else grad.clone()
-        part = grad if ctx.start == 0 else grad[..., ctx.start:].contiguous()
+        part = grad if ctx.start == 0 else grad[..., ctx.start :].contiguous()
         dist.all_reduce(part, group=ctx.group)
         if ctx.start:
-            grad[..., ctx.start:] = part
+            grad[..., ctx.start :] = part
         return grad, None, None
 
 

@@ -26,13 +26,16 @@ def device_hardware(device_type: str, ranks_per_node: int) -> Hardware:
     name = torch.cuda.get_device_name()
     key = name_from_device(name)
     if key is None:
-        raise UserError(f"parallel.auto does not know the GPU {name!r} (known: {', '.join(KNOWN)}); set the "
-                         "parallel degrees yourself (seektrain plan --gpu NAME suggests them)")
+        raise UserError(
+            f"parallel.auto does not know the GPU {name!r} (known: {', '.join(KNOWN)}); set the "
+            "parallel degrees yourself (seektrain plan --gpu NAME suggests them)"
+        )
     return hardware(key, ranks_per_node)
 
 
-def auto_layout(job: JobConfig, model: ModelConfig, world_size: int, device_type: str,
-                ranks_per_node: int | None = None) -> tuple[JobConfig, str]:
+def auto_layout(
+    job: JobConfig, model: ModelConfig, world_size: int, device_type: str, ranks_per_node: int | None = None
+) -> tuple[JobConfig, str]:
     """(the job with the best layout's degrees and micro-batch, one line saying why); the job unchanged
     and "" when ``parallel.auto`` is off. Activation checkpointing and CPU offload stay as configured."""
     if not job.parallel.auto:
@@ -42,13 +45,22 @@ def auto_layout(job: JobConfig, model: ModelConfig, world_size: int, device_type
     per_node = ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     hw = device_hardware(device_type, min(per_node, world_size))
     micro = tuple(sorted(set(MICRO_BATCHES) | {job.train.micro_batch_size}))
-    result = best_feasible(job, model, world_size, hw, checkpoint_modes=(job.train.activation_checkpoint,),
-                           micro_batches=micro, offload_modes=(job.parallel.cpu_offload,))
+    result = best_feasible(
+        job,
+        model,
+        world_size,
+        hw,
+        checkpoint_modes=(job.train.activation_checkpoint,),
+        micro_batches=micro,
+        offload_modes=(job.parallel.cpu_offload,),
+    )
     best = result.ranked[0]
     assert best.time is not None and best.memory is not None  # a ranked (feasible) candidate
     chosen = {k: v for k, v in best.settings.items() if k not in _KEPT}
-    why = (f"parallel.auto: {_short(chosen)} on {world_size} × "
-           f"{hw.name}: predicted step {best.time.total_s:.3g} s, {best.memory.total / 2**30:.2f} GiB per rank")
+    why = (
+        f"parallel.auto: {_short(chosen)} on {world_size} × "
+        f"{hw.name}: predicted step {best.time.total_s:.3g} s, {best.memory.total / 2**30:.2f} GiB per rank"
+    )
     if len(result.ranked) > 1:
         runner = result.ranked[1]
         assert runner.time is not None

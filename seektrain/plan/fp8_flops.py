@@ -8,7 +8,10 @@ from __future__ import annotations
 from seektrain.models.config import ModelConfig
 from seektrain.models.shapes import EXPERTS, LINEAR, Weight, weights_by_path
 
-RECIPE_MULTIPLE = {"rowwise": 16, "blockwise": 128}  # torch's FP8 GEMM needs 16; torchao's blockwise layer 128
+RECIPE_MULTIPLE = {
+    "rowwise": 16,
+    "blockwise": 128,
+}  # torch's FP8 GEMM needs 16; torchao's blockwise layer 128
 
 
 def linear_kept(linear: Weight, recipe: str) -> str | None:
@@ -27,7 +30,12 @@ def linear_kept(linear: Weight, recipe: str) -> str | None:
 def experts_convert(gate_up: Weight, recipe: str, experts: bool) -> bool:
     """Whether the routed experts whose fused ``gate_up_proj`` is ``gate_up`` run in FP8: rowwise only,
     on a device with FP8 grouped GEMMs, with D and F multiples of 16."""
-    return experts and recipe == "rowwise" and gate_up.in_features % 16 == 0 and (gate_up.out_features // 2) % 16 == 0
+    return (
+        experts
+        and recipe == "rowwise"
+        and gate_up.in_features % 16 == 0
+        and (gate_up.out_features // 2) % 16 == 0
+    )
 
 
 def fp8_matmul_params(cfg: ModelConfig, recipe: str, include_mtp: bool = True, experts: bool = True) -> int:
@@ -42,7 +50,8 @@ def fp8_matmul_params(cfg: ModelConfig, recipe: str, include_mtp: bool = True, e
             continue
         if w.kind == LINEAR and not linear_kept(w, recipe):
             total += w.matmul_params
-        elif w.kind == EXPERTS and experts_convert(described[f"{w.path.rsplit('.', 1)[0]}.gate_up_proj"],
-                                                    recipe, experts):
+        elif w.kind == EXPERTS and experts_convert(
+            described[f"{w.path.rsplit('.', 1)[0]}.gate_up_proj"], recipe, experts
+        ):
             total += w.matmul_params
     return total

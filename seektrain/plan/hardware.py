@@ -43,24 +43,87 @@ class Hardware:
 
 
 _NVIDIA = "https://www.nvidia.com/en-us/data-center/"
-GPUS: dict[str, Hardware] = {h.name: h for h in (
-    Hardware("h100-80g", 79.1, 989.4, 1978.9, 900.0, 50.0, 8, 1.0,
-             _NVIDIA + "h100/ (H100 SXM5: 80 GB HBM3 at 3.35 TB/s, bf16 989.4 TFLOPS dense, fp8 1978.9, NVLink 900 GB/s); "
-             "network: ConnectX-7 400 Gb/s NDR per GPU (DGX H100); host 2 TB per 8 GPUs (DGX H100)", 256.0, 3350.0),
-    Hardware("h200", 139.8, 989.4, 1978.9, 900.0, 50.0, 8, 1.0,
-             _NVIDIA + "h200/ (H200 SXM: 141 GB HBM3e at 4.8 TB/s, bf16 989.4 TFLOPS dense, fp8 1978.9, NVLink 900 GB/s); "
-             "network: 400 Gb/s NDR per GPU (HGX H200); host 2 TB per 8 GPUs assumed", 256.0, 4800.0),
-    Hardware("h800", 79.1, 989.4, 1978.9, 400.0, 50.0, 8, 1.0,
-             _NVIDIA + "h800/ (H800 SXM: 80 GB HBM3 at 3.35 TB/s, compute as H100 SXM, NVLink 400 GB/s); DeepSeek-V3 report "
-             "https://arxiv.org/abs/2412.19437 sec. 3.2.2: NVLink 160 GB/s achieved, IB 50 GB/s per GPU; host 2 TB per "
-             "8 GPUs assumed", 256.0, 3350.0),
-    Hardware("a100-80g", 79.1, 312.0, 0.0, 600.0, 25.0, 8, 1.0,
-             _NVIDIA + "a100/ (A100 SXM 80GB: HBM2e at 2.039 TB/s, bf16 312 TFLOPS dense, no fp8, NVLink 600 GB/s); "
-             "network: 200 Gb/s HDR per GPU (DGX A100); host 2 TB per 8 GPUs (DGX A100 640GB)", 256.0, 2039.0),
-    Hardware("a100-40g", 39.4, 312.0, 0.0, 600.0, 25.0, 8, 1.0,
-             _NVIDIA + "a100/ (A100 SXM 40GB: HBM2 at 1.555 TB/s, bf16 312 TFLOPS dense, no fp8, NVLink 600 GB/s); "
-             "network: 200 Gb/s HDR per GPU (DGX A100); host 1 TB per 8 GPUs (DGX A100 320GB)", 128.0, 1555.0),
-)}
+GPUS: dict[str, Hardware] = {
+    h.name: h
+    for h in (
+        Hardware(
+            "h100-80g",
+            79.1,
+            989.4,
+            1978.9,
+            900.0,
+            50.0,
+            8,
+            1.0,
+            _NVIDIA
+            + "h100/ (H100 SXM5: 80 GB HBM3 at 3.35 TB/s, bf16 989.4 TFLOPS dense, fp8 1978.9, NVLink 900 GB/s); "
+            "network: ConnectX-7 400 Gb/s NDR per GPU (DGX H100); host 2 TB per 8 GPUs (DGX H100)",
+            256.0,
+            3350.0,
+        ),
+        Hardware(
+            "h200",
+            139.8,
+            989.4,
+            1978.9,
+            900.0,
+            50.0,
+            8,
+            1.0,
+            _NVIDIA
+            + "h200/ (H200 SXM: 141 GB HBM3e at 4.8 TB/s, bf16 989.4 TFLOPS dense, fp8 1978.9, NVLink 900 GB/s); "
+            "network: 400 Gb/s NDR per GPU (HGX H200); host 2 TB per 8 GPUs assumed",
+            256.0,
+            4800.0,
+        ),
+        Hardware(
+            "h800",
+            79.1,
+            989.4,
+            1978.9,
+            400.0,
+            50.0,
+            8,
+            1.0,
+            _NVIDIA
+            + "h800/ (H800 SXM: 80 GB HBM3 at 3.35 TB/s, compute as H100 SXM, NVLink 400 GB/s); DeepSeek-V3 report "
+            "https://arxiv.org/abs/2412.19437 sec. 3.2.2: NVLink 160 GB/s achieved, IB 50 GB/s per GPU; host 2 TB per "
+            "8 GPUs assumed",
+            256.0,
+            3350.0,
+        ),
+        Hardware(
+            "a100-80g",
+            79.1,
+            312.0,
+            0.0,
+            600.0,
+            25.0,
+            8,
+            1.0,
+            _NVIDIA
+            + "a100/ (A100 SXM 80GB: HBM2e at 2.039 TB/s, bf16 312 TFLOPS dense, no fp8, NVLink 600 GB/s); "
+            "network: 200 Gb/s HDR per GPU (DGX A100); host 2 TB per 8 GPUs (DGX A100 640GB)",
+            256.0,
+            2039.0,
+        ),
+        Hardware(
+            "a100-40g",
+            39.4,
+            312.0,
+            0.0,
+            600.0,
+            25.0,
+            8,
+            1.0,
+            _NVIDIA
+            + "a100/ (A100 SXM 40GB: HBM2 at 1.555 TB/s, bf16 312 TFLOPS dense, no fp8, NVLink 600 GB/s); "
+            "network: 200 Gb/s HDR per GPU (DGX A100); host 1 TB per 8 GPUs (DGX A100 320GB)",
+            128.0,
+            1555.0,
+        ),
+    )
+}
 KNOWN = tuple(GPUS) + ("cpu",)
 
 
@@ -109,9 +172,19 @@ def cpu_hardware(ranks_per_node: int, measure: bool = True) -> Hardware:
         copy = NOMINAL_CPU_MEMORY_GBS * 1e9
         how += f", nominal copy {NOMINAL_CPU_MEMORY_GBS:.0f} GB/s"
     share = max(1, ranks_per_node)
-    return Hardware("cpu", _host_memory_gib() / share, flops / 1e12 / share, 0.0, 2.0, 1.0, share, 0.0,
-                    f"measured on this machine ({os.cpu_count()} cores, {_host_memory_gib():.1f} GiB RAM): "
-                    f"{how}; loopback gloo bandwidth assumed 1 GB/s", memory_gbs=copy / 1e9 / share)
+    return Hardware(
+        "cpu",
+        _host_memory_gib() / share,
+        flops / 1e12 / share,
+        0.0,
+        2.0,
+        1.0,
+        share,
+        0.0,
+        f"measured on this machine ({os.cpu_count()} cores, {_host_memory_gib():.1f} GiB RAM): "
+        f"{how}; loopback gloo bandwidth assumed 1 GB/s",
+        memory_gbs=copy / 1e9 / share,
+    )
 
 
 def hardware(name: str, gpus_per_node: int = 8) -> Hardware:

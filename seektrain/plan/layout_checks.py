@@ -27,35 +27,47 @@ def ep_layout_error(ep: int, dp_shard: int, tp: int) -> str | None:
         return None
     if tp == 1:
         if dp_shard % ep:
-            return (f"parallel.ep={ep} must divide parallel.dp_shard={dp_shard}: experts are spread over the "
-                    "data-parallel shard ranks")
+            return (
+                f"parallel.ep={ep} must divide parallel.dp_shard={dp_shard}: experts are spread over the "
+                "data-parallel shard ranks"
+            )
         return None
     if ep % tp:
-        return (f"parallel.ep={ep} must be a multiple of parallel.tp={tp}: expert parallelism borrows every "
-                f"tensor-parallel rank; set parallel.ep to tp × a divisor of parallel.dp_shard={dp_shard}")
+        return (
+            f"parallel.ep={ep} must be a multiple of parallel.tp={tp}: expert parallelism borrows every "
+            f"tensor-parallel rank; set parallel.ep to tp × a divisor of parallel.dp_shard={dp_shard}"
+        )
     if dp_shard % (ep // tp):
-        return (f"parallel.ep={ep} must divide parallel.dp_shard × tp = {dp_shard}×{tp} = {dp_shard * tp}: "
-                f"set parallel.ep to tp × a divisor of parallel.dp_shard")
+        return (
+            f"parallel.ep={ep} must divide parallel.dp_shard × tp = {dp_shard}×{tp} = {dp_shard * tp}: "
+            f"set parallel.ep to tp × a divisor of parallel.dp_shard"
+        )
     return None
 
 
-def check_degrees(world_size: int, pp: int, dp_replicate: int, dp_shard: int, tp: int, ep: int,
-                  data_parallel: str) -> None:
+def check_degrees(
+    world_size: int, pp: int, dp_replicate: int, dp_shard: int, tp: int, ep: int, data_parallel: str
+) -> None:
     """The degrees multiply to the world size and compose (model-independent)."""
     product = pp * dp_replicate * dp_shard * tp
     if product != world_size:
         raise ConfigError(
             f"parallel.pp × dp_replicate × dp_shard × tp = {pp}×{dp_replicate}×{dp_shard}×{tp} = {product} but the "
-            f"world size is {world_size}; set parallel.dp_shard=-1 or fix the degrees")
+            f"world size is {world_size}; set parallel.dp_shard=-1 or fix the degrees"
+        )
     error = ep_layout_error(ep, dp_shard, tp)
     if error:
         raise ConfigError(error)
     dp = dp_replicate * dp_shard
     if ep > 1 and data_parallel == "ddp" and dp > 1:
-        raise ConfigError(f"parallel.ep={ep} needs parallel.data_parallel=fsdp: DDP cannot hold expert shards")
+        raise ConfigError(
+            f"parallel.ep={ep} needs parallel.data_parallel=fsdp: DDP cannot hold expert shards"
+        )
     if data_parallel == "ddp" and dp_shard > 1:
-        raise ConfigError("parallel.data_parallel=ddp replicates the model: set parallel.dp_shard=1 and "
-                          "parallel.dp_replicate to the data-parallel size, or use data_parallel=fsdp")
+        raise ConfigError(
+            "parallel.data_parallel=ddp replicates the model: set parallel.dp_shard=1 and "
+            "parallel.dp_replicate to the data-parallel size, or use data_parallel=fsdp"
+        )
     if pp > 1 and data_parallel == "ddp" and dp > 1:
         raise ConfigError("parallel.pp > 1 composes with data_parallel=fsdp; set parallel.data_parallel=fsdp")
 
@@ -63,17 +75,21 @@ def check_degrees(world_size: int, pp: int, dp_replicate: int, dp_shard: int, tp
 def check_cpu_offload(cpu_offload: bool, data_parallel: str) -> None:
     """CPU offload is FSDP2's ``CPUOffloadPolicy``: DDP (which keeps whole parameters on the device) has none."""
     if cpu_offload and data_parallel != "fsdp":
-        raise ConfigError(f"parallel.cpu_offload needs parallel.data_parallel=fsdp (it is FSDP's CPU offload), "
-                          f"not {data_parallel}; set parallel.data_parallel=fsdp or parallel.cpu_offload=false")
+        raise ConfigError(
+            f"parallel.cpu_offload needs parallel.data_parallel=fsdp (it is FSDP's CPU offload), "
+            f"not {data_parallel}; set parallel.data_parallel=fsdp or parallel.cpu_offload=false"
+        )
 
 
 def check_float8(recipe: str, tp: int) -> None:
     """``precision.fp8`` layouts torchao can run: rowwise float8 linears take tensor-parallel (DTensor)
     weights; torchao's blockwise layer runs its triton kernels on plain tensors only."""
     if recipe == "blockwise" and tp > 1:
-        raise ConfigError(f"precision.fp8=blockwise cannot run under parallel.tp={tp}: torchao's blockwise FP8 "
-                          "layer takes no tensor-parallel weights; set parallel.tp=1 (FSDP/EP/PP are fine) "
-                          "or precision.fp8=rowwise")
+        raise ConfigError(
+            f"precision.fp8=blockwise cannot run under parallel.tp={tp}: torchao's blockwise FP8 "
+            "layer takes no tensor-parallel weights; set parallel.tp=1 (FSDP/EP/PP are fine) "
+            "or precision.fp8=rowwise"
+        )
 
 
 def tp_error(cfg: ModelConfig, tp: int) -> str | None:
@@ -96,8 +112,10 @@ def ep_model_error(cfg: ModelConfig, ep: int) -> str | None:
     if not cfg.is_moe:
         return f"parallel.ep={ep} needs a MoE model but {cfg.name!r} is dense: set parallel.ep=1"
     if cfg.n_routed_experts % ep:
-        return (f"parallel.ep={ep} does not divide the {cfg.n_routed_experts} routed experts of {cfg.name!r}: "
-                f"choose a divisor of {cfg.n_routed_experts}")
+        return (
+            f"parallel.ep={ep} does not divide the {cfg.n_routed_experts} routed experts of {cfg.name!r}: "
+            f"choose a divisor of {cfg.n_routed_experts}"
+        )
     return None
 
 
@@ -110,8 +128,10 @@ def check_model(cfg: ModelConfig, tp: int, ep: int, dp_shard: int) -> None:
 def pipeline_microbatches(n: int, local_sequences: int) -> int:
     """Micro-batches per pipeline step; the step's sequences on one rank must split evenly into them."""
     if n < 1 or local_sequences % n:
-        raise ConfigError(f"parallel.pp_microbatches={n} does not divide the {local_sequences} sequences each "
-                          "data-parallel rank gets per step; pick a divisor")
+        raise ConfigError(
+            f"parallel.pp_microbatches={n} does not divide the {local_sequences} sequences each "
+            "data-parallel rank gets per step; pick a divisor"
+        )
     return n
 
 
@@ -120,19 +140,27 @@ def check_pipeline_checkpointing(activation_checkpoint: str, p: ParallelSection)
     gradients), each recomputing the checkpointed layers; a selective checkpoint hands its kept tensors to
     one recomputation only (torch raises "Trying to backward an extra time")."""
     if activation_checkpoint == "selective" and p.pp > 1 and p.pp_schedule == "zbv":
-        raise ConfigError("train.activation_checkpoint=selective cannot run under parallel.pp_schedule=zbv (its "
-                          "split backward recomputes each layer twice, a selective checkpoint allows once): use "
-                          "train.activation_checkpoint=full or another parallel.pp_schedule")
+        raise ConfigError(
+            "train.activation_checkpoint=selective cannot run under parallel.pp_schedule=zbv (its "
+            "split backward recomputes each layer twice, a selective checkpoint allows once): use "
+            "train.activation_checkpoint=full or another parallel.pp_schedule"
+        )
 
 
-def check_pipeline(cfg: ModelConfig, p: ParallelSection, n_micro: int, dp: int) -> tuple[tuple[int, ...], ...]:
+def check_pipeline(
+    cfg: ModelConfig, p: ParallelSection, n_micro: int, dp: int
+) -> tuple[tuple[int, ...], ...]:
     """The layer ranges of every stage, after checking the schedule, split and micro-batch count."""
     per_rank = stages_per_rank(p.pp_schedule, p.pp_stages_per_rank)
     stages = split_layers(cfg, p.pp * per_rank, p.pp_split or None)
     if p.pp_schedule == "1f1b" and n_micro < p.pp:
-        raise ConfigError(f"parallel.pp_schedule=1f1b needs at least parallel.pp={p.pp} micro-batches per step "
-                          f"but gets {n_micro}; set parallel.pp_microbatches or raise train.global_batch_size")
+        raise ConfigError(
+            f"parallel.pp_schedule=1f1b needs at least parallel.pp={p.pp} micro-batches per step "
+            f"but gets {n_micro}; set parallel.pp_microbatches or raise train.global_batch_size"
+        )
     if p.pp_schedule in MULTI_STAGE and n_micro % p.pp:
-        raise ConfigError(f"parallel.pp_schedule={p.pp_schedule} needs the number of pipeline micro-batches "
-                          f"({n_micro}) to be a multiple of parallel.pp={p.pp}")
+        raise ConfigError(
+            f"parallel.pp_schedule={p.pp_schedule} needs the number of pipeline micro-batches "
+            f"({n_micro}) to be a multiple of parallel.pp={p.pp}"
+        )
     return tuple(tuple(s) for s in stages)

@@ -46,8 +46,11 @@ class ParamSpec:
 @functools.lru_cache(maxsize=16)
 def _specs_cached(cfg_json: str) -> tuple[ParamSpec, ...]:
     weights = model_weights(ModelConfig.from_dict(json.loads(cfg_json)))
-    return tuple(ParamSpec(name, shape, w.layer, w.part, tp_dim, w.kind == EXPERTS)
-                 for w in weights for name, shape, tp_dim in w.params())
+    return tuple(
+        ParamSpec(name, shape, w.layer, w.part, tp_dim, w.kind == EXPERTS)
+        for w in weights
+        for name, shape, tp_dim in w.params()
+    )
 
 
 def param_specs(cfg: ModelConfig) -> tuple[ParamSpec, ...]:
@@ -81,7 +84,9 @@ def rank_coords(plan, rank: int) -> RankCoords:
     return RankCoords(rest // plan.dp_replicate, rest % plan.dp_replicate, shard, tp)
 
 
-def _local_numel(spec: ParamSpec, plan, at: RankCoords, keep_layers: set[int], first: bool, last: bool) -> int:
+def _local_numel(
+    spec: ParamSpec, plan, at: RankCoords, keep_layers: set[int], first: bool, last: bool
+) -> int:
     if spec.part == "layer" and spec.layer not in keep_layers:
         return 0
     if (spec.part == "embed" and not first) or (spec.part == "head" and not last):
@@ -180,7 +185,9 @@ def _moe(cfg: ModelConfig, a: int, tp: int, ep: int) -> float:
     the weighted output. Under TP without EP each rank computes the slots of its E/tp experts."""
     k = cfg.num_experts_per_tok / tp  # TP: E/tp experts per rank; TP×EP: each tp rank its share of tokens
     router = 2 * FP32 * cfg.n_routed_experts
-    routed = k * (2 * a * cfg.hidden_size + _swiglu(cfg.moe_intermediate_size, a) + a * cfg.moe_intermediate_size)
+    routed = k * (
+        2 * a * cfg.hidden_size + _swiglu(cfg.moe_intermediate_size, a) + a * cfg.moe_intermediate_size
+    )
     shared = _swiglu(cfg.n_shared_experts * cfg.moe_intermediate_size / tp, a)
     return router + routed + shared
 
@@ -189,8 +196,7 @@ def layer_activation_bytes(cfg: ModelConfig, layer: int, a: int, tp: int, ep: in
     """Bytes per token (of the micro-batch's sequence, before SP's split) one decoder layer keeps for
     backward without checkpointing."""
     d = cfg.hidden_size
-    mlp = (_moe(cfg, a, tp, ep) if cfg.is_moe_layer(layer)
-           else _swiglu(cfg.intermediate_size / tp, a))
+    mlp = _moe(cfg, a, tp, ep) if cfg.is_moe_layer(layer) else _swiglu(cfg.intermediate_size / tp, a)
     return 2 * _norm(d, a, tp) + _attention(cfg, a, tp, pad_values) + mlp
 
 
@@ -235,7 +241,11 @@ def _selective_mlp(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int) -> tu
     if not cfg.is_moe_layer(layer):
         return 2 * a * cfg.intermediate_size / tp + _row_output(d, a, tp), _row_output(d, a, tp)
     k = cfg.num_experts_per_tok / tp  # TP: E/tp experts per rank; TP×EP: each tp rank its share of tokens
-    kept = FP32 * cfg.n_routed_experts + k * a * (2 * cfg.moe_intermediate_size + d) + (2 * k * a * d if ep > 1 else 0)
+    kept = (
+        FP32 * cfg.n_routed_experts
+        + k * a * (2 * cfg.moe_intermediate_size + d)
+        + (2 * k * a * d if ep > 1 else 0)
+    )
     reduced = a * d / tp if tp > 1 else 0.0  # the block's partial output, reduce-scattered
     if not cfg.n_shared_experts:
         return kept + reduced, reduced
@@ -243,17 +253,23 @@ def _selective_mlp(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int) -> tu
     return kept + shared + reduced, a * d + reduced
 
 
-def layer_selective_bytes(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool) -> Selective:
+def layer_selective_bytes(
+    cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool
+) -> Selective:
     """What one selectively checkpointed decoder layer keeps for backward, per token: its input (the
     checkpoint's), under TP+SP the two all-gathered norm outputs, and the outputs of every matmul, attention
     kernel and collective inside it (seektrain/parallel/activation_checkpoint.py)."""
     d = cfg.hidden_size
     gathered = 2 * a * d if tp > 1 else 0.0  # attention's and the MLP's inputs
     mlp, tail = _selective_mlp(cfg, layer, a, tp, ep)
-    return Selective(a * d / tp + gathered + _selective_attention(cfg, a, tp, pad_values) + mlp, a * d / tp + tail)
+    return Selective(
+        a * d / tp + gathered + _selective_attention(cfg, a, tp, pad_values) + mlp, a * d / tp + tail
+    )
 
 
-def selective_rebuilt_bytes(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool) -> float:
+def selective_rebuilt_bytes(
+    cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool
+) -> float:
     """Bytes per token recomputation writes in a selectively checkpointed layer's backward: what the layer
     saves without checkpointing, less what it kept (the tail aside, which stays beside the rebuilt tensors)."""
     s = layer_selective_bytes(cfg, layer, a, tp, ep, pad_values)
@@ -311,7 +327,12 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
         last = len(plan.pp_stage_layers) - 1 in ids
         in_flight = in_flight_microbatches(job.parallel.pp_schedule, plan.pp - pp_rank, plan.pp_microbatches)
     else:
-        local_seqs, layers, last, in_flight = job.train.micro_batch_size, list(range(cfg.num_hidden_layers)), True, 1
+        local_seqs, layers, last, in_flight = (
+            job.train.micro_batch_size,
+            list(range(cfg.num_hidden_layers)),
+            True,
+            1,
+        )
     tokens = local_seqs * job.train.seq_len
     mode = job.train.activation_checkpoint
     every = checkpoint_every(mode)
@@ -341,8 +362,14 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
                 block = layer_activation_bytes(cfg, cfg.num_hidden_layers + k, a, tp, ep, pad_values)
                 head += 2 * _norm(d, a, tp) + 2 * a * d + block + _norm(d, a, tp) + logits
     dispatch = cfg.num_experts_per_tok * a * d / tp if cfg.is_moe and ep > 1 else 0.0
-    return Activations(kept * tokens * in_flight, 0.5 * largest * tokens, recompute * tokens, head * tokens,
-                       dispatch * tokens, in_flight)
+    return Activations(
+        kept * tokens * in_flight,
+        0.5 * largest * tokens,
+        recompute * tokens,
+        head * tokens,
+        dispatch * tokens,
+        in_flight,
+    )
 
 
 # ----------------------------------------------------------------------------- communication buffers
@@ -389,8 +416,9 @@ def comm_buffer_bytes(plan) -> CommBuffers:
     return CommBuffers((2 * a + FP32) * root, 2 * a * layer, 0.0)
 
 
-def transient_bytes(plan, pad_values: bool | None = None, comm: CommBuffers | None = None,
-                    pp_rank: int = 0) -> tuple[Activations, CommBuffers, float]:
+def transient_bytes(
+    plan, pad_values: bool | None = None, comm: CommBuffers | None = None, pp_rank: int = 0
+) -> tuple[Activations, CommBuffers, float]:
     """(activations, communication buffers, peak of both together) on pipeline rank ``pp_rank``;
     ``comm``: the plan's ``comm_buffer_bytes`` when the caller has it already."""
     acts = activation_bytes(plan, pad_values, pp_rank)

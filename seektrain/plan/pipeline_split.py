@@ -39,15 +39,21 @@ def split_layers(cfg: ModelConfig, n_stages: int, manual: list[int] | None = Non
     n = cfg.num_hidden_layers
     if manual:
         if len(manual) != n_stages or sum(manual) != n or min(manual) < 1:
-            raise ConfigError(f"parallel.pp_split={manual}: need {n_stages} positive layer counts summing to {n}")
+            raise ConfigError(
+                f"parallel.pp_split={manual}: need {n_stages} positive layer counts summing to {n}"
+            )
         counts = tuple(manual)
     else:
         if n_stages > n:
-            raise ConfigError(f"{n_stages} pipeline stages but the model has only {n} layers; lower parallel.pp")
+            raise ConfigError(
+                f"{n_stages} pipeline stages but the model has only {n} layers; lower parallel.pp"
+            )
         costs = layer_costs(cfg)
         head = float(cfg.hidden_size * cfg.vocab_size * (1 + cfg.num_nextn_predict_layers))
         head += cfg.num_nextn_predict_layers * max(costs)
-        counts = _balanced_counts(tuple(costs), n_stages, first_extra=cfg.hidden_size * 2.0, last_extra=float(head))
+        counts = _balanced_counts(
+            tuple(costs), n_stages, first_extra=cfg.hidden_size * 2.0, last_extra=float(head)
+        )
     bounds, start = [], 0
     for c in counts:
         bounds.append(list(range(start, start + c)))
@@ -56,7 +62,9 @@ def split_layers(cfg: ModelConfig, n_stages: int, manual: list[int] | None = Non
 
 
 @functools.lru_cache(maxsize=256)
-def _balanced_counts(costs: tuple[float, ...], k: int, first_extra: float, last_extra: float) -> tuple[int, ...]:
+def _balanced_counts(
+    costs: tuple[float, ...], k: int, first_extra: float, last_extra: float
+) -> tuple[int, ...]:
     """Minimise the maximum stage cost over contiguous splits (exact dynamic programme, n·k²; cached,
     because the planner resolves thousands of plans with the same few splits)."""
     n = len(costs)
@@ -70,7 +78,9 @@ def _balanced_counts(costs: tuple[float, ...], k: int, first_extra: float, last_
     for s in range(1, k + 1):
         for j in range(s, n - (k - s) + 1):
             for i in range(s - 1, j):
-                cost = prefix[j] - prefix[i] + (first_extra if s == 1 else 0.0) + (last_extra if s == k else 0.0)
+                cost = (
+                    prefix[j] - prefix[i] + (first_extra if s == 1 else 0.0) + (last_extra if s == k else 0.0)
+                )
                 value = max(best[s - 1][i], cost)
                 if value < best[s][j]:
                     best[s][j], cut[s][j] = value, i

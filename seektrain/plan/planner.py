@@ -20,14 +20,18 @@ def hardware_for(gpu: str, gpus: int, nodes: int) -> Hardware:
     else:
         nodes = nodes or -(-gpus // 8)
     if nodes < 1 or gpus % nodes:
-        raise UserError(f"--gpus={gpus} does not split evenly over --nodes={nodes}; use a multiple of the node count")
+        raise UserError(
+            f"--gpus={gpus} does not split evenly over --nodes={nodes}; use a multiple of the node count"
+        )
     return hardware(gpu, gpus // nodes)
 
 
 def _check_batch(job: JobConfig) -> None:
     t = job.train
     if t.global_batch_size < 1 or t.seq_len < 1:
-        raise UserError(f"global batch ({t.global_batch_size}) and sequence length ({t.seq_len}) must be >= 1")
+        raise UserError(
+            f"global batch ({t.global_batch_size}) and sequence length ({t.seq_len}) must be >= 1"
+        )
 
 
 def _batch_error(job: JobConfig, result: SearchResult) -> str | None:
@@ -35,9 +39,11 @@ def _batch_error(job: JobConfig, result: SearchResult) -> str | None:
     if result.ranked or any(c.memory is not None for c in result.rejected):
         return None
     if result.batch_skipped:
-        return (f"global batch {job.train.global_batch_size} sequences cannot be split over the data-parallel "
-                f"sizes {result.world_size} devices allow (micro-batch 1-8 × dp × accumulation); use a multiple "
-                f"of {result.world_size}")
+        return (
+            f"global batch {job.train.global_batch_size} sequences cannot be split over the data-parallel "
+            f"sizes {result.world_size} devices allow (micro-batch 1-8 × dp × accumulation); use a multiple "
+            f"of {result.world_size}"
+        )
     return None
 
 
@@ -82,8 +88,10 @@ def best_feasible(job: JobConfig, model: ModelConfig, gpus: int, hw: Hardware, *
         raise UserError(f"model {model.name} cannot be laid out on {gpus} × {hw.name}: {common}")
     need = min(m.total for m in fit) / GIB
     where = smallest_fit(job, model, hw.name, gpus, hw.gpus_per_node) if hw.name != "cpu" else "more memory"
-    raise UserError(f"model {model.name} fits no layout on {gpus} × {hw.name}: the smallest layout needs "
-                     f"{need:.1f} GiB per rank of {hw.memory_gib:.1f} GiB; it fits on {where}")
+    raise UserError(
+        f"model {model.name} fits no layout on {gpus} × {hw.name}: the smallest layout needs "
+        f"{need:.1f} GiB per rank of {hw.memory_gib:.1f} GiB; it fits on {where}"
+    )
 
 
 def plan_job(job: JobConfig, model: ModelConfig, gpus: int, gpu: str, nodes: int = 0, top: int = 5) -> dict:
@@ -95,8 +103,14 @@ def plan_job(job: JobConfig, model: ModelConfig, gpus: int, gpu: str, nodes: int
     result = best_feasible(job, model, gpus, hw)
     dtype = planned_precision(job, hw).name
     counts = count_params(model)
-    header = {"model": model.name, "params_total": counts.total, "params_active": counts.active,
-              "gpus": gpus, "nodes": gpus // hw.gpus_per_node, "seq_len": job.train.seq_len,
-              "global_batch": job.train.global_batch_size,
-              "precision": f"{dtype} compute, fp32 master weights and AdamW"}
+    header = {
+        "model": model.name,
+        "params_total": counts.total,
+        "params_active": counts.active,
+        "gpus": gpus,
+        "nodes": gpus // hw.gpus_per_node,
+        "seq_len": job.train.seq_len,
+        "global_batch": job.train.global_batch_size,
+        "precision": f"{dtype} compute, fp32 master weights and AdamW",
+    }
     return to_dict(result, header, top)

@@ -11,16 +11,23 @@ def throughput(cand: Candidate, world: int, peak_flops_per_device: float) -> dic
     t = cand.time
     assert t is not None and cand.plan is not None  # a ranked (feasible) candidate
     tokens = cand.plan.tokens_per_step
-    return {"step_s": t.total_s, "tokens_per_s": tokens / t.total_s,
-            "samples_per_s": cand.plan.job.train.global_batch_size / t.total_s,
-            "mfu": t.model_flops / t.total_s / (peak_flops_per_device * world)}
+    return {
+        "step_s": t.total_s,
+        "tokens_per_s": tokens / t.total_s,
+        "samples_per_s": cand.plan.job.train.global_batch_size / t.total_s,
+        "mfu": t.model_flops / t.total_s / (peak_flops_per_device * world),
+    }
 
 
 def ceiling(plan, world: int, peak_flops_per_device: float) -> dict:
     """Tokens/s and samples/s if every device ran at 100% of its bf16 peak on model FLOPs only."""
     per_token = model_flops_per_token(plan.model, plan.job.train.seq_len, include_mtp=plan.use_mtp)
     tokens = world * peak_flops_per_device / per_token
-    return {"flops_per_token": per_token, "tokens_per_s": tokens, "samples_per_s": tokens / plan.job.train.seq_len}
+    return {
+        "flops_per_token": per_token,
+        "tokens_per_s": tokens,
+        "samples_per_s": tokens / plan.job.train.seq_len,
+    }
 
 
 def set_lines(cand: Candidate) -> str:
@@ -38,9 +45,11 @@ def toml_text(cand: Candidate) -> str:
 
 def _short(settings: dict) -> str:
     s = settings
-    return (f"tp={s['parallel.tp']} pp={s['parallel.pp']} dp_replicate={s['parallel.dp_replicate']} "
-            f"dp_shard={s['parallel.dp_shard']} ep={s['parallel.ep']} micro={s['train.micro_batch_size']} "
-            f"ckpt={s['train.activation_checkpoint']}" + (" cpu_offload" if s.get("parallel.cpu_offload") else ""))
+    return (
+        f"tp={s['parallel.tp']} pp={s['parallel.pp']} dp_replicate={s['parallel.dp_replicate']} "
+        f"dp_shard={s['parallel.dp_shard']} ep={s['parallel.ep']} micro={s['train.micro_batch_size']} "
+        f"ckpt={s['train.activation_checkpoint']}" + (" cpu_offload" if s.get("parallel.cpu_offload") else "")
+    )
 
 
 def to_dict(result: SearchResult, header: dict, top: int) -> dict:
@@ -49,9 +58,16 @@ def to_dict(result: SearchResult, header: dict, top: int) -> dict:
     best = result.ranked[0]
     assert best.plan is not None
     out = dict(header)
-    out["hardware"] = {"name": hw.name, "memory_gib": hw.memory_gib, "bf16_tflops": hw.bf16_tflops,
-                       "fp8_tflops": hw.fp8_tflops, "nvlink_gbs": hw.nvlink_gbs, "network_gbs": hw.network_gbs,
-                       "gpus_per_node": hw.gpus_per_node, "source": hw.source}
+    out["hardware"] = {
+        "name": hw.name,
+        "memory_gib": hw.memory_gib,
+        "bf16_tflops": hw.bf16_tflops,
+        "fp8_tflops": hw.fp8_tflops,
+        "nvlink_gbs": hw.nvlink_gbs,
+        "network_gbs": hw.network_gbs,
+        "gpus_per_node": hw.gpus_per_node,
+        "source": hw.source,
+    }
     out["searched"] = len(result.ranked) + len(result.rejected)
     out["feasible"] = len(result.ranked)
     out["ranked"] = []
@@ -59,11 +75,23 @@ def to_dict(result: SearchResult, header: dict, top: int) -> dict:
         t = cand.time
         assert cand.memory is not None and t is not None  # a ranked (feasible) candidate
         mem = {k: v / GIB for k, v in cand.memory.items().items()}
-        out["ranked"].append({"settings": cand.settings, "memory_gib": mem,
-                              "time": {"compute_s": t.compute_s, "fsdp_s": t.fsdp_s, "tp_s": t.tp_s,
-                                       "ep_s": t.ep_s, "pp_s": t.pp_s, "bubble": t.bubble,
-                                       "offload_s": t.offload_s, "recompute_s": t.recompute_s},
-                              **throughput(cand, result.world_size, peak)})
+        out["ranked"].append(
+            {
+                "settings": cand.settings,
+                "memory_gib": mem,
+                "time": {
+                    "compute_s": t.compute_s,
+                    "fsdp_s": t.fsdp_s,
+                    "tp_s": t.tp_s,
+                    "ep_s": t.ep_s,
+                    "pp_s": t.pp_s,
+                    "bubble": t.bubble,
+                    "offload_s": t.offload_s,
+                    "recompute_s": t.recompute_s,
+                },
+                **throughput(cand, result.world_size, peak),
+            }
+        )
     out["ceiling_100pct_mfu"] = ceiling(best.plan, result.world_size, peak)
     reasons: dict[str, int] = {}
     for cand in result.rejected:
@@ -110,7 +138,9 @@ def format_text(data: dict) -> str:
         + (f" of which selective recompute {t['recompute_s']:.3f} s" if t.get("recompute_s") else "")
         + f", FSDP/DP traffic {t['fsdp_s']:.3f} s overlapped, TP {t['tp_s']:.3f} s, EP {t['ep_s']:.3f} s, "
         + f"PP p2p {t['pp_s']:.3f} s, bubble "
-        f"{t['bubble'] * 100:.0f}%" + (f", CPU offload {t['offload_s']:.3f} s" if t["offload_s"] else "") + ")",
+        f"{t['bubble'] * 100:.0f}%"
+        + (f", CPU offload {t['offload_s']:.3f} s" if t["offload_s"] else "")
+        + ")",
         f"predicted {best['tokens_per_s']:,.0f} tokens/s, {best['samples_per_s']:,.2f} samples/s, "
         f"MFU {best['mfu'] * 100:.1f}%",
         f"ceiling at 100% MFU ({ceil['flops_per_token'] / 1e9:.4g} GFLOP per token): "
@@ -119,8 +149,10 @@ def format_text(data: dict) -> str:
     if len(data["ranked"]) > 1:
         lines += ["", "runners-up:"]
         for cand in data["ranked"][1:]:
-            lines.append(f"  {_short(cand['settings'])}: step {cand['step_s']:.3f} s, "
-                         f"{cand['memory_gib']['total']:.1f} GiB, MFU {cand['mfu'] * 100:.1f}%")
+            lines.append(
+                f"  {_short(cand['settings'])}: step {cand['step_s']:.3f} s, "
+                f"{cand['memory_gib']['total']:.1f} GiB, MFU {cand['mfu'] * 100:.1f}%"
+            )
     if data["rejected"]:
         lines += ["", "rejected (most common reasons):"]
         for row in data["rejected"][:5]:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from seektrain.config.dtypes import DTYPES
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
@@ -56,8 +55,15 @@ class RunPlan:
 
     # ------------------------------------------------------------------ resolving
     @classmethod
-    def resolve(cls, job: JobConfig, model: ModelConfig, world_size: int, device_type: str = "cpu",
-                precision: DtypeChoice | None = None, this_machine: bool = False) -> "RunPlan":
+    def resolve(
+        cls,
+        job: JobConfig,
+        model: ModelConfig,
+        world_size: int,
+        device_type: str = "cpu",
+        precision: DtypeChoice | None = None,
+        this_machine: bool = False,
+    ) -> RunPlan:
         """The plan for ``world_size`` processes, or a ``ConfigError`` naming the setting to change.
         ``precision``: the compute dtype when the device is not this process's own (the planner's);
         by default ``precision.dtype`` is decided for this process's ``device_type``.
@@ -71,7 +77,8 @@ class RunPlan:
             if world_size % others:
                 raise ConfigError(
                     f"world size {world_size} is not divisible by parallel.dp_replicate × tp × pp = {others}; "
-                    "change the degrees or the number of processes")
+                    "change the degrees or the number of processes"
+                )
             dp_shard = world_size // others
         layout_checks.check_degrees(world_size, p.pp, p.dp_replicate, dp_shard, p.tp, p.ep, p.data_parallel)
         layout_checks.check_cpu_offload(p.cpu_offload, p.data_parallel)
@@ -85,20 +92,37 @@ class RunPlan:
         if t.global_batch_size % per_step:
             raise ConfigError(
                 f"train.global_batch_size={t.global_batch_size} is not a multiple of train.micro_batch_size × "
-                f"data-parallel size = {t.micro_batch_size}×{dp} = {per_step}; adjust one of them")
+                f"data-parallel size = {t.micro_batch_size}×{dp} = {per_step}; adjust one of them"
+            )
         accum = t.global_batch_size // per_step
         layout_checks.check_model(model, p.tp, p.ep, dp_shard)
         n_micro = 1
         stages: tuple[tuple[int, ...], ...] = ()
         if p.pp > 1:
-            n_micro = layout_checks.pipeline_microbatches(p.pp_microbatches or accum, accum * t.micro_batch_size)
+            n_micro = layout_checks.pipeline_microbatches(
+                p.pp_microbatches or accum, accum * t.micro_batch_size
+            )
             stages = layout_checks.check_pipeline(model, p, n_micro, dp)
             layout_checks.check_pipeline_checkpointing(t.activation_checkpoint, p)
         if precision is None:
             precision = choose_dtype(job.precision.dtype, device_type)
         check_installed(job.metrics)  # metrics.trackers
-        return cls(job, model, world_size, device_type, p.dp_replicate, dp_shard, p.tp, p.pp, p.ep,
-                   p.data_parallel, accum, precision, n_micro, stages)
+        return cls(
+            job,
+            model,
+            world_size,
+            device_type,
+            p.dp_replicate,
+            dp_shard,
+            p.tp,
+            p.pp,
+            p.ep,
+            p.data_parallel,
+            accum,
+            precision,
+            n_micro,
+            stages,
+        )
 
     # ------------------------------------------------------------------ derived sizes and flags
     @property
@@ -197,12 +221,16 @@ class RunPlan:
         them on the plan; they need the process group, so only workers have them."""
         meshes = self.__dict__.get(MESHES_ATTR)
         if meshes is None:
-            raise RuntimeError("plan.meshes: no meshes yet; a worker builds them first with "
-                               "seektrain.parallel.mesh.build_meshes(plan)")
+            raise RuntimeError(
+                "plan.meshes: no meshes yet; a worker builds them first with "
+                "seektrain.parallel.mesh.build_meshes(plan)"
+            )
         return meshes
 
     def describe(self) -> str:
-        text = (f"world={self.world_size} pp={self.pp} dp_replicate={self.dp_replicate} "
-                f"dp_shard={self.dp_shard} tp={self.tp} ep={self.ep} ({self.data_parallel})")
+        text = (
+            f"world={self.world_size} pp={self.pp} dp_replicate={self.dp_replicate} "
+            f"dp_shard={self.dp_shard} tp={self.tp} ep={self.ep} ({self.data_parallel})"
+        )
         text += f" pp_schedule={self.job.parallel.pp_schedule}" if self.pp > 1 else ""
         return text + (" cpu_offload" if self.cpu_offload else "")

@@ -34,19 +34,32 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        return (self.params + self.grads + self.optimizer + self.activations.total + self.comm_buffers
-                + self.allowance)
+        return (
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.activations.total
+            + self.comm_buffers
+            + self.allowance
+        )
 
     def items(self) -> dict[str, float]:
         a = self.activations
         host = {"host memory (cpu_offload)": self.host_state} if self.host_state else {}
-        return {"parameters (fp32 master)": self.params, "gradients (fp32)": self.grads,
-                "optimizer (AdamW fp32 moments)": self.optimizer,
-                f"activations ({a.in_flight} micro-batch(es) in flight)": a.layers,
-                "backward working set": a.backward, "checkpoint recompute": a.recompute,
-                "logits / loss and MTP": a.head, "MoE dispatch buffers": a.moe_dispatch,
-                "communication buffers": self.comm_buffers, "CUDA context + fragmentation": self.allowance,
-                "total": self.total, **host}
+        return {
+            "parameters (fp32 master)": self.params,
+            "gradients (fp32)": self.grads,
+            "optimizer (AdamW fp32 moments)": self.optimizer,
+            f"activations ({a.in_flight} micro-batch(es) in flight)": a.layers,
+            "backward working set": a.backward,
+            "checkpoint recompute": a.recompute,
+            "logits / loss and MTP": a.head,
+            "MoE dispatch buffers": a.moe_dispatch,
+            "communication buffers": self.comm_buffers,
+            "CUDA context + fragmentation": self.allowance,
+            "total": self.total,
+            **host,
+        }
 
 
 @dataclass
@@ -76,8 +89,9 @@ def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
     comm_buffers = _per_layout(memory.comm_buffer_bytes, plan)
     # pipeline: the first rank holds the most micro-batches, the last the head; take the larger
     ranks = (0, plan.pp - 1) if plan.pp > 1 else (0,)
-    acts, _, peak = max((memory.transient_bytes(plan, hw.name == "cpu", comm_buffers, r) for r in ranks),
-                        key=lambda t: t[2])
+    acts, _, peak = max(
+        (memory.transient_bytes(plan, hw.name == "cpu", comm_buffers, r) for r in ranks), key=lambda t: t[2]
+    )
     comm = peak - acts.total  # what the buffers add to the activations' own peak
     host = 0.0
     params, grads, optimizer = state.params, state.grads, state.optimizer
@@ -100,9 +114,20 @@ def _per_layout(fn, plan: RunPlan):
     """``fn(plan)`` once per distinct layout: state and communication buffers depend on the degrees, the
     pipeline split and the dtype, not on the batch or checkpointing."""
     p = plan.job.parallel
-    key = (fn.__name__, json.dumps(plan.model.to_dict(), sort_keys=True), plan.tp, plan.pp, plan.ep,
-           plan.dp_shard, plan.dp_replicate, plan.uses_fsdp, p.pp_schedule, p.pp_stages_per_rank,
-           plan.pp_stage_layers, plan.precision.name)
+    key = (
+        fn.__name__,
+        json.dumps(plan.model.to_dict(), sort_keys=True),
+        plan.tp,
+        plan.pp,
+        plan.ep,
+        plan.dp_shard,
+        plan.dp_replicate,
+        plan.uses_fsdp,
+        p.pp_schedule,
+        p.pp_stages_per_rank,
+        plan.pp_stage_layers,
+        plan.precision.name,
+    )
     if key not in _LAYOUT_CACHE:
         _LAYOUT_CACHE[key] = fn(plan)
     return _LAYOUT_CACHE[key]
@@ -124,8 +149,15 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def layouts(model: ModelConfig, world: int, gpus_per_node: int, global_batch: int,
-            checkpoint_modes=CHECKPOINT_MODES, micro_batches=MICRO_BATCHES, offload_modes=None):
+def layouts(
+    model: ModelConfig,
+    world: int,
+    gpus_per_node: int,
+    global_batch: int,
+    checkpoint_modes=CHECKPOINT_MODES,
+    micro_batches=MICRO_BATCHES,
+    offload_modes=None,
+):
     """Candidate settings (None for a layout whose data-parallel size does not divide the global batch,
     so the caller can tell that apart): tp within a node; ``parallel.cpu_offload`` off and on
     (``offload_modes``: the values to try; ``(None,)`` leaves the key out); pp up to the layer count;
@@ -136,13 +168,17 @@ def layouts(model: ModelConfig, world: int, gpus_per_node: int, global_batch: in
     for tp in [t for t in _powers_of_two(min(gpus_per_node, 8)) if world % t == 0]:
         for pp in [p for p in _divisors(world // tp) if p <= model.num_hidden_layers and p <= 16]:
             dp = world // (tp * pp)
-            shard_sizes = {dp} | {s for s in (gpus_per_node // tp * k for k in _powers_of_two(dp))
-                                  if s >= 1 and dp % s == 0}
+            shard_sizes = {dp} | {
+                s for s in (gpus_per_node // tp * k for k in _powers_of_two(dp)) if s >= 1 and dp % s == 0
+            }
             for dp_shard in sorted(shard_sizes):
                 eps = [1]
                 if model.is_moe:
-                    eps += [tp * k for k in _powers_of_two(dp_shard) if tp * k > 1
-                            and model.n_routed_experts % (tp * k) == 0]
+                    eps += [
+                        tp * k
+                        for k in _powers_of_two(dp_shard)
+                        if tp * k > 1 and model.n_routed_experts % (tp * k) == 0
+                    ]
                 for ep in eps:
                     for micro in micro_batches:
                         if global_batch % (micro * dp):
@@ -150,10 +186,15 @@ def layouts(model: ModelConfig, world: int, gpus_per_node: int, global_batch: in
                             continue
                         for ckpt in checkpoint_modes:
                             for offload in offload_modes:
-                                settings = {"parallel.tp": tp, "parallel.pp": pp,
-                                            "parallel.dp_replicate": dp // dp_shard, "parallel.dp_shard": dp_shard,
-                                            "parallel.ep": ep, "train.micro_batch_size": micro,
-                                            "train.activation_checkpoint": ckpt}
+                                settings = {
+                                    "parallel.tp": tp,
+                                    "parallel.pp": pp,
+                                    "parallel.dp_replicate": dp // dp_shard,
+                                    "parallel.dp_shard": dp_shard,
+                                    "parallel.ep": ep,
+                                    "train.micro_batch_size": micro,
+                                    "train.activation_checkpoint": ckpt,
+                                }
                                 if offload_modes != (None,):
                                     settings["parallel.cpu_offload"] = offload
                                 yield settings
@@ -182,8 +223,13 @@ def planned_precision(job: JobConfig, hw: Hardware) -> DtypeChoice:
 def evaluate(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, settings: dict) -> Candidate:
     cand = Candidate(settings)
     try:
-        cand.plan = RunPlan.resolve(apply_settings(job, settings), model, world,
-                                    "cpu" if hw.name == "cpu" else "cuda", planned_precision(job, hw))
+        cand.plan = RunPlan.resolve(
+            apply_settings(job, settings),
+            model,
+            world,
+            "cpu" if hw.name == "cpu" else "cuda",
+            planned_precision(job, hw),
+        )
     except ConfigError as err:
         cand.reason = str(err)
         return cand
@@ -192,7 +238,9 @@ def evaluate(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, setti
         cand.reason = f"cpu_offload: does not fit in {hw.host_gib:.0f} GiB of host memory per device"
         return cand
     if cand.memory.total > hw.memory_gib * GIB:
-        cand.reason = f"does not fit in {hw.memory_gib:.1f} GiB per rank (needs {cand.memory.total / GIB:.1f} GiB)"
+        cand.reason = (
+            f"does not fit in {hw.memory_gib:.1f} GiB per rank (needs {cand.memory.total / GIB:.1f} GiB)"
+        )
         return cand
     cand.time = step_time(cand.plan, hw, _state(cand.plan))
     return cand

@@ -137,6 +137,11 @@ def selective_recompute_s(plan, hw: Hardware) -> float:
 
     cfg = plan.model
     a = plan.compute_dtype.itemsize
-    per_token = sum(selective_rebuilt_bytes(cfg, i, a, plan.tp, plan.ep, hw.name == "cpu")
-                    for i in range(cfg.num_hidden_layers)) / plan.pp
+    per_token = (
+        sum(
+            selective_rebuilt_bytes(cfg, i, a, plan.tp, plan.ep, hw.name == "cpu")
+            for i in range(cfg.num_hidden_layers)
+        )
+        / plan.pp
+    )
     return RECOMPUTE_TRAFFIC * per_token * plan.tokens_per_step / plan.dp / (hw.memory_gbs * 1e9)

@@ -76,29 +76,47 @@ def this_cpu() -> CpuFacts:
 def cpu_choice(facts: CpuFacts) -> DtypeChoice:
     """The CPU rule of the module docstring."""
     if facts.onednn_max_isa and not facts.onednn_max_isa.lower().startswith(_BF16_ISAS):
-        return DtypeChoice("fp32", f"precision.dtype=auto -> fp32: ONEDNN_MAX_CPU_ISA={facts.onednn_max_isa} "
-                                   "keeps oneDNN off the CPU's bf16 instructions")
+        return DtypeChoice(
+            "fp32",
+            f"precision.dtype=auto -> fp32: ONEDNN_MAX_CPU_ISA={facts.onednn_max_isa} "
+            "keeps oneDNN off the CPU's bf16 instructions",
+        )
     if not facts.aten_capability.upper().startswith("AVX512"):
-        return DtypeChoice("fp32", f"precision.dtype=auto -> fp32: torch's CPU kernels run at "
-                                   f"{facts.aten_capability}, without native bf16")
+        return DtypeChoice(
+            "fp32",
+            f"precision.dtype=auto -> fp32: torch's CPU kernels run at "
+            f"{facts.aten_capability}, without native bf16",
+        )
     if "amx_bf16" in facts.flags:
-        return DtypeChoice("bf16", "precision.dtype=auto -> bf16: this CPU multiplies bf16 natively (amx_bf16)")
+        return DtypeChoice(
+            "bf16", "precision.dtype=auto -> bf16: this CPU multiplies bf16 natively (amx_bf16)"
+        )
     if "avx512_bf16" in facts.flags and facts.vendor == "AuthenticAMD":
-        return DtypeChoice("bf16", "precision.dtype=auto -> bf16: this CPU multiplies bf16 natively "
-                                   "(AMD avx512_bf16)")
+        return DtypeChoice(
+            "bf16", "precision.dtype=auto -> bf16: this CPU multiplies bf16 natively (AMD avx512_bf16)"
+        )
     if "avx512_bf16" in facts.flags:
-        return DtypeChoice("fp32", "precision.dtype=auto -> fp32: this CPU's only bf16 unit is avx512_bf16 "
-                                   "without AMX, where bf16 matmuls run slower than fp32")
-    return DtypeChoice("fp32", "precision.dtype=auto -> fp32: this CPU has no native bf16 "
-                               "(no avx512_bf16/amx_bf16)")
+        return DtypeChoice(
+            "fp32",
+            "precision.dtype=auto -> fp32: this CPU's only bf16 unit is avx512_bf16 "
+            "without AMX, where bf16 matmuls run slower than fp32",
+        )
+    return DtypeChoice(
+        "fp32", "precision.dtype=auto -> fp32: this CPU has no native bf16 (no avx512_bf16/amx_bf16)"
+    )
 
 
 def cuda_choice(capability: tuple[int, int], name: str = "this GPU") -> DtypeChoice:
     major, minor = capability
     if major >= 8:
-        return DtypeChoice("bf16", f"precision.dtype=auto -> bf16: {name} (sm{major}{minor}) has bf16 tensor cores")
-    return DtypeChoice("fp32", f"precision.dtype=auto -> fp32: {name} (sm{major}{minor}) has no bf16 tensor "
-                               "cores; precision.dtype=fp16 (with a loss scale) may be faster")
+        return DtypeChoice(
+            "bf16", f"precision.dtype=auto -> bf16: {name} (sm{major}{minor}) has bf16 tensor cores"
+        )
+    return DtypeChoice(
+        "fp32",
+        f"precision.dtype=auto -> fp32: {name} (sm{major}{minor}) has no bf16 tensor "
+        "cores; precision.dtype=fp16 (with a loss scale) may be faster",
+    )
 
 
 def choose_dtype(requested: str, device_type: str) -> DtypeChoice:

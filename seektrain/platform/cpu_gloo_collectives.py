@@ -52,7 +52,7 @@ class _Works(dist.Work):
         super().__init__()
         self._works = works
 
-    def wait(self, timeout=None) -> bool:  # noqa: ARG002 (gloo's own timeout applies)
+    def wait(self, timeout=None) -> bool:
         for work in self._works:
             wait(work)
         self._works = []
@@ -62,8 +62,9 @@ class _Works(dist.Work):
         return all(work.is_completed() for work in self._works)
 
 
-def _exchange(group: dist.ProcessGroup, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor],
-              tag: int) -> list[dist.Work]:
+def _exchange(
+    group: dist.ProcessGroup, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor], tag: int
+) -> list[dist.Work]:
     """Start every send and receive at once (group-local peer ranks); returns their requests."""
     works = [dist.irecv(buf, group=group, group_src=peer, tag=tag) for peer, buf in recvs.items()]
     works += [dist.isend(buf, group=group, group_dst=peer, tag=tag) for peer, buf in sends.items()]
@@ -73,15 +74,21 @@ def _exchange(group: dist.ProcessGroup, sends: dict[int, torch.Tensor], recvs: d
 class P2PAllGather(DefaultAllocMixin, AllGather):
     """``output = cat(input of every rank)``: each rank sends its shard to every other rank."""
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                 async_op: bool = False) -> dist.Work | None:
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> dist.Work | None:
         world, rank = group.size(), group.rank()
         chunks = output_tensor.view(world, -1)
         if chunks[rank].data_ptr() != input_tensor.data_ptr():  # FSDP's copy-in already put it there
             chunks[rank].copy_(input_tensor.view(-1))
         peers = [p for p in range(world) if p != rank]
-        works = _exchange(group, {p: chunks[rank] for p in peers}, {p: chunks[p] for p in peers},
-                          _ALL_GATHER_TAG)
+        works = _exchange(
+            group, dict.fromkeys(peers, chunks[rank]), {p: chunks[p] for p in peers}, _ALL_GATHER_TAG
+        )
         handle = _Works(works)
         if async_op:
             return handle
@@ -112,8 +119,14 @@ class P2PReduceScatter(DefaultAllocMixin, ReduceScatter):
         self.wire_dtype = wire_dtype
         self.narrow_sends = 0
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                 op, async_op: bool = False) -> None:
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op,
+        async_op: bool = False,
+    ) -> None:
         if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
             raise ValueError(f"point-to-point reduce-scatter supports SUM and AVG, not {op}")
         world, rank = group.size(), group.rank()

@@ -32,8 +32,13 @@ from seektrain.models.kernels import Kernels, causal_attention
 CPU_GROUP_ROWS = 16
 
 
-def value_padded_attention(q_BHTK: torch.Tensor, k_BHTK: torch.Tensor, v_BHTV: torch.Tensor,
-                           scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+def value_padded_attention(
+    q_BHTK: torch.Tensor,
+    k_BHTK: torch.Tensor,
+    v_BHTV: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``causal_attention`` with v zero-padded to q's head size when it is smaller (see above). Packed
     rows keep the boolean document mask (``Kernels.document_mask``'s default): FlexAttention has no
     backward on the CPU."""

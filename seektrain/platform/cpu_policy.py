@@ -58,8 +58,10 @@ class CpuPolicy(PlatformPolicy):
         that are exact low-precision values travel in that dtype (half the bytes, the same sums)."""
         if dist.get_backend() != "gloo":
             return
-        low_precision = (mp_policy.param_dtype in (torch.bfloat16, torch.float16)
-                         and mp_policy.reduce_dtype == torch.float32)
+        low_precision = (
+            mp_policy.param_dtype in (torch.bfloat16, torch.float16)
+            and mp_policy.reduce_dtype == torch.float32
+        )
         use_p2p_collectives(module, wire_dtype=mp_policy.param_dtype if low_precision else None)
 
     def model_kernels(self, compute_dtype: torch.dtype = torch.bfloat16) -> Kernels:

@@ -17,9 +17,13 @@ def float8_environment_problem(recipe: str, device_type: str) -> str | None:
         return None
     # torchao's blockwise kernels need SM 9.0; rowwise runs on any GPU with FP8 tensor cores (SM 8.9+)
     need, gpus = ((9, 0), "H100/H200/H800") if recipe == "blockwise" else ((8, 9), "H100/H200/H800/L40")
-    needs = (f"precision.fp8={recipe} needs FP8 tensor cores, an {gpus}-class GPU (CUDA capability "
-             f"{need[0]}.{need[1]}+)")
-    fix = "--set precision.fp8=none" if recipe == "rowwise" else "--set precision.fp8=rowwise (SM 8.9) or none"
+    needs = (
+        f"precision.fp8={recipe} needs FP8 tensor cores, an {gpus}-class GPU (CUDA capability "
+        f"{need[0]}.{need[1]}+)"
+    )
+    fix = (
+        "--set precision.fp8=none" if recipe == "rowwise" else "--set precision.fp8=rowwise (SM 8.9) or none"
+    )
     if device_type != "cuda":
         return f"{needs}, and this run is on {device_type}; train on such a GPU or {fix}"
     major, minor = torch.cuda.get_device_capability()
@@ -31,7 +35,7 @@ def float8_environment_problem(recipe: str, device_type: str) -> str | None:
 def torchao_problem(recipe: str) -> str | None:
     """Why torchao cannot provide ``recipe`` here (one line naming the install), or None."""
     try:
-        import torchao  # noqa: F401
+        import torchao
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: F401
     except ImportError as err:
         return f"precision.fp8={recipe} needs torchao ({err}); {INSTALL}, or --set precision.fp8=none"
@@ -40,8 +44,12 @@ def torchao_problem(recipe: str) -> str | None:
             from torchao.prototype.blockwise_fp8_training.linear import Float8BlockwiseLinear  # noqa: F401
         except ImportError as err:
             if "triton" in str(err):
-                return ("precision.fp8=blockwise needs triton (torchao's blockwise kernels), which CUDA builds of "
-                        f"torch ship ({err}); install torch's CUDA build or --set precision.fp8=rowwise")
-            return (f"precision.fp8=blockwise needs torchao's blockwise FP8 training (torchao {TORCHAO_PIN} has "
-                    f"it; installed: {torchao.__version__}, {err}); {INSTALL}")
+                return (
+                    "precision.fp8=blockwise needs triton (torchao's blockwise kernels), which CUDA builds of "
+                    f"torch ship ({err}); install torch's CUDA build or --set precision.fp8=rowwise"
+                )
+            return (
+                f"precision.fp8=blockwise needs torchao's blockwise FP8 training (torchao {TORCHAO_PIN} has "
+                f"it; installed: {torchao.__version__}, {err}); {INSTALL}"
+            )
     return None

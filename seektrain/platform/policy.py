@@ -40,8 +40,12 @@ class PlatformPolicy:
         else the batched matmul. Packed rows attend through FlexAttention block masks
         (``models/flex_attention.py``, loaded at their first use)."""
         hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
-        return Kernels(grouped_mm_dtypes=(torch.bfloat16,) if hopper else (), grouped_mm_dim_multiple=8,
-                       attention=flex_causal_attention, document_mask=document_block_mask)
+        return Kernels(
+            grouped_mm_dtypes=(torch.bfloat16,) if hopper else (),
+            grouped_mm_dim_multiple=8,
+            attention=flex_causal_attention,
+            document_mask=document_block_mask,
+        )
 
     def pin_host_memory(self) -> bool:
         """Whether host copies that travel to or from the device (prefetched batches, checkpoint staging)

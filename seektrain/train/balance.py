@@ -33,8 +33,9 @@ def collect_expert_load(model: nn.Module, group: dist.ProcessGroup | None) -> li
 
 
 @torch.no_grad()
-def update_balance_bias(model: nn.Module, loads: list[torch.Tensor], speed: float,
-                        apply: torch.Tensor | None = None) -> None:
+def update_balance_bias(
+    model: nn.Module, loads: list[torch.Tensor], speed: float, apply: torch.Tensor | None = None
+) -> None:
     """bias_i += speed * sign(mean load - load_i): overloaded experts get chosen less next step.
     Every rank applies the same update from the same all-reduced counts, so biases stay identical.
     ``apply``: a bool tensor on the device; where False (a skipped step) the biases stay as they are,

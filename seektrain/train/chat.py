@@ -14,9 +14,9 @@ from pathlib import Path
 
 from seektrain.data.chat_template import ChatTemplate, load_chat_template
 from seektrain.data.turn_end import stop_token_ids
+from seektrain.errors import UserError
 from seektrain.models.transformer import Transformer
 from seektrain.train.generate import stream_tokens
-from seektrain.errors import UserError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -63,14 +63,23 @@ class Conversation:
         ids = self.chat.tokenizer.encode_chat(prompt)[0]
         limit = self.chat.model.cfg.max_position_embeddings
         if len(ids) >= limit:
-            raise UserError(f"the conversation is {len(ids)} tokens, over the model's context of {limit}; "
-                             "start a new one (/reset)")
+            raise UserError(
+                f"the conversation is {len(ids)} tokens, over the model's context of {limit}; "
+                "start a new one (/reset)"
+            )
         self.last = stats = TurnStats(prompt_tokens=len(ids))
         decoder = IncrementalDecoder(self.chat.tokenizer)
         splitter = ThinkSplitter(thinking=prompt.rstrip().endswith(THINK_OPEN))
         start = time.perf_counter()
-        for token in stream_tokens(self.chat.model, ids, self.sampling.max_new_tokens, self.sampling.temperature,
-                                   top_p=self.sampling.top_p, seed=self.sampling.seed, stop_ids=self.chat.stop_ids):
+        for token in stream_tokens(
+            self.chat.model,
+            ids,
+            self.sampling.max_new_tokens,
+            self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            seed=self.sampling.seed,
+            stop_ids=self.chat.stop_ids,
+        ):
             stats.new_tokens += 1
             if token in self.chat.stop_ids:
                 stats.stopped = True
@@ -79,8 +88,10 @@ class Conversation:
         yield from splitter.feed(decoder.flush())
         yield from splitter.flush()
         stats.seconds = time.perf_counter() - start
-        self.messages += [{"role": "user", "content": user_text},
-                          {"role": "assistant", "content": splitter.answer.strip()}]
+        self.messages += [
+            {"role": "user", "content": user_text},
+            {"role": "assistant", "content": splitter.answer.strip()},
+        ]
 
     def reset(self) -> None:
         self.messages.clear()
@@ -112,11 +123,15 @@ def load_hf_chat(folder: Path, builtin_template: str | None = None) -> ChatModel
     from seektrain.models.hf_io import from_pretrained
 
     if not folder.is_dir():
-        raise UserError(f"--hf {folder}: no such folder; name a Hugging Face model folder (`seektrain convert "
-                         "--from-checkpoint RUN --to-hf DIR` writes one)")
+        raise UserError(
+            f"--hf {folder}: no such folder; name a Hugging Face model folder (`seektrain convert "
+            "--from-checkpoint RUN --to-hf DIR` writes one)"
+        )
     if not (folder / "tokenizer.json").is_file():
-        raise UserError(f"--hf {folder}: no tokenizer.json; export with `seektrain convert ... --to-hf "
-                         f"{folder} --tokenizer TOKENIZER_DIR`")
+        raise UserError(
+            f"--hf {folder}: no tokenizer.json; export with `seektrain convert ... --to-hf "
+            f"{folder} --tokenizer TOKENIZER_DIR`"
+        )
     tokenizer = load_tokenizer(str(folder))
     template = load_chat_template(str(folder), builtin_template, tokenizer)
     return _chat_model(from_pretrained(folder, what="--hf").eval(), tokenizer, template, str(folder))
@@ -124,8 +139,10 @@ def load_hf_chat(folder: Path, builtin_template: str | None = None) -> ChatModel
 
 def _chat_model(model: Transformer, tokenizer, template: ChatTemplate, source: str) -> ChatModel:
     if tokenizer.vocab_size > model.cfg.vocab_size:
-        raise UserError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                         f"{model.cfg.vocab_size}; pair the model with the tokenizer it was trained with")
+        raise UserError(
+            f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+            f"{model.cfg.vocab_size}; pair the model with the tokenizer it was trained with"
+        )
     return ChatModel(model, tokenizer, template, stop_token_ids(tokenizer, template), source)
 
 
@@ -148,7 +165,7 @@ class IncrementalDecoder:
         return self._emit(self.tokenizer.decode(self.ids)) if self.ids else ""
 
     def _emit(self, text: str) -> str:
-        new, self.sent = text[len(self.sent):], text
+        new, self.sent = text[len(self.sent) :], text
         return new
 
 
@@ -166,12 +183,12 @@ class ThinkSplitter:
             at = self.pending.find(tag)
             if at >= 0:
                 yield from self._out(self.pending[:at])
-                self.pending = self.pending[at + len(tag):]
+                self.pending = self.pending[at + len(tag) :]
                 self.thinking = not self.thinking
                 continue
             keep = _partial_tag_suffix(self.pending, tag)
-            yield from self._out(self.pending[:len(self.pending) - keep])
-            self.pending = self.pending[len(self.pending) - keep:]
+            yield from self._out(self.pending[: len(self.pending) - keep])
+            self.pending = self.pending[len(self.pending) - keep :]
             return
 
     def flush(self) -> Iterator[tuple[str, str]]:
@@ -191,4 +208,3 @@ def _partial_tag_suffix(text: str, tag: str) -> int:
         if tag.startswith(text[-n:]):
             return n
     return 0
-

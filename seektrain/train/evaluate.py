@@ -34,13 +34,23 @@ class Evaluator:
         if self.interval and plan.pp > 1 and plan.job.parallel.pp_schedule == "zbv":
             # torch's zero-bubble V schedule has no forward-only pass (its eval() still hands gradients
             # between the two stages of a rank and fails); the other schedules evaluate
-            log.warning("no validation loss under parallel.pp_schedule=zbv: the schedule cannot run forward only")
+            log.warning(
+                "no validation loss under parallel.pp_schedule=zbv: the schedule cannot run forward only"
+            )
         elif self.interval:
             t = plan.job.train
             try:
                 val = TokenDataset(data_path, split="val")
-                self.loader = DistributedBatchLoader(val, t.seq_len, t.micro_batch_size, dp_rank, plan.dp, t.seed,
-                                                     plan.job.data.packing, plan.job.data.document_mask)
+                self.loader = DistributedBatchLoader(
+                    val,
+                    t.seq_len,
+                    t.micro_batch_size,
+                    dp_rank,
+                    plan.dp,
+                    t.seed,
+                    plan.job.data.packing,
+                    plan.job.data.document_mask,
+                )
             except ValueError as err:  # no or too small a val split: train on, say why once
                 log.warning("no validation loss: %s", err)
 
@@ -63,8 +73,12 @@ class Evaluator:
             else:
                 for batch in batches:
                     with ctx.autocast:
-                        out = ctx.model(batch.tokens, labels=batch.labels if plan.fused_loss else None,
-                                        positions=batch.positions, document_ids=batch.document_ids)
+                        out = ctx.model(
+                            batch.tokens,
+                            labels=batch.labels if plan.fused_loss else None,
+                            positions=batch.positions,
+                            document_ids=batch.document_ids,
+                        )
                     with plan.loss_context():
                         parts = model_loss(out, batch.labels, 0.0, batch.document_ids, denominators)[1]
                     total += parts["lm_loss"].float()
@@ -81,14 +95,14 @@ class Evaluator:
         pm, loss_fn, accum = ctx.parallel, ctx.pipeline_loss, self.plan.accum_steps
         lm = torch.zeros((), device=self.device)
         for i in range(0, len(batches), accum):
-            args, kwargs, cat = pipeline_inputs(self.plan, pm, batches[i:i + accum], self.device)
+            args, kwargs, cat = pipeline_inputs(self.plan, pm, batches[i : i + accum], self.device)
             loss_fn.records.clear()
             loss_fn.denominators = denominators
             with ctx.autocast, self.plan.loss_context():
                 if pm.has_last_stage:
                     pm.schedule.eval(*args, target=pipeline_target(cat), losses=[], **kwargs)
                     # the last pp_microbatches: a shape-inference pass may have come first
-                    lm += torch.stack(loss_fn.records[-self.plan.pp_microbatches:])[:, 1].sum()
+                    lm += torch.stack(loss_fn.records[-self.plan.pp_microbatches :])[:, 1].sum()
                 else:
                     pm.schedule.eval(*args, **kwargs)
         dist.all_reduce(lm, group=self.plan.meshes.pp.get_group())  # the last stage's sum, on every rank

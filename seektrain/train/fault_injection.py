@@ -60,8 +60,10 @@ def install_from_env(guard, rank: int) -> list[str]:
         def begin_with_faults(step: int) -> None:
             begin_step(step)
             if at("OOM"):
-                raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB (test hook "
-                                             f"SEEKTRAIN_TEST_OOM at step {step})")
+                raise torch.OutOfMemoryError(
+                    f"CUDA out of memory. Tried to allocate 20.00 GiB (test hook "
+                    f"SEEKTRAIN_TEST_OOM at step {step})"
+                )
             if at("KILL"):
                 os.kill(os.getpid(), signal.SIGKILL)
             if at("HANG"):
@@ -78,6 +80,7 @@ def install_from_env(guard, rank: int) -> list[str]:
 
         step_module.model_loss = nan_loss
     if "CKPT_ENOSPC" in steps:
+
         class FullDisk(storage.Writer):
             def write_data(self, plan, planner):
                 if at("CKPT_ENOSPC"):

@@ -81,7 +81,9 @@ class LossGuard:
     def __init__(self, policy: str = "skip", spike_factor: float = 0.0, device: torch.device | str = "cpu"):
         self.policy, self.spike_factor = policy, spike_factor
         self.skipped = 0
-        self._ring = torch.zeros(SPIKE_WINDOW, dtype=torch.float64, device=device)  # float64: as Python floats
+        self._ring = torch.zeros(
+            SPIKE_WINDOW, dtype=torch.float64, device=device
+        )  # float64: as Python floats
         self._slots = torch.arange(SPIKE_WINDOW, device=device)
         self._count = torch.zeros((), dtype=torch.int64, device=device)  # good losses so far
 
@@ -103,15 +105,23 @@ class LossGuard:
         if not math.isfinite(loss):
             problem = f"loss is {loss}"
         else:
-            problem = (f"loss {loss:.6g} spiked above train.spike_factor={self.spike_factor:g} × running "
-                       f"mean {mean:.6g}")
+            problem = (
+                f"loss {loss:.6g} spiked above train.spike_factor={self.spike_factor:g} × running "
+                f"mean {mean:.6g}"
+            )
         if self.policy == "stop":
-            raise BadLossError(f"training stopped at step {step}: {problem} (train.on_bad_loss=stop); no checkpoint "
-                               "was written for it. Resume from the last checkpoint, e.g. with a lower optim.lr, "
-                               "or set train.on_bad_loss=skip")
+            raise BadLossError(
+                f"training stopped at step {step}: {problem} (train.on_bad_loss=stop); no checkpoint "
+                "was written for it. Resume from the last checkpoint, e.g. with a lower optim.lr, "
+                "or set train.on_bad_loss=skip"
+            )
         self.skipped += 1
-        log.warning("step %d: %s; update skipped (train.on_bad_loss=skip, %d skipped so far)", step, problem,
-                    self.skipped)
+        log.warning(
+            "step %d: %s; update skipped (train.on_bad_loss=skip, %d skipped so far)",
+            step,
+            problem,
+            self.skipped,
+        )
 
     def check(self, loss: float, step: int) -> bool:
         verdict = self.judge(torch.tensor(loss, dtype=torch.float64, device=self._ring.device))
@@ -134,7 +144,7 @@ class LossGuard:
     def load_state_dict(self, state: dict) -> None:
         history = [float(x) for x in state.get("history", [])][-SPIKE_WINDOW:]
         self._ring = torch.zeros_like(self._ring)
-        self._ring[:len(history)] = torch.tensor(history, dtype=torch.float64)
+        self._ring[: len(history)] = torch.tensor(history, dtype=torch.float64)
         self._count = torch.full_like(self._count, len(history))
         self.skipped = int(state.get("skipped", 0))
 
@@ -143,7 +153,9 @@ class FaultGuard:
     """Per-step fault handling for the trainer: ``begin_step`` / ``end_step`` around every step,
     ``raise_readable`` for errors of the loop, ``exit_preempted`` after the preemption checkpoint."""
 
-    def __init__(self, train_cfg, ckpt_cfg, rank: int, device: torch.device, collective_timeout_s: float = 600.0):
+    def __init__(
+        self, train_cfg, ckpt_cfg, rank: int, device: torch.device, collective_timeout_s: float = 600.0
+    ):
         self.loss = LossGuard(train_cfg.on_bad_loss, train_cfg.spike_factor, device)
         self.rank, self.device = rank, device
         self.grace_s = ckpt_cfg.preempt_grace_s
@@ -162,16 +174,23 @@ class FaultGuard:
         if self.signal_received is not None:
             return
         self.signal_received = signum
-        log.warning("rank %d received %s during %s: saving a checkpoint after this step (grace %.0f s)",
-                    self.rank, signal.Signals(signum).name, self.phase, self.grace_s)
+        log.warning(
+            "rank %d received %s during %s: saving a checkpoint after this step (grace %.0f s)",
+            self.rank,
+            signal.Signals(signum).name,
+            self.phase,
+            self.grace_s,
+        )
         self._watchdog = threading.Timer(self.grace_s, self._grace_expired)
         self._watchdog.daemon = True
         self._watchdog.start()
 
     def _grace_expired(self) -> None:
-        sys.stderr.write(f"seektrain: error: rank {self.rank}: no checkpoint within checkpoint.preempt_grace_s="
-                         f"{self.grace_s:g} s after SIGTERM (during {self.phase}); exiting, the previous "
-                         "checkpoint stays valid\n")
+        sys.stderr.write(
+            f"seektrain: error: rank {self.rank}: no checkpoint within checkpoint.preempt_grace_s="
+            f"{self.grace_s:g} s after SIGTERM (during {self.phase}); exiting, the previous "
+            "checkpoint stays valid\n"
+        )
         sys.stderr.flush()
         os._exit(PREEMPTED_EXIT_CODE)
 
@@ -179,8 +198,9 @@ class FaultGuard:
         """Called on every rank once the preemption checkpoint is committed: exit with status 143."""
         if self._watchdog is not None:
             self._watchdog.cancel()
-        log.warning("preempted: stopped after step %d and saved %s; run the same command again to resume",
-                    step, path)
+        log.warning(
+            "preempted: stopped after step %d and saved %s; run the same command again to resume", step, path
+        )
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
     def close(self) -> None:
@@ -193,9 +213,13 @@ class FaultGuard:
     # ------------------------------------------------------------------ per step
     def begin_step(self, step: int) -> None:
         self.step = step
-        self.phase = f"step {step} (its FSDP all-gather/reduce-scatter, all-reduces, or the checkpoint after it)"
+        self.phase = (
+            f"step {step} (its FSDP all-gather/reduce-scatter, all-reduces, or the checkpoint after it)"
+        )
 
-    def end_step(self, step: int, writing: bool = False, pending: int | None = None) -> tuple[bool, int | None]:
+    def end_step(
+        self, step: int, writing: bool = False, pending: int | None = None
+    ) -> tuple[bool, int | None]:
         """After every step: (any rank got SIGTERM, so every rank stops at this step; the async save
         ``pending`` once no rank is ``writing`` it any more, for the caller to commit, else None). Both
         ride on one all-reduce; the commit is the checkpoint manager's (``CheckpointManager.commit``).
@@ -244,7 +268,8 @@ class FaultGuard:
         raise CollectiveError(
             f"rank {self.rank}: a collective failed during {self.phase}: {detail[:300]}. Another rank died "
             f"or is stuck (see its log); if it is only slow raise dist.collective_timeout_s "
-            f"(now {self.timeout_s:g} s)") from None
+            f"(now {self.timeout_s:g} s)"
+        ) from None
 
 
 _TORCH_DISTRIBUTED = os.path.dirname(dist.__file__) + os.sep

@@ -53,8 +53,16 @@ def run_manifest(run_dir: Path):
 
 
 @torch.no_grad()
-def stream_tokens(model: Transformer, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.8,
-                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_ids: Iterable[int] = ()) -> Iterator[int]:
+def stream_tokens(
+    model: Transformer,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.8,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    stop_ids: Iterable[int] = (),
+) -> Iterator[int]:
     """Yield sampled token ids one at a time; a stop id is yielded, then the stream ends."""
     gen = torch.Generator().manual_seed(seed)
     stop = set(stop_ids)
@@ -69,7 +77,9 @@ def stream_tokens(model: Transformer, prompt_ids: list[int], max_new_tokens: int
             return
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gen: torch.Generator) -> torch.Tensor:
+def _pick(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gen: torch.Generator
+) -> torch.Tensor:
     """Greedy at temperature 0; else sample among the top_k likeliest tokens, then the smallest set of
     them whose probability reaches top_p (nucleus sampling)."""
     if temperature <= 0:
@@ -85,6 +95,12 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, ge
     return torch.multinomial(logits.softmax(-1), 1, generator=gen)[0]
 
 
-def generate(model: Transformer, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.8,
-             top_k: int = 40, seed: int = 0) -> list[int]:
+def generate(
+    model: Transformer,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.8,
+    top_k: int = 40,
+    seed: int = 0,
+) -> list[int]:
     return list(stream_tokens(model, prompt_ids, max_new_tokens, temperature, top_k, seed=seed))

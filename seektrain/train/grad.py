@@ -8,8 +8,9 @@ from torch.distributed.tensor import DTensor
 
 
 @torch.no_grad()
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float,
-                   extra_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def clip_grad_norm(
+    params: list[torch.nn.Parameter], max_norm: float, extra_group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """Clip to ``max_norm`` (0: only measure) and return the global L2 norm.
 
     DTensor gradients (FSDP, TP, EP) give a norm that already covers their mesh; gradients on
@@ -46,5 +47,7 @@ def _on_mesh_device(norm: DTensor) -> DTensor:
     device_type = norm.device_mesh.device_type
     if local.device.type == device_type:
         return norm
-    target = torch.device(device_type, torch.accelerator.current_device_index()) if device_type != "cpu" else "cpu"
+    target = (
+        torch.device(device_type, torch.accelerator.current_device_index()) if device_type != "cpu" else "cpu"
+    )
     return DTensor.from_local(local.to(target), norm.device_mesh, norm.placements, run_check=False)

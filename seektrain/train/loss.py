@@ -24,21 +24,24 @@ from seektrain.models.transformer import ModelOutput
 
 def token_ce_sum(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
     """Sum of fp32 cross-entropy over labelled tokens."""
-    loss = F.cross_entropy(logits_BTV.flatten(0, 1).float(), labels_BT.flatten(), ignore_index=IGNORE,
-                           reduction="sum")
+    loss = F.cross_entropy(
+        logits_BTV.flatten(0, 1).float(), labels_BT.flatten(), ignore_index=IGNORE, reduction="sum"
+    )
     if isinstance(loss, DTensor):  # vocabulary-sharded logits under loss_parallel (tensor parallelism)
         loss = loss.full_tensor()
     return loss
 
 
-def head_labels(labels_BT: torch.Tensor, mtp_depths: int,
-                document_ids_BT: torch.Tensor | None = None) -> list[torch.Tensor]:
+def head_labels(
+    labels_BT: torch.Tensor, mtp_depths: int, document_ids_BT: torch.Tensor | None = None
+) -> list[torch.Tensor]:
     """The targets of the next-token head, then of each MTP depth."""
     return [labels_BT] + [shift_labels(labels_BT, d, document_ids_BT) for d in range(1, mtp_depths + 1)]
 
 
-def trained_counts(labels_BT: torch.Tensor, mtp_depths: int,
-                   document_ids_BT: torch.Tensor | None = None) -> torch.Tensor:
+def trained_counts(
+    labels_BT: torch.Tensor, mtp_depths: int, document_ids_BT: torch.Tensor | None = None
+) -> torch.Tensor:
     """[1 + mtp_depths] int64 on the labels' device: how many targets each head is trained on. A device
     tensor: an ``int`` would wait for the device every micro-batch."""
     return _counts(head_labels(labels_BT, mtp_depths, document_ids_BT))
@@ -66,9 +69,13 @@ def step_denominators(plan, batches) -> torch.Tensor:
     return global_denominators(counts, plan.dp, plan.meshes.dp.get_group() if plan.dp > 1 else None)
 
 
-def model_loss(output: ModelOutput, labels_BT: torch.Tensor, mtp_weight: float,
-               document_ids_BT: torch.Tensor | None = None,
-               denominators: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def model_loss(
+    output: ModelOutput,
+    labels_BT: torch.Tensor,
+    mtp_weight: float,
+    document_ids_BT: torch.Tensor | None = None,
+    denominators: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """This micro-batch's share of the step's loss (next-token + ``mtp_weight`` x mean over MTP depths),
     and its parts for logging: each head's cross-entropy sum over ``denominators`` (see the module
     docstring; ``None``: this micro-batch's own counts, its per-token mean)."""

@@ -24,20 +24,40 @@ log = logging.getLogger("seektrain.train")
 
 
 class RunMonitor:
-    def __init__(self, plan, run_dir: Path, rank: int, local_rank: int, device: torch.device, start_step: int,
-                 resumed: bool):
+    def __init__(
+        self,
+        plan,
+        run_dir: Path,
+        rank: int,
+        local_rank: int,
+        device: torch.device,
+        start_step: int,
+        resumed: bool,
+    ):
         job = plan.job
         self.plan, self.run_dir, self.rank, self.device = plan, run_dir, rank, device
         self.flops_per_token = model_flops_per_token(plan.model, job.train.seq_len)
         shapes = model_matmul_shapes(plan.model, job.train.micro_batch_size * job.train.seq_len)
         self.mfu = MfuMeter(*peak_flops(device, plan.compute_dtype, shapes=shapes), self.flops_per_token)
         m = job.metrics
-        self.sink = MetricsSink(run_dir, rank=rank, prometheus_port=m.prometheus_port,
-                                prometheus_host=m.prometheus_host, all_ranks_serve=m.all_ranks,
-                                local_rank=local_rank, tensorboard=m.tensorboard, trackers=m.trackers,
-                                tracker_project=m.tracker_project, run_name=job.run.name,
-                                mlflow_tracking_uri=m.mlflow_tracking_uri, params=config_to_dict(job), resume=resumed)
-        self.sink.set_run_info(run=job.run.name or run_dir.name, model=plan.model.name, world_size=plan.world_size)
+        self.sink = MetricsSink(
+            run_dir,
+            rank=rank,
+            prometheus_port=m.prometheus_port,
+            prometheus_host=m.prometheus_host,
+            all_ranks_serve=m.all_ranks,
+            local_rank=local_rank,
+            tensorboard=m.tensorboard,
+            trackers=m.trackers,
+            tracker_project=m.tracker_project,
+            run_name=job.run.name,
+            mlflow_tracking_uri=m.mlflow_tracking_uri,
+            params=config_to_dict(job),
+            resume=resumed,
+        )
+        self.sink.set_run_info(
+            run=job.run.name or run_dir.name, model=plan.model.name, world_size=plan.world_size
+        )
         self.profiler = None
         if job.profile.steps and rank == 0:
             from seektrain.observe.profiler import StepProfiler
@@ -95,19 +115,36 @@ class RunMonitor:
         if self.rank != 0 or not self.records:
             return {}
         layout_ran = {**layout_ran, "all_to_all_per_step": min(self.all_to_all_per_step, default=0)}
-        summary = write_summary(self.run_dir, self.records, {
-            "wall_time_s": wall_s, "device_flops_peak": self.mfu.peak, "device_flops_source": self.mfu.source,
-            "flops_per_token": self.flops_per_token, "world_size": self.plan.world_size,
-            "layout": self.plan.describe(), "model": self.plan.model.name,
-            "tokens_per_step": self.plan.tokens_per_step, "param_elements_rank0": param_elements_rank0,
-            "device": str(self.device), "layout_ran": layout_ran})
+        summary = write_summary(
+            self.run_dir,
+            self.records,
+            {
+                "wall_time_s": wall_s,
+                "device_flops_peak": self.mfu.peak,
+                "device_flops_source": self.mfu.source,
+                "flops_per_token": self.flops_per_token,
+                "world_size": self.plan.world_size,
+                "layout": self.plan.describe(),
+                "model": self.plan.model.name,
+                "tokens_per_step": self.plan.tokens_per_step,
+                "param_elements_rank0": param_elements_rank0,
+                "device": str(self.device),
+                "layout_ran": layout_ran,
+            },
+        )
         log.info("%s", format_summary(summary))
         return summary
 
 
 def _format_line(step: int, total: int, m: dict) -> str:
-    parts = [f"step {step}/{total}", f"loss {m['loss']:.4f}", f"lr {m['lr']:.2e}", f"grad_norm {m['grad_norm']:.3f}",
-             f"tok/s {m['tokens_per_s']:.0f}", f"mfu {100 * m['mfu']:.1f}%"]
+    parts = [
+        f"step {step}/{total}",
+        f"loss {m['loss']:.4f}",
+        f"lr {m['lr']:.2e}",
+        f"grad_norm {m['grad_norm']:.3f}",
+        f"tok/s {m['tokens_per_s']:.0f}",
+        f"mfu {100 * m['mfu']:.1f}%",
+    ]
     if "val_loss" in m:
         parts.append(f"val_loss {m['val_loss']:.4f}")
     if "expert_imbalance" in m:

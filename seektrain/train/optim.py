@@ -16,8 +16,7 @@ def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.AdamW:
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.ndim >= 2 else no_decay).append(param)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     # The fused kernel (one pass over param, grad and both moments) works on CPU and CUDA and with
     # FSDP/TP DTensor parameters; on this CPU it steps 60M fp32 parameters in 0.09 s where the foreach
     # implementation takes 0.49 s (1 thread).
@@ -35,4 +34,5 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, min_ratio: float) 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimSection, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, total_steps, cfg.warmup_steps, cfg.min_lr_ratio))
+        optimizer, lambda step: lr_factor(step, total_steps, cfg.warmup_steps, cfg.min_lr_ratio)
+    )

@@ -33,7 +33,9 @@ class PipelineLoss:
         self.denominators: torch.Tensor | None = None
 
     def __call__(self, output, target: torch.Tensor) -> torch.Tensor:
-        labels, document_ids = (t.contiguous() for t in target.unbind(-1)) if target.dim() == 3 else (target, None)
+        labels, document_ids = (
+            (t.contiguous() for t in target.unbind(-1)) if target.dim() == 3 else (target, None)
+        )
         loss, parts = model_loss(from_wire(output), labels, self.mtp_weight, document_ids, self.denominators)
         mtp = parts.get("mtp_loss", torch.zeros((), device=loss.device))
         self.records.append(torch.stack([loss.detach().float(), parts["lm_loss"].float(), mtp.float()]))
@@ -49,14 +51,22 @@ def pipeline_target(batch: Batch) -> torch.Tensor:
 
 def pipeline_inputs(plan, pm, batches: list[Batch], device: torch.device) -> tuple[tuple, dict, Batch]:
     """(positional arguments, keyword arguments, the concatenated batch) of one schedule call."""
-    cat = Batch(**{name: None if getattr(batches[0], name) is None
-                   else torch.cat([getattr(b, name) for b in batches]) for name in ("tokens", "labels",
-                                                                                    "positions", "document_ids")})
+    cat = Batch(
+        **{
+            name: None
+            if getattr(batches[0], name) is None
+            else torch.cat([getattr(b, name) for b in batches])
+            for name in ("tokens", "labels", "positions", "document_ids")
+        }
+    )
     # non_blocking: a blocking copy to the device waits for the stream (the prefetched batches are pinned)
     cat = cat.to(device, non_blocking=True)
     args = ((cat.tokens, cat.tokens) if plan.use_mtp else (cat.tokens,)) if pm.has_first_stage else ()
-    kwargs = {name: t for name, t in (("positions", cat.positions), ("document_ids", cat.document_ids))
-              if t is not None}
+    kwargs = {
+        name: t
+        for name, t in (("positions", cat.positions), ("document_ids", cat.document_ids))
+        if t is not None
+    }
     return args, kwargs, cat
 
 

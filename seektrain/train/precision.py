@@ -27,10 +27,18 @@ class DynamicLossScaler:
     them on the host, for checkpoints, logs and tests; ``scale_value`` is the device value for the metrics.
     """
 
-    def __init__(self, enabled: bool, init_scale: float = 2.0**16, growth_interval: int = 200,
-                 min_scale: float = 1.0, device: torch.device | None = None):
+    def __init__(
+        self,
+        enabled: bool,
+        init_scale: float = 2.0**16,
+        growth_interval: int = 200,
+        min_scale: float = 1.0,
+        device: torch.device | None = None,
+    ):
         self.enabled = enabled
-        self.device = device  # where the flag is all-reduced and the scale lives (None: the gradients' device, CPU)
+        self.device = (
+            device  # where the flag is all-reduced and the scale lives (None: the gradients' device, CPU)
+        )
         self.growth_interval = growth_interval
         self.min_scale = min_scale
         home = device if device is not None else "cpu"

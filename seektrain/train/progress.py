@@ -30,8 +30,15 @@ class Progress:
     """tqdm bar on stderr; log lines go through ``write`` so they do not tear the bar."""
 
     def __init__(self, start: int, total: int, enabled: bool):
-        self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, file=sys.stderr,
-                        mininterval=1.0, disable=not enabled)
+        self.bar = tqdm(
+            total=total,
+            initial=start,
+            unit="step",
+            dynamic_ncols=True,
+            file=sys.stderr,
+            mininterval=1.0,
+            disable=not enabled,
+        )
         self.log = logging.getLogger("seektrain.train")
 
     def advance(self, step: int) -> None:

@@ -45,14 +45,30 @@ def data_dir(cfg: JobConfig, is_main: bool) -> Path:
     return path
 
 
-def open_training_data(cfg: JobConfig, model_cfg: ModelConfig, dp_rank: int, dp_size: int,
-                       is_main: bool, pin_device: torch.device | None = None) -> TrainingData:
+def open_training_data(
+    cfg: JobConfig,
+    model_cfg: ModelConfig,
+    dp_rank: int,
+    dp_size: int,
+    is_main: bool,
+    pin_device: torch.device | None = None,
+) -> TrainingData:
     """``pin_device``: the accelerator the batches go to, when they should be pinned in host memory."""
     path = data_dir(cfg, is_main)
     dataset = TokenDataset(path, split="train")
     if dataset.vocab_size > model_cfg.vocab_size:
-        raise UserError(f"data.path={path}: its tokenizer has {dataset.vocab_size} tokens but model "
-                         f"{model_cfg.name} has vocab_size {model_cfg.vocab_size}; use a matching tokenizer")
-    loader = DistributedBatchLoader(dataset, cfg.train.seq_len, cfg.train.micro_batch_size, dp_rank, dp_size,
-                                    cfg.train.seed, cfg.data.packing, cfg.data.document_mask)
+        raise UserError(
+            f"data.path={path}: its tokenizer has {dataset.vocab_size} tokens but model "
+            f"{model_cfg.name} has vocab_size {model_cfg.vocab_size}; use a matching tokenizer"
+        )
+    loader = DistributedBatchLoader(
+        dataset,
+        cfg.train.seq_len,
+        cfg.train.micro_batch_size,
+        dp_rank,
+        dp_size,
+        cfg.train.seed,
+        cfg.data.packing,
+        cfg.data.document_mask,
+    )
     return TrainingData(path, dataset, loader, PrefetchingLoader(loader, cfg.data.prefetch, pin_device))

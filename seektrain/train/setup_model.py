@@ -15,7 +15,9 @@ def check_preset(cfg: JobConfig) -> None:
     """``model.preset`` names a preset, unless ``model.hf_path`` replaces it: a ConfigError of one line.
     Asked here, where the model is chosen, since the config package knows nothing of models."""
     if not cfg.model.hf_path and cfg.model.preset not in PRESETS:
-        raise ConfigError(f"model.preset={cfg.model.preset!r} is unknown; choose one of: {', '.join(PRESETS)}")
+        raise ConfigError(
+            f"model.preset={cfg.model.preset!r} is unknown; choose one of: {', '.join(PRESETS)}"
+        )
 
 
 def configured_model_config(cfg: JobConfig) -> ModelConfig:

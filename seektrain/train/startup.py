@@ -33,8 +33,13 @@ class Start:
     auto_why: str  # parallel.auto's one line on the layout it chose; "" when off
 
 
-def resolve_start(job: JobConfig, world_size: int, device_type: str, choose_resume: ChooseResume | None = None,
-                  ranks_per_node: int | None = None) -> Start:
+def resolve_start(
+    job: JobConfig,
+    world_size: int,
+    device_type: str,
+    choose_resume: ChooseResume | None = None,
+    ranks_per_node: int | None = None,
+) -> Start:
     """The plan this job runs with on ``world_size`` processes of ``device_type``, or the one-line
     ``UserError`` that refuses it. ``choose_resume`` defaults to the read-only choice."""
     choose = choose_resume or (lambda spec, configured: resolve_resume(job.run.dir, spec, configured))

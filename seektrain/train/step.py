@@ -33,7 +33,6 @@ from seektrain.train.pipeline_step import PipelineLoss, pipeline_forward_backwar
 from seektrain.train.precision import DynamicLossScaler
 
 
-
 @dataclass
 class StepContext:
     plan: RunPlan
@@ -75,9 +74,12 @@ def _no_sync(model: nn.Module, last: bool):
 
 def model_inputs(plan: RunPlan, batch: Batch) -> dict:
     """The keyword arguments of the model's training forward for ``batch``."""
-    return {"mtp_tokens": batch.tokens if plan.use_mtp else None,
-            "labels": batch.labels if plan.fused_loss else None,
-            "positions": batch.positions, "document_ids": batch.document_ids}
+    return {
+        "mtp_tokens": batch.tokens if plan.use_mtp else None,
+        "labels": batch.labels if plan.fused_loss else None,
+        "positions": batch.positions,
+        "document_ids": batch.document_ids,
+    }
 
 
 def accumulate(ctx: StepContext, step: int, spans: dict[str, Spans]) -> torch.Tensor:
@@ -97,11 +99,17 @@ def accumulate(ctx: StepContext, step: int, spans: dict[str, Spans]) -> torch.Te
             with ctx.autocast:
                 out = ctx.model(batch.tokens, **model_inputs(plan, batch))
             with plan.loss_context():
-                loss, parts = model_loss(out, batch.labels, plan.job.train.mtp_loss_weight,
-                                         batch.document_ids, denominators)
+                loss, parts = model_loss(
+                    out, batch.labels, plan.job.train.mtp_loss_weight, batch.document_ids, denominators
+                )
                 ctx.scaler.scale_loss(loss).backward()
-        loss_sum += torch.stack([loss.detach().float(), parts["lm_loss"].float(),
-                                 parts.get("mtp_loss", torch.zeros((), device=ctx.device)).float()])
+        loss_sum += torch.stack(
+            [
+                loss.detach().float(),
+                parts["lm_loss"].float(),
+                parts.get("mtp_loss", torch.zeros((), device=ctx.device)).float(),
+            ]
+        )
         spans["fwd_bwd_s"].append((t1, clock.mark()))
     return loss_sum
 
@@ -134,7 +142,9 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
     pp_group = plan.meshes.pp.get_group() if plan.pp > 1 else None
     norm = clip_grad_norm(params, plan.job.train.grad_clip, pp_group)
     grads_ok = torch.isfinite(norm) if overflow is None else ~overflow & torch.isfinite(norm)
-    update = verdict.good & grads_ok  # [faults] a bad loss drops the gradients without stepping or touching the scaler
+    update = (
+        verdict.good & grads_ok
+    )  # [faults] a bad loss drops the gradients without stepping or touching the scaler
     _step_unless(ctx.optimizer, ~update, params)
     ctx.scaler.update(grads_ok, counted=verdict.good)
     ctx.optimizer.zero_grad(set_to_none=True)
@@ -153,9 +163,13 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
     spans["step_time_s"].append((t_start, t_end))
     reported = verdict.good if overflow is None else verdict.good & ~overflow
     values = {
-        "loss": loss_sum[0], "lm_loss": loss_sum[1], "lr": lr,
+        "loss": loss_sum[0],
+        "lm_loss": loss_sum[1],
+        "lr": lr,
         "grad_norm": torch.where(reported, norm, float("nan")),  # NaN: the norm was not taken into account
-        "loss_scale": ctx.scaler.scale_value, "skipped": ~update, **spans,
+        "loss_scale": ctx.scaler.scale_value,
+        "skipped": ~update,
+        **spans,
     }
     if plan.use_mtp:
         values["mtp_loss"] = loss_sum[2]

@@ -21,8 +21,15 @@ from seektrain.train.step import StepRecord
 
 
 class StepLog:
-    def __init__(self, monitor: RunMonitor, loss_guard: LossGuard, device: torch.device, log_interval: int,
-                 first_step: int, last_step: int):
+    def __init__(
+        self,
+        monitor: RunMonitor,
+        loss_guard: LossGuard,
+        device: torch.device,
+        log_interval: int,
+        first_step: int,
+        last_step: int,
+    ):
         self.monitor, self.loss_guard, self.device = monitor, loss_guard, device
         self.log_interval, self.first_step, self.last_step = log_interval, first_step, last_step
         self.waiting: list[tuple[int, StepRecord]] = []
@@ -39,8 +46,11 @@ class StepLog:
         a ``BadLossError`` (``stop``) is raised after the steps before the bad one are logged."""
         unread = [(step, record) for step, record in self.waiting if not record.read]
         tensors = [t for _, record in unread for t in _device_values(record)]
-        numbers = iter(torch.stack([t.detach().to(self.device, torch.float64).reshape(()) for t in tensors]).tolist()
-                       if tensors else [])
+        numbers = iter(
+            torch.stack([t.detach().to(self.device, torch.float64).reshape(()) for t in tensors]).tolist()
+            if tensors
+            else []
+        )
         for step, record in unread:
             for key, value in record.values.items():
                 if isinstance(value, torch.Tensor):
@@ -68,7 +78,7 @@ class StepLog:
             return
         try:
             self.flush()
-        except Exception:  # noqa: BLE001 - a broken device, a bad loss among them: err stays the story
+        except Exception:
             pass
 
     def _log(self, steps: list[tuple[int, StepRecord]]) -> None:
@@ -79,5 +89,7 @@ class StepLog:
 
 def _device_values(record: StepRecord) -> list[torch.Tensor]:
     """The record's tensors in the order ``settle`` consumes them: its values', then the verdict's."""
-    return [v for v in record.values.values() if isinstance(v, torch.Tensor)] + [record.verdict.good,
-                                                                                 record.verdict.mean]
+    return [v for v in record.values.values() if isinstance(v, torch.Tensor)] + [
+        record.verdict.good,
+        record.verdict.mean,
+    ]

@@ -53,8 +53,13 @@ log = logging.getLogger("seektrain.train")
 def train(cfg: JobConfig) -> dict:
     env = init_distributed(cfg.dist)
     run_dir = Path(cfg.run.dir)
-    ckpt = CheckpointManager(run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save, env.rank,
-                             pin_memory=policy_for(env.device).pin_host_memory())
+    ckpt = CheckpointManager(
+        run_dir,
+        cfg.checkpoint.keep,
+        cfg.checkpoint.async_save,
+        env.rank,
+        pin_memory=policy_for(env.device).pin_host_memory(),
+    )
     # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
     # every rank gets the same checkpoint and model, or the same one-line refusal; then parallel.auto
     # and the run plan, exactly as the launcher resolved them (startup.py)
@@ -71,12 +76,23 @@ def train(cfg: JobConfig) -> dict:
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
 
-    data = open_training_data(cfg, plan.model, plan.meshes.dp.get_local_rank(), plan.dp, env.is_main,
-                              env.device if plan.platform.pin_host_memory() else None)
+    data = open_training_data(
+        cfg,
+        plan.model,
+        plan.meshes.dp.get_local_rank(),
+        plan.dp,
+        env.is_main,
+        env.device if plan.platform.pin_host_memory() else None,
+    )
     if env.is_main:  # the tokenizer and its chat template travel with the run (data/tokenizer_files.py)
         log.info(copy_to_run(data.dataset.manifest, run_dir))
-    guard = FaultGuard(cfg.train, cfg.checkpoint, env.rank, env.device,  # [faults] SIGTERM, bad loss, hangs
-                       cfg.dist.collective_timeout_s)
+    guard = FaultGuard(
+        cfg.train,
+        cfg.checkpoint,
+        env.rank,
+        env.device,  # [faults] SIGTERM, bad loss, hangs
+        cfg.dist.collective_timeout_s,
+    )
     install_from_env(guard, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
     weights = initial_weights(cfg) if start.checkpoint is None else None
     ctx = build_step_context(plan, env.device, data, guard, weights)
@@ -88,11 +104,14 @@ def train(cfg: JobConfig) -> dict:
     log_layout(plan, ctx, data, env)
 
     evaluator = Evaluator(plan, data.path, plan.meshes.dp.get_local_rank(), env.device)
-    monitor = RunMonitor(plan, run_dir, env.rank, env.local_rank, env.device, start_step,
-                         resumed=start.checkpoint is not None)
+    monitor = RunMonitor(
+        plan, run_dir, env.rank, env.local_rank, env.device, start_step, resumed=start.checkpoint is not None
+    )
     trainer_state = _trainer_state_fn(plan, ctx, data, guard, env)
     # per-step values stay on the device until a flush step reads them (step_log.py)
-    steps_log = StepLog(monitor, ctx.loss_guard, env.device, cfg.run.log_interval, start_step + 1, cfg.train.steps)
+    steps_log = StepLog(
+        monitor, ctx.loss_guard, env.device, cfg.run.log_interval, start_step + 1, cfg.train.steps
+    )
     ctx.model.train()
     t_run = time.perf_counter()
     step = start_step
@@ -105,7 +124,11 @@ def train(cfg: JobConfig) -> dict:
             if evaluating:
                 record.values["val_loss"] = evaluator.val_loss(ctx)
             steps_log.add(step, record)
-            saving = bool(cfg.checkpoint.interval) and step % cfg.checkpoint.interval == 0 and step < cfg.train.steps
+            saving = (
+                bool(cfg.checkpoint.interval)
+                and step % cfg.checkpoint.interval == 0
+                and step < cfg.train.steps
+            )
             if saving:
                 steps_log.settle()  # [faults] a bad loss stops the run before a checkpoint holds its step
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
@@ -127,7 +150,9 @@ def train(cfg: JobConfig) -> dict:
         ckpt.wait()
     except BaseException as err:
         steps_log.salvage(err)  # the steps completed before the error still reach metrics.jsonl
-        if isinstance(err, (RuntimeError, MemoryError)):  # [faults] out of memory, a dead or hung rank: one line
+        if isinstance(
+            err, (RuntimeError, MemoryError)
+        ):  # [faults] out of memory, a dead or hung rank: one line
             guard.raise_readable(err, plan)
         raise
     finally:
@@ -135,12 +160,17 @@ def train(cfg: JobConfig) -> dict:
         ckpt.close()
         guard.close()
         monitor.close()
-    summary = monitor.summarise(time.perf_counter() - t_run, _local_numel(ctx.model),
-                                layout_ran(ctx.parallel, plan.meshes.world))
+    summary = monitor.summarise(
+        time.perf_counter() - t_run, _local_numel(ctx.model), layout_ran(ctx.parallel, plan.meshes.world)
+    )
     if dist.is_initialized():
         dist.barrier()
-    return {"final_step": step, "records": monitor.records, "summary": summary,
-            "model": unwrap(ctx.model) if env.world_size == 1 else None}
+    return {
+        "final_step": step,
+        "records": monitor.records,
+        "summary": summary,
+        "model": unwrap(ctx.model) if env.world_size == 1 else None,
+    }
 
 
 def write_run_files(plan: RunPlan, run_dir: Path, env: DistEnv) -> None:
@@ -153,26 +183,47 @@ def write_run_files(plan: RunPlan, run_dir: Path, env: DistEnv) -> None:
         write_env_file(run_dir, env.backend, env.facts, plan.job.dist)
 
 
-def build_step_context(plan: RunPlan, device: torch.device, data: TrainingData, guard: FaultGuard,
-                       weights: dict | None) -> StepContext:
+def build_step_context(
+    plan: RunPlan, device: torch.device, data: TrainingData, guard: FaultGuard, weights: dict | None
+) -> StepContext:
     """The model (built on the meta device, parallelised, then materialised), its optimizer and
     schedule, the loss scaler and the batches: everything a step changes."""
     job = plan.job
-    scaler = DynamicLossScaler(plan.precision.name == "fp16", job.precision.loss_scale_init,
-                               job.precision.loss_scale_growth_interval, device=device)
+    scaler = DynamicLossScaler(
+        plan.precision.name == "fp16",
+        job.precision.loss_scale_init,
+        job.precision.loss_scale_growth_interval,
+        device=device,
+    )
     pipeline_loss = PipelineLoss(scaler, job.train.mtp_loss_weight) if plan.pp > 1 else None
     model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels(plan.compute_dtype))
     parallel = parallelize_model(model, plan, device, state_dict=weights, loss_fn=pipeline_loss)
     configure_aux_loss(parallel.model, job.train.aux_loss_alpha, plan.aux_loss_grad_scale)
     optimizer = build_optimizer(parallel.model, job.optim)
     scheduler = build_scheduler(optimizer, job.optim, job.train.steps)
-    return StepContext(plan, device, parallel, optimizer, scheduler, scaler, data.batches, guard.loss,
-                       pipeline_loss, plan.autocast(device))
+    return StepContext(
+        plan,
+        device,
+        parallel,
+        optimizer,
+        scheduler,
+        scaler,
+        data.batches,
+        guard.loss,
+        pipeline_loss,
+        plan.autocast(device),
+    )
 
 
 def log_layout(plan: RunPlan, ctx: StepContext, data: TrainingData, env: DistEnv) -> None:
-    log.info("model %s: %s; layout %s; grad accumulation %d; %d local parameter elements on rank 0",
-             plan.model.name, data.describe(), plan.describe(), plan.accum_steps, _local_numel(ctx.model))
+    log.info(
+        "model %s: %s; layout %s; grad accumulation %d; %d local parameter elements on rank 0",
+        plan.model.name,
+        data.describe(),
+        plan.describe(),
+        plan.accum_steps,
+        _local_numel(ctx.model),
+    )
     per_rank = [None] * env.world_size
     dist.all_gather_object(per_rank, _local_bytes(ctx.model))
     log.info("parameter bytes per rank (MiB): %s", " ".join(f"{b / 2**20:.1f}" for b in per_rank))
@@ -180,11 +231,19 @@ def log_layout(plan: RunPlan, ctx: StepContext, data: TrainingData, env: DistEnv
 
 def _trainer_state_fn(plan: RunPlan, ctx: StepContext, data: TrainingData, guard: FaultGuard, env: DistEnv):
     """``trainer_state.json`` of a checkpoint at a step: what DCP's shards do not hold."""
+
     def state(step: int) -> dict:
-        return {"step": step, "scheduler": ctx.scheduler.state_dict(), "scaler": ctx.scaler.state_dict(),
-                "data": data.batches.state_dict(), "model_config": plan.model.name,
-                "config": config_to_toml(plan.job), "faults": guard.loss.state_dict(),
-                "world_size": env.world_size}
+        return {
+            "step": step,
+            "scheduler": ctx.scheduler.state_dict(),
+            "scaler": ctx.scaler.state_dict(),
+            "data": data.batches.state_dict(),
+            "model_config": plan.model.name,
+            "config": config_to_toml(plan.job),
+            "faults": guard.loss.state_dict(),
+            "world_size": env.world_size,
+        }
+
     return state
 
 

@@ -29,8 +29,10 @@ def write_hf_tokenizer(source: Path, dest: Path, vocab_size: int) -> list[str]:
     returns the file names written. Refuses a tokenizer with more tokens than the model has rows."""
     tokenizer = load_tokenizer(str(source))
     if tokenizer.vocab_size > vocab_size:
-        raise UserError(f"tokenizer {source} has {tokenizer.vocab_size} tokens but the model has vocab_size "
-                         f"{vocab_size}; pass the tokenizer the model was trained with (--tokenizer)")
+        raise UserError(
+            f"tokenizer {source} has {tokenizer.vocab_size} tokens but the model has vocab_size "
+            f"{vocab_size}; pass the tokenizer the model was trained with (--tokenizer)"
+        )
     written = write_tokenizer_files(source, dest)
     _complete_tokenizer_config(dest / "tokenizer_config.json", tokenizer)
     if "tokenizer_config.json" not in written:
@@ -40,8 +42,13 @@ def write_hf_tokenizer(source: Path, dest: Path, vocab_size: int) -> list[str]:
     except ValueError:  # no template: a tokenizer for plain text, whose turns end at EOS
         template = None
     stop = stop_token_ids(tokenizer, template)
-    generation = {"bos_token_id": tokenizer.bos_id, "eos_token_id": stop[0] if len(stop) == 1 else stop,
-                  "do_sample": True, "temperature": TEMPERATURE, "top_p": TOP_P}
+    generation = {
+        "bos_token_id": tokenizer.bos_id,
+        "eos_token_id": stop[0] if len(stop) == 1 else stop,
+        "do_sample": True,
+        "temperature": TEMPERATURE,
+        "top_p": TOP_P,
+    }
     (dest / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
     return [*written, GENERATION_CONFIG]
 
@@ -55,4 +62,3 @@ def _complete_tokenizer_config(path: Path, tokenizer) -> None:
     if tokenizer.bos_id is not None:
         config.setdefault("bos_token", tokenizer.decode([tokenizer.bos_id]))
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
