@@ -78,36 +78,15 @@ def global_batches(vocab: int) -> list[list]:
 
 
 def _context(plan):
-    """A ``StepContext`` as ``train.trainer.build_step_context`` makes it, without the data pipeline."""
-    from seektrain.models.transformer import build_model
-    from seektrain.parallel.parallelize import parallelize_model
-    from seektrain.train import faults
-    from seektrain.train.balance import configure_aux_loss
-    from seektrain.train.optim import build_optimizer, build_scheduler
-    from seektrain.train.pipeline_step import PipelineLoss
-    from seektrain.train.precision import DynamicLossScaler
-    from seektrain.train.step import StepContext
+    """The trainer's own ``StepContext`` (``train.trainer.build_step_context``), without the data
+    pipeline: the test feeds the step its batches itself."""
+    from types import SimpleNamespace
 
-    job, device = plan.job, torch.device("cpu")
-    scaler = DynamicLossScaler(False, 1.0, 1, device=device)
-    pipeline_loss = PipelineLoss(scaler, job.train.mtp_loss_weight) if plan.pp > 1 else None
-    model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels())
-    parallel = parallelize_model(model, plan, device, loss_fn=pipeline_loss)
-    configure_aux_loss(parallel.model, job.train.aux_loss_alpha, plan.aux_loss_grad_scale)
-    optimizer = build_optimizer(parallel.model, job.optim)
-    scheduler = build_scheduler(optimizer, job.optim, job.train.steps)
-    return StepContext(
-        plan,
-        device,
-        parallel,
-        optimizer,
-        scheduler,
-        scaler,
-        iter(()),
-        faults.LossGuard(),
-        pipeline_loss,
-        plan.autocast(device),
-    )
+    from seektrain.train import faults
+    from seektrain.train.trainer import build_step_context
+
+    data, guard = SimpleNamespace(batches=iter(())), SimpleNamespace(loss=faults.LossGuard())
+    return build_step_context(plan, torch.device("cpu"), data, guard, None)
 
 
 def _full_parameters(model) -> dict[str, torch.Tensor]:
