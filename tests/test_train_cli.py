@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -164,3 +165,20 @@ def test_list_override_accepts_toml_arrays(text):
 
     assert load_config(overrides=[f"profile.steps={text}"]).profile.steps == [5, 6]
     assert load_config(overrides=["profile.steps=[]"]).profile.steps == []
+
+
+def test_an_in_process_run_leaves_no_torchrun_variables(tmp_path, monkeypatch):
+    """A world of one sets RANK, MASTER_PORT, ... itself; after the run (here ended by bad data, after
+    the process group started) they are gone again, so children this process starts later do not inherit
+    a MASTER_PORT its own process group still listens on (they failed with EADDRINUSE)."""
+    from seektrain.config.loader import load_config
+    from seektrain.errors import UserError
+    from seektrain.train.trainer import train as train_in_process
+
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    cfg = load_config(None, [f"run.dir={tmp_path / 'run'}", f"data.path={tmp_path / 'no-data'}"])
+    with pytest.raises(UserError, match="no-data"):
+        train_in_process(cfg)
+    assert [name for name in names if name in os.environ] == []

@@ -25,6 +25,8 @@ class DistEnv:
     device: torch.device
     backend: str = "gloo"
     facts: list = field(default_factory=list)  # every rank's versions and address (dist_env.node_facts)
+    # the torchrun variables init_distributed set itself for a world of one (release_environment)
+    own_env: tuple[str, ...] = ()
 
     @property
     def is_main(self) -> bool:
@@ -49,10 +51,13 @@ def init_distributed(settings=None) -> DistEnv:
         settings = DistSection(**({} if settings is None else {"collective_timeout_s": float(settings)}))
     timeout_s = settings.collective_timeout_s
     apply_settings(settings)
+    own_env: tuple[str, ...] = ()
     if "RANK" not in os.environ:
-        os.environ.update(
+        single = dict(
             RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
         )
+        os.environ.update(single)
+        own_env = tuple(single)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
@@ -69,7 +74,17 @@ def init_distributed(settings=None) -> DistEnv:
             device_id=device if backend == "nccl" else None,
             **_restart_safe_store(rank, world, settings.init_timeout_s),
         )
-    return DistEnv(rank, world, local_rank, device, backend, gather_node_facts())
+    return DistEnv(rank, world, local_rank, device, backend, gather_node_facts(), own_env)
+
+
+def release_environment(env: DistEnv) -> None:
+    """Take back the torchrun variables ``init_distributed`` set for a world of one, when the run ends
+    (also by an error): a process that trains in-process (tests, notebooks) and later starts
+    ``seektrain`` or torchrun children must not hand them its ``RANK`` and a ``MASTER_PORT`` its own
+    process group still listens on (the children failed with EADDRINUSE), nor look "under a launcher"
+    to its next in-process run. The process group itself stays, for the next run in this process."""
+    for name in env.own_env:
+        os.environ.pop(name, None)
 
 
 # [checkpoint/faults] elastic restarts -------------------------------------------------------------

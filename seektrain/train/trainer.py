@@ -29,7 +29,7 @@ from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.layout_record import layout_ran
 from seektrain.parallel.mesh import build_meshes
 from seektrain.parallel.parallelize import parallelize_model, unwrap
-from seektrain.parallel.process_group import DistEnv, init_distributed
+from seektrain.parallel.process_group import DistEnv, init_distributed, release_environment
 from seektrain.plan.run_plan import RunPlan
 from seektrain.platform import policy_for
 from seektrain.train.balance import configure_aux_loss
@@ -52,6 +52,13 @@ log = logging.getLogger("seektrain.train")
 
 def train(cfg: JobConfig) -> dict:
     env = init_distributed(cfg.dist)
+    try:
+        return _train(cfg, env)
+    finally:
+        release_environment(env)  # a world of one leaves no torchrun variables behind in this process
+
+
+def _train(cfg: JobConfig, env: DistEnv) -> dict:
     run_dir = Path(cfg.run.dir)
     ckpt = CheckpointManager(
         run_dir,
