@@ -98,9 +98,11 @@ def tp_error(cfg: ModelConfig, tp: int) -> str | None:
     features, experts), so ``tp`` must divide every unit count."""
     if tp == 1:
         return None
-    for weight in weights_by_path(cfg).values():
-        if weight.tp_unit and weight.tp_unit[1] % tp:
-            what, size = weight.tp_unit
+    units = [w.tp_unit for w in weights_by_path(cfg).values() if w.tp_unit]
+    # the heads first: a tp that splits no whole head is the mistake users make (and the one to name)
+    units.sort(key=lambda unit: not unit[0].endswith("heads"))
+    for what, size in units:
+        if size % tp:
             return f"parallel.tp={tp} does not divide {what}={size} of model {cfg.name!r}: choose a tp that divides it"
     return None
 
