@@ -62,8 +62,11 @@ def _to_wire(_module, _args, output: ModelOutput) -> tuple[torch.Tensor, ...]:
     return output.hidden or (output.logits, *output.mtp)
 
 
-def from_wire(output: tuple[torch.Tensor, ...]) -> ModelOutput:
-    """The last stage's ``ModelOutput`` from what ``_to_wire`` made of it (for the schedule's loss)."""
+def from_wire(output: tuple[torch.Tensor, ...] | torch.Tensor) -> ModelOutput:
+    """The last stage's ``ModelOutput`` from what ``_to_wire`` made of it (for the schedule's loss). A
+    model without MTP sends ``(logits,)``, which the schedule hands its loss as the bare tensor."""
+    if isinstance(output, torch.Tensor):
+        output = (output,)
     logits, *mtp = output
     return ModelOutput(logits=logits, mtp=tuple(mtp))
 
