@@ -130,6 +130,11 @@ class ParallelSection:
     )
     tp: int = _key(1, "tensor-parallel degree (keep it within a node)", min=1)
     pp: int = _key(1, "pipeline-parallel stages", min=1)
+    cp: int = _key(
+        1,
+        "context-parallel degree: each sequence split over cp ranks in load-balanced chunks (long context)",
+        min=1,
+    )
     ep: int = _key(
         1, "expert-parallel ranks: a divisor of dp_shard, or with tp > 1 tp x a divisor of dp_shard", min=1
     )
@@ -252,6 +257,21 @@ class ProfileSection:
 
 
 @dataclass
+class LoraSection:
+    enabled: bool = _key(
+        False, "train low-rank adapters on a frozen base (compute dtype, no gradients or optimizer state)"
+    )
+    rank: int = _key(16, "adapter rank r", min=1)
+    alpha: float = _key(32.0, "adapter scale alpha (the update is alpha / r * B @ A)", above=0)
+    dropout: float = _key(0.0, "dropout on the adapter's input", min=0, below=1)
+    target_modules: list[str] = _key(
+        ["attention", "mlp", "shared_experts", "experts"],
+        "adapted modules: attention | mlp | shared_experts | experts (routed) | a pattern like '*.o_proj'",
+        nonempty=True,
+    )
+
+
+@dataclass
 class CpuSection:
     keep_freed_memory: bool = _key(
         True, "glibc keeps freed memory during a step, returns free pages after it (CPU)"
@@ -271,4 +291,5 @@ class JobConfig:
     run: RunSection = field(default_factory=RunSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     profile: ProfileSection = field(default_factory=ProfileSection)
+    lora: LoraSection = field(default_factory=LoraSection)
     cpu: CpuSection = field(default_factory=CpuSection)
