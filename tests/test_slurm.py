@@ -144,7 +144,7 @@ def test_cpu_nodes_and_containers(tmp_path, capsys):
         (["--set", "train.stepz=3"], "seektrain: error: unknown config key 'train.stepz'; keys of [train]: "),
         (
             ["--set", "parallel.tp=3"],
-            "seektrain: error: world size 8 is not divisible by parallel.dp_replicate × tp × pp = 3",
+            "seektrain: error: world size 8 is not divisible by parallel.dp_replicate × cp × tp × pp = 3",
         ),
         (
             ["--time", "1:00"],

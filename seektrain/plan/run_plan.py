@@ -52,6 +52,7 @@ class RunPlan:
     precision: DtypeChoice  # the compute dtype (``precision.dtype``, ``auto`` decided for the device) and why
     pp_microbatches: int = 1  # micro-batches the pipeline schedule splits a step into
     pp_stage_layers: tuple[tuple[int, ...], ...] = field(default=())  # decoder layers of each stage
+    cp: int = 1  # context-parallel ranks: each sequence is split over them (parallel.cp)
 
     # ------------------------------------------------------------------ resolving
     @classmethod
@@ -71,12 +72,12 @@ class RunPlan:
         ``seektrain.train.startup``), so the device must also be able to run it (``precision.fp8``);
         the planner's candidates are for hardware elsewhere and skip that check."""
         p, t = job.parallel, job.train
-        others = p.dp_replicate * p.tp * p.pp
+        others = p.dp_replicate * p.cp * p.tp * p.pp
         dp_shard = p.dp_shard
         if dp_shard == -1:
             if world_size % others:
                 raise ConfigError(
-                    f"world size {world_size} is not divisible by parallel.dp_replicate × tp × pp = {others}; "
+                    f"world size {world_size} is not divisible by parallel.dp_replicate × cp × tp × pp = {others}; "
                     "change the degrees or the number of processes"
                 )
             dp_shard = world_size // others
@@ -122,6 +123,7 @@ class RunPlan:
             precision,
             n_micro,
             stages,
+            p.cp,
         )
 
     # ------------------------------------------------------------------ derived sizes and flags
