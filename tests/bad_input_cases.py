@@ -8,7 +8,6 @@ Hugging Face folder, a tokenizer folder), an optional ``setup(ws, fx)`` that mak
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import shutil
@@ -17,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from seektrain.config.loader import leaf_keys
 from seektrain.config.schema import JobConfig
 
 
@@ -109,43 +109,38 @@ def _schema_rows() -> list[Case]:
     """For every config key: a value of the wrong type, and one outside its declared range (NaN and inf
     for floats), each refused by `config show` with the key named."""
     rows = []
-    cfg = JobConfig()
-    for section_field in dataclasses.fields(cfg):
-        section = getattr(cfg, section_field.name)
-        hints = typing.get_type_hints(type(section))
-        for f in dataclasses.fields(section):
-            key = f"{section_field.name}.{f.name}"
-            typ, bounds = hints[f.name], f.metadata.get("bounds")
-            bad: list[str] = []
-            if typ is int:
-                bad.append("abc")
-                if bounds and bounds.min is not None:
-                    bad.append(
-                        str(int(bounds.min) - 1 if bounds.min - 1 not in bounds.also else int(bounds.min) - 2)
-                    )
-                if bounds and bounds.max is not None:
-                    bad.append(str(int(bounds.max) + 1))
-            elif typ is float:
-                bad += ["abc", "nan", "inf"]
-                low = bounds.min if bounds and bounds.min is not None else bounds.above if bounds else None
-                if low is not None:
-                    bad.append(str(low - 0.5 if low - 0.5 not in bounds.also else low - 2))
-            elif typ is bool:
-                bad.append("maybe")
-            elif typ is str and bounds and bounds.choices:
-                bad.append("bogus")
-            elif typ is str and bounds and bounds.nonempty:
-                bad.append(" ")
-            elif typing.get_origin(typ) is list:
-                bad.append("[x, y]" if typing.get_args(typ)[0] is int else "[bogus]")
-            for value in bad:
-                rows.append(
-                    Case(
-                        f"config-{key}={value.strip() or 'empty'}",
-                        ["config", "show", "--set", f"{key}={value}"],
-                        [key],
-                    )
+    for key, section, f in leaf_keys(JobConfig()):  # sub-tables' keys too (model.rope_scaling.factor)
+        typ, bounds = typing.get_type_hints(type(section))[f.name], f.metadata.get("bounds")
+        bad: list[str] = []
+        if typ is int:
+            bad.append("abc")
+            if bounds and bounds.min is not None:
+                bad.append(
+                    str(int(bounds.min) - 1 if bounds.min - 1 not in bounds.also else int(bounds.min) - 2)
                 )
+            if bounds and bounds.max is not None:
+                bad.append(str(int(bounds.max) + 1))
+        elif typ is float:
+            bad += ["abc", "nan", "inf"]
+            low = bounds.min if bounds and bounds.min is not None else bounds.above if bounds else None
+            if low is not None:
+                bad.append(str(low - 0.5 if low - 0.5 not in bounds.also else low - 2))
+        elif typ is bool:
+            bad.append("maybe")
+        elif typ is str and bounds and bounds.choices:
+            bad.append("bogus")
+        elif typ is str and bounds and bounds.nonempty:
+            bad.append(" ")
+        elif typing.get_origin(typ) is list:
+            bad.append("[x, y]" if typing.get_args(typ)[0] is int else "[bogus]")
+        for value in bad:
+            rows.append(
+                Case(
+                    f"config-{key}={value.strip() or 'empty'}",
+                    ["config", "show", "--set", f"{key}={value}"],
+                    [key],
+                )
+            )
     return rows
 
 
@@ -188,6 +183,16 @@ CONFIG_ROWS = [
         ["train.activation_checkpoint"],
     ),
     Case("unknown-preset", ["config", "show", "--set", "model.preset=gpt5"], ["model.preset", "tiny-v3"]),
+    Case(
+        "rope-beta-fast-not-above-beta-slow",
+        ["train", "--set", "model.rope_scaling.factor=4", "--set", "model.rope_scaling.beta_slow=40"],
+        ["model.rope_scaling.beta_fast", "beta_slow=40"],
+    ),
+    Case(
+        "rope-table-given-a-value",
+        ["config", "show", "--set", "model.rope_scaling=8"],
+        ["model.rope_scaling", "factor"],
+    ),
     Case("resume-bogus", ["config", "show", "--set", "checkpoint.resume=latest"], ["checkpoint.resume"]),
     Case("set-without-equals", ["config", "show", "--set", "train.steps"], ["--set", "train.steps"]),
     Case("unknown-section", ["config", "show", "--set", "trainer.steps=3"], ["trainer.steps"]),
@@ -889,6 +894,12 @@ CKPT_ROWS = [
         lambda ws, fx: None,
         ["checkpoint.resume=7"],
         [*TRAIN_RESUME, "--set", "checkpoint.resume=7"],
+    ),
+    _ckpt_row(
+        "resume-other-rope-scaling",
+        lambda ws, fx: None,
+        ["model.rope_scaling", "convert --from-checkpoint"],
+        [*TRAIN_RESUME, "--set", "model.rope_scaling.factor=2"],
     ),
     _ckpt_row(
         "to-checkpoint-into-run",

@@ -156,6 +156,15 @@ def _resume_from(ckpt: Path, run_dir: Path, configured: ModelConfig, explicit: b
             if not explicit
             else "configure the model it was trained with, or choose another checkpoint.resume"
         )
+        if not _differs(_context_of(configured, saved), configured):
+            # only the context differs: the positions its optimizer state and schedule were trained at
+            # cannot change mid-run; the extension is a new run from its weights
+            raise UserError(
+                f"checkpoint {ckpt} was trained with rope_scaling={rope_text(saved)} but model.rope_scaling "
+                f"asks for {rope_text(configured)}: keep the checkpoint's values to resume, or extend its "
+                "context in a new run.dir from its weights (seektrain convert --from-checkpoint ... "
+                "--to-hf DIR, then model.hf_path=DIR; docs/training.md)"
+            )
         raise UserError(
             f"checkpoint {ckpt} holds model {_describe(saved, configured)} but the config asks for "
             f"model {_describe(configured, saved)}: {fix}"
@@ -166,6 +175,22 @@ def _resume_from(ckpt: Path, run_dir: Path, configured: ModelConfig, explicit: b
 def _differs(a: ModelConfig, b: ModelConfig) -> bool:
     """The name is a label: two configs that build the same model are the same model."""
     return dataclasses.replace(a, name="") != dataclasses.replace(b, name="")
+
+
+def _context_of(source: ModelConfig, target: ModelConfig) -> ModelConfig:
+    """``target`` with the context (YaRN and max_position_embeddings) of ``source``."""
+    return dataclasses.replace(
+        target, rope_scaling=source.rope_scaling, max_position_embeddings=source.max_position_embeddings
+    )
+
+
+def rope_text(cfg: ModelConfig) -> str:
+    rs = cfg.rope_scaling
+    if rs is None:
+        return f"none (max_position_embeddings={cfg.max_position_embeddings})"
+    fields = dataclasses.asdict(rs)
+    fields.pop("type")
+    return "{" + ", ".join(f"{k}={v}" for k, v in fields.items()) + "}"
 
 
 def _describe(cfg: ModelConfig, other: ModelConfig) -> str:

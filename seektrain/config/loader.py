@@ -36,6 +36,20 @@ def _field_types(section: typing.Any) -> dict[str, type]:
     return {f.name: hints[f.name] for f in dataclasses.fields(section)}
 
 
+def leaf_keys(
+    table: typing.Any, prefix: str = ""
+) -> typing.Iterator[tuple[str, typing.Any, dataclasses.Field]]:
+    """(dotted key, the dataclass holding it, its field) for every key under ``table``, in schema order.
+    A field whose value is a dataclass is a sub-table (``[model.rope_scaling]``): its keys are listed,
+    not it."""
+    for f in dataclasses.fields(table):
+        value = getattr(table, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from leaf_keys(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", table, f
+
+
 def _coerce(key: str, value, typ):
     """Convert ``value`` (from TOML or a --set string) to ``typ``, or raise ConfigError."""
     origin = typing.get_origin(typ)
@@ -89,11 +103,24 @@ def _assign(cfg: JobConfig, dotted: str, value) -> None:
     sections = _sections(cfg)
     if section_name not in sections or not key:
         raise ConfigError(f"unknown config key {dotted!r}; sections are: {', '.join(sections)}")
-    section = sections[section_name]
-    types = _field_types(section)
-    if key not in types:
-        raise ConfigError(f"unknown config key {dotted!r}; keys of [{section_name}]: {', '.join(types)}")
-    setattr(section, key, _coerce(dotted, value, types[key]))
+    section, table = sections[section_name], section_name
+    while True:  # down through sub-tables: model.rope_scaling.factor
+        types = _field_types(section)
+        name, _, rest = key.partition(".")
+        if name not in types or (rest and not dataclasses.is_dataclass(types[name])):
+            raise ConfigError(f"unknown config key {dotted!r}; keys of [{table}]: {', '.join(types)}")
+        if not dataclasses.is_dataclass(types[name]):
+            setattr(section, name, _coerce(dotted, value, types[name]))
+            return
+        section, table = getattr(section, name), f"{table}.{name}"
+        if rest:
+            key = rest
+            continue
+        if not isinstance(value, dict):  # a TOML [model.rope_scaling] table arrives as a dict
+            raise ConfigError(f"{dotted}: is a table; set its keys ({', '.join(_field_types(section))})")
+        for sub, item in value.items():
+            _assign(cfg, f"{dotted}.{sub}", item)
+        return
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
@@ -139,13 +166,11 @@ def validate(cfg: JobConfig) -> JobConfig:
     choices and finiteness its schema line declares, then the few rules that relate keys. (Whether
     ``model.preset`` names a preset is asked where the model is chosen, ``train/setup_model.py``, and
     whether a tracker's package is installed by ``RunPlan.resolve``: this package knows nothing of either.)"""
-    for section_field in dataclasses.fields(cfg):
-        section = getattr(cfg, section_field.name)
-        for f in dataclasses.fields(section):
-            bounds = f.metadata.get("bounds")
-            value = getattr(section, f.name)
-            problem = bounds.problem(value) if bounds is not None else _finite_problem(value)
-            _check(problem is None, f"{section_field.name}.{f.name}={_show(value)}: {problem}")
+    for dotted, section, f in leaf_keys(cfg):
+        bounds = f.metadata.get("bounds")
+        value = getattr(section, f.name)
+        problem = bounds.problem(value) if bounds is not None else _finite_problem(value)
+        _check(problem is None, f"{dotted}={_show(value)}: {problem}")
     t = cfg.train
     _check(
         t.global_batch_size % t.micro_batch_size == 0,
@@ -237,12 +262,22 @@ def config_to_toml(cfg: JobConfig, comments: bool = False) -> str:
     """TOML text that ``load_config`` reads back to an equal config; ``comments`` puts each key's help
     from the schema above it (what ``configs/default.toml`` is)."""
     lines: list[str] = []
-    for section_field in dataclasses.fields(cfg):
-        section = getattr(cfg, section_field.name)
-        lines.append(f"[{section_field.name}]")
-        for f in dataclasses.fields(section):
+
+    def table(obj, name: str) -> None:  # its own keys first: TOML puts sub-tables after them
+        lines.append(f"[{name}]")
+        subs = []
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                subs.append((value, f"{name}.{f.name}"))
+                continue
             if comments:
                 lines.append(f"# {f.metadata['help']}")
-            lines.append(f"{f.name} = {json.dumps(getattr(section, f.name))}")
+            lines.append(f"{f.name} = {json.dumps(value)}")
         lines.append("")
+        for sub in subs:
+            table(*sub)
+
+    for section_field in dataclasses.fields(cfg):
+        table(getattr(cfg, section_field.name), section_field.name)
     return "\n".join(lines)

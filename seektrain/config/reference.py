@@ -5,11 +5,11 @@ The listing is generated, never written by hand, so it cannot drift from what th
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import typing
 from typing import NamedTuple
 
+from seektrain.config.loader import leaf_keys
 from seektrain.config.schema import JobConfig
 
 
@@ -32,20 +32,17 @@ def config_keys(cfg: JobConfig | None = None) -> list[KeyDoc]:
     """One row per key, in schema order; defaults are those of ``cfg`` (the built-in ones by default)."""
     cfg = cfg or JobConfig()
     rows = []
-    for section_field in dataclasses.fields(cfg):
-        section = getattr(cfg, section_field.name)
-        hints = typing.get_type_hints(type(section))
-        for f in dataclasses.fields(section):
-            bounds = f.metadata.get("bounds")
-            rows.append(
-                KeyDoc(
-                    f"{section_field.name}.{f.name}",
-                    _type_name(hints[f.name]),
-                    json.dumps(getattr(section, f.name)),
-                    bounds.describe() if bounds else "",
-                    f.metadata.get("help", ""),
-                )
+    for dotted, section, f in leaf_keys(cfg):
+        bounds = f.metadata.get("bounds")
+        rows.append(
+            KeyDoc(
+                dotted,
+                _type_name(typing.get_type_hints(type(section))[f.name]),
+                json.dumps(getattr(section, f.name)),
+                bounds.describe() if bounds else "",
+                f.metadata.get("help", ""),
             )
+        )
     return rows
 
 

@@ -32,6 +32,50 @@ def _key(default: Any, help: str, **bounds: Any) -> Any:
 
 
 @dataclass
+class RopeScalingSection:
+    """``[model.rope_scaling]``: YaRN overrides on top of the preset's or the Hugging Face config's own
+    rope scaling, for extending a checkpoint's context. -1 keeps the model's value, so an empty table
+    changes nothing; checks that relate them to the model's values are made where the model is chosen
+    (``models/rope_overrides.py``)."""
+
+    factor: float = _key(
+        -1.0,
+        "YaRN context factor: max_position_embeddings = factor x original_max_position_embeddings; "
+        "1 = none; -1 = the model's",
+        min=1,
+        also=(-1,),
+    )
+    original_max_position_embeddings: int = _key(
+        -1,
+        "context length the model was pre-trained at; -1 = the model's (its max_position_embeddings "
+        "when it has no YaRN)",
+        min=1,
+        also=(-1,),
+    )
+    beta_fast: float = _key(
+        -1.0,
+        "YaRN: frequencies turning more than this often over the original length are kept; -1 = the model's",
+        above=0,
+        also=(-1,),
+    )
+    beta_slow: float = _key(
+        -1.0,
+        "YaRN: frequencies turning less than this often are divided by factor (< beta_fast); -1 = the model's",
+        above=0,
+        also=(-1,),
+    )
+    mscale: float = _key(
+        -1.0, "YaRN magnitude of cos/sin, 0.1 x mscale x ln(factor) + 1; -1 = the model's", min=0, also=(-1,)
+    )
+    mscale_all_dim: float = _key(
+        -1.0,
+        "YaRN: divides the cos/sin magnitude and scales the softmax (DeepSeek-V2/V3); 0 = off; -1 = the model's",
+        min=0,
+        also=(-1,),
+    )
+
+
+@dataclass
 class ModelSection:
     preset: str = _key(
         "tiny-v3", "preset name (`seektrain models` lists them); ignored when hf_path is set", nonempty=True
@@ -39,6 +83,7 @@ class ModelSection:
     hf_path: str = _key(
         "", "start from a Hugging Face model folder or hub id (org/name) instead of random init"
     )
+    rope_scaling: RopeScalingSection = field(default_factory=RopeScalingSection)
 
 
 @dataclass

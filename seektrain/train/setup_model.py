@@ -3,12 +3,15 @@ preset (random init) or a Hugging Face folder (its config, and its weights when 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
 from seektrain.models.presets import PRESETS
+from seektrain.models.rope_overrides import with_rope_overrides
 
 
 def check_preset(cfg: JobConfig) -> None:
@@ -20,17 +23,26 @@ def check_preset(cfg: JobConfig) -> None:
         )
 
 
+def rope_overrides(cfg: JobConfig) -> dict[str, float | int]:
+    """The ``[model.rope_scaling]`` keys the job sets (-1 keeps the model's value)."""
+    section = cfg.model.rope_scaling
+    values = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+    return {name: value for name, value in values.items() if value != -1}
+
+
 def configured_model_config(cfg: JobConfig) -> ModelConfig:
     """The model config the job asks for, without loading weights (a Hugging Face folder's config.json,
-    or the preset)."""
+    or the preset), with the job's YaRN overrides applied."""
     if cfg.model.hf_path:
         from seektrain.models.hf_io import pretrained_config
 
-        return pretrained_config(cfg.model.hf_path)
-    check_preset(cfg)
-    from seektrain.models.presets import get_preset
+        base = pretrained_config(cfg.model.hf_path)
+    else:
+        check_preset(cfg)
+        from seektrain.models.presets import get_preset
 
-    return get_preset(cfg.model.preset)
+        base = get_preset(cfg.model.preset)
+    return with_rope_overrides(base, rope_overrides(cfg))
 
 
 def initial_weights(cfg: JobConfig) -> dict[str, torch.Tensor] | None:
