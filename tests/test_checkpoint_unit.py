@@ -415,3 +415,48 @@ def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypa
     with pytest.raises(OSError):
         write_text_atomic(target, "new\n")
     assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
+
+
+def _failing_writer(monkeypatch, error: BaseException, steps: set[int]):
+    """DCP's writer raises ``error`` while writing the checkpoint of any step in ``steps``."""
+    from seektrain.checkpoint import manager as manager_module
+    from seektrain.checkpoint.storage import Writer
+
+    class Failing(Writer):
+        def write_data(self, plan, planner):
+            if int(self.path.name[5:13]) in steps:
+                raise error
+            return super().write_data(plan, planner)
+
+    monkeypatch.setattr(manager_module, "Writer", Failing)
+
+
+def test_a_full_disk_says_so_also_when_torch_reports_unexpected_pos(tmp_path, monkeypatch):
+    """A full disk shows in torch's zip writer as "unexpected pos", not as ENOSPC: the line says what it is."""
+    model, optimizer = tiny()
+    error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    _failing_writer(monkeypatch, error, {1})
+    with pytest.raises(CheckpointError) as err:
+        CheckpointManager(tmp_path, keep=5, async_save=False, rank=0).save(1, model, optimizer, {"step": 1})
+    assert "the disk holding run.dir is full" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_on_write_error_continue_skips_an_interval_save_and_retries(tmp_path, monkeypatch, async_save):
+    import errno
+    import os
+
+    model, optimizer = tiny()
+    _failing_writer(monkeypatch, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), {2})
+    manager = CheckpointManager(tmp_path, keep=5, async_save=async_save, rank=0, on_write_error="continue")
+    for step in (1, 2, 3):
+        manager.save(step, model, optimizer, {"step": step}, retry_later=True)
+        manager.wait()
+    assert manager.write_errors == 1
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001", "step-00000003"]
+    # the last save has no later chance: it stops the run even under continue
+    _failing_writer(monkeypatch, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), {4})
+    with pytest.raises(CheckpointError, match="the disk holding run.dir is full"):
+        manager.save(4, model, optimizer, {"step": 4})
+        manager.wait()
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))

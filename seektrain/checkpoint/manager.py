@@ -70,7 +70,7 @@ from seektrain.checkpoint.finder import (
 )
 from seektrain.checkpoint.resume import ResumeChoice, prepare_run_dir, resolve_resume
 from seektrain.checkpoint.staging import run_in_background, snapshot_stager
-from seektrain.checkpoint.storage import Writer, describe_error, fsync_dir, sha256_file
+from seektrain.checkpoint.storage import Writer, describe_error, fsync_dir, is_disk_full, sha256_file
 from seektrain.errors import RunFailure, UserError
 from seektrain.models.config import ModelConfig
 
@@ -92,6 +92,7 @@ class _Save:
     rng: dict[str, bytes]
     future: object = None  # async save in flight
     lock: write_lock.WriteLock | None = None  # rank 0 holds the .tmp folder's write lock until commit
+    retry_later: bool = False  # an interval save: under on_write_error=continue a failure is skipped
     save_s: float = 0.0  # the save() call on the training thread (async: the snapshot)
     started: float = 0.0  # when the write began
 
@@ -105,10 +106,13 @@ class CheckpointManager:
         rank: int,
         timeout_s: float = 1800.0,
         pin_memory: bool = False,
+        on_write_error: str = "stop",
     ):
-        """``pin_memory``: stage async saves in pinned host memory (the platform's ``pin_host_memory()``)."""
+        """``pin_memory``: stage async saves in pinned host memory (the platform's ``pin_host_memory()``).
+        ``on_write_error`` (``checkpoint.on_write_error``): ``continue`` skips a failed interval save."""
         self.root = Path(run_dir) / "checkpoints"
         self.keep, self.async_save, self.rank = keep, async_save, rank
+        self.on_write_error = on_write_error
         self.pin_memory = pin_memory
         self._stager = None  # created by the first async save, kept for the run: its buffers are reused
         self._pruning = None  # rank 0: the deletion of checkpoints beyond `keep`, in the background
@@ -116,6 +120,7 @@ class CheckpointManager:
         self._depth = 0  # nesting of _blocking()
         self._stall: float | None = None  # seconds the caller was blocked since take_stall_s()
         self.last_step: int | None = None  # newest step saved or being saved by this manager
+        self.write_errors = 0  # interval saves skipped under on_write_error=continue
         self.group = None
         if dist.is_initialized():  # collective: every rank constructs the manager at the same point
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
@@ -124,13 +129,15 @@ class CheckpointManager:
     def distributed(self) -> bool:
         return self.group is not None and dist.get_world_size(self.group) > 1
 
-    def _agree(self, ok: bool) -> bool:
-        """True when ``ok`` holds on every rank."""
+    def _worst(self, error: BaseException | None) -> int:
+        """The worst outcome over the ranks: 0 every rank succeeded, 1 one failed, 2 one found its disk
+        full, so that every rank's line says so and not only the rank whose write hit it."""
+        code = 0 if error is None else 2 if is_disk_full(error) else 1
         if not self.distributed:
-            return ok
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(flag.item())
+            return code
+        flag = torch.tensor([code], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return int(flag.item())
 
     # ------------------------------------------------------------------ discovery
     def _remove_stale_tmp(self) -> None:
@@ -222,19 +229,45 @@ class CheckpointManager:
         return stall
 
     def save(
-        self, step: int, model: nn.Module, optimizer, trainer_state: dict, blocking: bool = False
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer,
+        trainer_state: dict,
+        blocking: bool = False,
+        retry_later: bool = False,
     ) -> None:
         """Write a checkpoint of ``step`` (collective). With ``checkpoint.async_save`` it returns once the
         state is copied to host memory; ``wait`` (or the per-step check in ``train.faults``) commits it
-        later. ``blocking`` forces a sync save; ``optimizer=None`` writes the model weights only."""
+        later. ``blocking`` forces a sync save; ``optimizer=None`` writes the model weights only.
+        ``retry_later``: an interval save, which ``checkpoint.on_write_error=continue`` may skip when it
+        fails (the final and the preemption saves have no later chance, so they always stop the run)."""
         with self._blocking():
             if self.last_step == step:  # e.g. an interval save and a preemption save of the same step
                 self.wait()
                 return
             self.wait()  # at most one save in flight
-            self._save(step, model, optimizer, trainer_state, blocking)
+            try:
+                self._save(step, model, optimizer, trainer_state, blocking, retry_later)
+            except CheckpointError as err:
+                self._skip_or_raise(err, retry_later)
 
-    def _save(self, step: int, model: nn.Module, optimizer, trainer_state: dict, blocking: bool) -> None:
+    def _skip_or_raise(self, err: CheckpointError, retry_later: bool) -> None:
+        """Every rank gets the same CheckpointError (the outcome is agreed first), so every rank skips or
+        every rank stops; the failed save's ``.tmp`` is already removed by ``_fail``."""
+        if not (retry_later and self.on_write_error == "continue"):
+            raise err
+        self.write_errors += 1
+        if self.rank == 0:
+            log.warning(
+                "%s -- checkpoint.on_write_error=continue: training goes on, the next save is at the "
+                "next checkpoint.interval",
+                err,
+            )
+
+    def _save(
+        self, step: int, model: nn.Module, optimizer, trainer_state: dict, blocking: bool, retry_later: bool
+    ) -> None:
         t0 = time.perf_counter()
         final = self.root / step_dir_name(step)
         job = _Save(
@@ -243,19 +276,25 @@ class CheckpointManager:
             final,
             json.dumps(trainer_state, indent=1),
             rng.capture() if optimizer is not None else {},
+            retry_later=retry_later,
         )
         problem, fix = "", "check that run.dir is writable and has free space"
+        failure: BaseException | None = None
         if self.rank == 0:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
                 if job.tmp.exists() and not write_lock.remove_if_stale(job.tmp):
                     problem = f"another process ({write_lock.holder(job.tmp)}) is writing it"
                     fix = "two jobs must not share a run.dir"
+                    failure = RuntimeError(problem)
                 else:
                     job.lock = write_lock.create_locked(job.tmp)
             except OSError as err:
-                problem = describe_error(err)
-        if not self._agree(not problem):
+                problem, failure = describe_error(err), err
+        worst = self._worst(failure)
+        if worst == 2:
+            problem, fix = "the disk holding run.dir is full", "free space there (or lower checkpoint.keep)"
+        if worst:
             raise CheckpointError(
                 f"cannot create checkpoint folder {job.tmp}: {problem or 'failed on rank 0'}; {fix}"
             )
@@ -275,8 +314,11 @@ class CheckpointManager:
                 state = self._stager.stage(state)  # the snapshot: the only part training waits for
         except Exception as err:
             error = err
-        if not self._agree(error is None):  # before DCP's collectives, which a failed rank would not join
-            self._fail(job, error or OSError("another rank could not write its RNG state or snapshot"))
+        worst = self._worst(error)  # before DCP's collectives, which a failed rank would not join
+        if worst:
+            self._fail(
+                job, error or OSError("another rank could not write its RNG state or snapshot"), worst == 2
+            )
         writer = Writer(job.tmp)
         job.started = time.perf_counter()
         if background:
@@ -338,20 +380,29 @@ class CheckpointManager:
                 written = job.future.result()
             except (Exception, CheckpointException) as err:
                 error = err
-            self._finish(job, error, written)
+            try:
+                self._finish(job, error, written)
+            except CheckpointError as err:
+                self._skip_or_raise(err, job.retry_later)
 
     def _finish(self, job: _Save, error: BaseException | None, written: float) -> None:
         """Every rank's part written (and hashed on rank 0)? Then commit, else fail on every rank."""
-        if not self._agree(error is None):
-            self._fail(job, error or OSError("another rank could not write its part"))
+        worst = self._worst(error)
+        if worst:
+            self._fail(job, error or OSError("another rank could not write its part"), worst == 2)
         self._commit(job, written - job.started)
 
-    def _fail(self, job: _Save, err: BaseException) -> None:
+    def _fail(self, job: _Save, err: BaseException, disk_full: bool = False) -> None:
         self.last_step = None
         if self.rank == 0:
             shutil.rmtree(job.tmp, ignore_errors=True)
             if job.lock is not None:
                 job.lock.release()
+        if disk_full or is_disk_full(err):
+            raise CheckpointError(
+                f"writing checkpoint {job.tmp} failed: the disk holding run.dir is full ({describe_error(err)}); "
+                f"earlier checkpoints in {self.root} are untouched. Free space there (or lower checkpoint.keep)"
+            ) from None
         raise CheckpointError(
             f"writing checkpoint {job.tmp} failed ({describe_error(err)}); earlier checkpoints "
             f"in {self.root} are untouched. Free disk space or fix run.dir permissions"
@@ -359,7 +410,7 @@ class CheckpointManager:
 
     def _commit(self, job: _Save, written_s: float) -> None:
         t0 = time.perf_counter()
-        problem = ""
+        problem, failure = "", None
         if self.rank == 0:
             try:
                 (job.tmp / COMPLETE).write_text("ok\n")
@@ -370,11 +421,12 @@ class CheckpointManager:
                 (job.final / write_lock.LOCK).unlink(missing_ok=True)
                 fsync_dir(self.root)
             except OSError as err:
-                problem = describe_error(err)
+                problem, failure = describe_error(err), err
             if not problem and job.lock is not None:
                 job.lock.release()
-        if not self._agree(not problem):
-            self._fail(job, OSError(problem or "rank 0 could not commit"))
+        worst = self._worst(failure if problem else None)
+        if worst:
+            self._fail(job, OSError(problem or "rank 0 could not commit"), worst == 2)
         if self.rank == 0:
             self._start_pruning()
             kind = "async" if job.future is not None else "sync"

@@ -7,6 +7,7 @@ the commit protocol in manager.py readable on one screen.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from pathlib import Path
@@ -32,6 +33,27 @@ def describe_error(err: BaseException) -> str:
         return "; ".join(f"rank {','.join(map(str, ranks))}: {msg}" for msg, ranks in seen.items())
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def is_disk_full(err: BaseException | None) -> bool:
+    """``err`` (or what it wraps: DCP's per-rank failures, a cause) is a full disk: ENOSPC, or the
+    "unexpected pos" of torch's zip writer, which is how a short write to a full disk shows there."""
+    seen: set[int] = set()
+    stack = [err]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        text = str(e)
+        if "unexpected pos" in text or "No space left on device" in text:
+            return True
+        if isinstance(e, CheckpointException):
+            stack += [exc for exc, _trace in e.failures.values()]
+        stack += [e.__cause__, e.__context__]
+    return False
 
 
 class Writer(FileSystemWriter):

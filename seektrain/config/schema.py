@@ -256,6 +256,11 @@ class CheckpointSection:
     interval: int = _key(100, "save every N steps (0 = only at the end)", min=0)
     keep: int = _key(2, "newest checkpoints kept on disk", min=1)
     async_save: bool = _key(False, "save in the background while training goes on")
+    on_write_error: str = _key(
+        "stop",
+        "a checkpoint that cannot be written (full disk...): stop the run | continue and retry at the next interval",
+        choices=("stop", "continue"),
+    )
     preempt_grace_s: float = _key(
         25.0, "after SIGTERM, save within this or exit without (torchrun kills at 30 s)", above=0
     )

@@ -17,6 +17,11 @@ rank ``RANK`` (every rank when omitted) and on the first attempt of an elastic j
     OOM          the step raises torch.OutOfMemoryError at its start (a step that does not fit)
     NAN          the loss of the step becomes NaN before backward (a diverged step)
     CKPT_ENOSPC  writing the checkpoint of the step raises OSError(ENOSPC) (a full disk)
+
+One hook acts at start-up, before any step, so it names a rank only (``install_startup_hooks``):
+
+    UNSHARED_RUN_DIR=RANK  that rank reads the shared-storage marker from a folder of its own, as a
+                           node whose run.dir is a local disk would (checkpoint/shared_dir.py)
 """
 
 from __future__ import annotations
@@ -40,6 +45,26 @@ def _wanted(name: str, rank: int) -> int | None:
         return None
     step, _, want_rank = value.partition(":")
     return int(step) if not want_rank or int(want_rank) == rank else None
+
+
+def install_startup_hooks(rank: int) -> list[str]:
+    """The start-up hooks whose variables are set for this ``rank`` (empty on a normal run)."""
+    value = os.environ.get(PREFIX + "UNSHARED_RUN_DIR")
+    if not value or int(value) != rank:
+        return []
+    from pathlib import Path
+
+    from seektrain.checkpoint import shared_dir
+
+    read_marker = shared_dir.read_marker
+
+    def read_elsewhere(path: Path) -> str | None:  # this "node" has its own, empty, folder
+        local = path.parent.with_name(f"{path.parent.name}.node-local-rank{rank}")
+        local.mkdir(parents=True, exist_ok=True)
+        return read_marker(local / path.name)
+
+    shared_dir.read_marker = read_elsewhere
+    return ["UNSHARED_RUN_DIR"]
 
 
 def install_from_env(guard, rank: int) -> list[str]:

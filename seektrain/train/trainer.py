@@ -20,6 +20,7 @@ from seektrain.checkpoint.atomic import write_text_atomic
 from seektrain.checkpoint.manager import CheckpointManager, step_dir_name
 from seektrain.checkpoint.resume import restore_trainer_state
 from seektrain.checkpoint.run_files import MODEL_CONFIG
+from seektrain.checkpoint.shared_dir import check_shared_run_dir
 from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
 from seektrain.data.tokenizer_files import copy_to_run
@@ -34,7 +35,7 @@ from seektrain.plan.run_plan import RunPlan
 from seektrain.platform import policy_for
 from seektrain.train.balance import configure_aux_loss
 from seektrain.train.evaluate import Evaluator
-from seektrain.train.fault_injection import install_from_env
+from seektrain.train.fault_injection import install_from_env, install_startup_hooks
 from seektrain.train.faults import FaultGuard
 from seektrain.train.monitor import RunMonitor
 from seektrain.train.optim import build_optimizer, build_scheduler
@@ -66,7 +67,10 @@ def _train(cfg: JobConfig, env: DistEnv) -> dict:
         cfg.checkpoint.async_save,
         env.rank,
         pin_memory=policy_for(env.device).pin_host_memory(),
+        on_write_error=cfg.checkpoint.on_write_error,
     )
+    install_startup_hooks(env.rank)  # [faults] the tests' unshared run.dir; nothing otherwise
+    check_shared_run_dir(run_dir, env.rank, ckpt.group)  # before any work: every rank sees rank 0's run.dir
     # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
     # every rank gets the same checkpoint and model, or the same one-line refusal; then parallel.auto
     # and the run plan, exactly as the launcher resolved them (startup.py)
@@ -138,7 +142,7 @@ def _train(cfg: JobConfig, env: DistEnv) -> dict:
             )
             if saving:
                 steps_log.settle()  # [faults] a bad loss stops the run before a checkpoint holds its step
-                ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
+                ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step), retry_later=True)
             # [faults] one all-reduce: SIGTERM on any rank, and an async checkpoint written everywhere
             preempted, written = guard.end_step(step, ckpt.in_flight(), ckpt.pending_step)
             ckpt.commit(written)
