@@ -64,7 +64,7 @@ class LaunchOptions:
         if self.max_restarts < 0:
             raise UserError(f"--max-restarts {self.max_restarts}: must be >= 0 (0 = no restart)")
         if not (math.isfinite(self.rdzv_timeout_s) and self.rdzv_timeout_s > 0):
-            raise UserError(f"--rdzv-timeout {self.rdzv_timeout_s:g}: must be a finite number of seconds > 0")
+            raise UserError(f"--rdzv-timeout {self.rdzv_timeout_s:g}: must be > 0 seconds, and finite")
         _, hi = self.node_range
         if self.node_rank is not None and not 0 <= self.node_rank < hi:
             raise UserError(
