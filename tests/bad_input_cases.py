@@ -1050,4 +1050,118 @@ HF_ROWS = [
     ),
 ]
 
-ROWS: list[Case] = _schema_rows() + CONFIG_ROWS + CLI_ROWS + DATA_ROWS + CKPT_ROWS + HF_ROWS
+HF_ROWS += [
+    _hf_row(
+        "config-hidden-a-numeric-string",
+        edit_json("hf/config.json", set_key("hidden_size", "64")),
+        ["hidden_size"],
+    ),
+    _hf_row(
+        "config-kv-heads-0",
+        edit_json("hf/config.json", set_key("num_key_value_heads", 0)),
+        ["config.json", "num_key_value_heads"],
+    ),
+]
+CKPT_ROWS += [
+    _ckpt_row(
+        "checksums-an-empty-list", edit_json(f"{STEP}/checksums.json", lambda d: []), ["checksums.json"]
+    ),
+]
+
+# ------------------------------------------------------------ plan, doctor, launchers (issue 22, item 9)
+PLAN = ["plan", "--model", "tiny-dense", "--gpu", "h100-80g"]
+K8S = ["launch", "k8s", "--nodes", "1", "--gpus-per-node", "1"]
+SLURM = ["launch", "slurm", "--config", "{ws}/c.toml", "--nodes", "1", "--gpus-per-node", "0"]
+
+
+def _config_in(ws: Path, fx: dict) -> None:
+    (ws / "c.toml").write_text(f'[run]\ndir = "{ws}/run"\n')
+
+
+LAUNCH_ROWS = [
+    Case("plan-seq-0", [*PLAN, "--gpus", "8", "--seq", "0"], ["--seq"]),
+    Case("plan-global-batch-0", [*PLAN, "--gpus", "8", "--global-batch", "0"], ["--global-batch"]),
+    Case("plan-gpus-a-billion", [*PLAN, "--gpus", "1000000000"], ["--gpus", "65536"]),
+    Case("plan-nodes-0", [*PLAN, "--gpus", "8", "--nodes", "0"], ["--nodes"]),
+    Case(
+        "auto-with-tp",
+        [
+            "train",
+            "--set",
+            "parallel.auto=true",
+            "--set",
+            "parallel.tp=2",
+            "--set",
+            "model.preset=tiny-dense",
+        ],
+        ["parallel.auto", "parallel.tp=2"],
+    ),
+    Case("set-unclosed-array", ["config", "show", "--set", "parallel.pp_split=[1, 2"], ["parallel.pp_split"]),
+    Case(
+        "set-unclosed-trackers", ["config", "show", "--set", "metrics.trackers=[wandb"], ["metrics.trackers"]
+    ),
+    Case("doctor-node-rank-out-of-range", ["doctor", "--node-rank", "3"], ["--node-rank"]),
+    Case("doctor-node-rank-negative", ["doctor", "--node-rank", "-1"], ["--node-rank"]),
+    Case("doctor-min-free-nan", ["doctor", "--min-free-gib", "nan"], ["--min-free-gib"]),
+    Case("doctor-ports-huge-range", ["doctor", "--ports", "1-1000000000000"], ["--ports"]),
+    Case("doctor-timeout-negative", ["doctor", "--timeout-s", "-5"], ["--timeout-s"]),
+    Case("doctor-rdzv-timeout-inf", ["doctor", "--rdzv-timeout", "inf"], ["--rdzv-timeout"]),
+    Case("train-rdzv-timeout-nan", ["train", "--rdzv-timeout", "nan"], ["--rdzv-timeout"]),
+    Case("train-rdzv-timeout-inf", ["train", "--rdzv-timeout", "inf"], ["--rdzv-timeout"]),
+    Case("train-rdzv-timeout-negative", ["train", "--rdzv-timeout", "-3"], ["--rdzv-timeout"]),
+    Case("train-node-rank-negative", ["train", "--node-rank", "-1"], ["--node-rank"]),
+    Case("k8s-name-uppercase", [*K8S, "--name", "MyJob"], ["--name"]),
+    Case("k8s-pvc-double-dot", [*K8S, "--pvc", "a..b"], ["--pvc"]),
+    Case("k8s-storage-class-double-dot", [*K8S, "--storage-class", "fast..ssd"], ["--storage-class"]),
+    Case("k8s-pvc-size-0", [*K8S, "--pvc-size", "0"], ["--pvc-size"]),
+    Case("k8s-image-newline", [*K8S, "--image", "seektrain:1\ntouch PWNED"], ["--image"]),
+    Case("k8s-data-path-on-host", [*K8S, "--set", "data.path=/home/me/data"], ["data.path", "/workspace"]),
+    Case("k8s-output-in-proc", [*K8S, "-o", "/proc/seektrain.yaml"], ["--output"]),
+    Case(
+        "k8s-output-foreign",
+        [*K8S, "-o", "{ws}/notes.md"],
+        ["--output", "--force"],
+        write("notes.md", "mine"),
+    ),
+    Case(
+        "k8s-output-is-config",
+        [*K8S, "--config", "{ws}/c.toml", "-o", "{ws}/c.toml", "--force"],
+        ["--output", "--config"],
+        write("c.toml", "[train]\nsteps = 2\n"),
+    ),
+    Case(
+        "slurm-partition-semicolon", [*SLURM, "--partition", "gpu;touch PWNED"], ["--partition"], _config_in
+    ),
+    Case("slurm-account-newline", [*SLURM, "--account", "p\ntouch PWNED #"], ["--account"], _config_in),
+    Case("slurm-image-subshell", [*SLURM, "--image", "x$(touch PWNED)"], ["--image"], _config_in),
+    Case("slurm-time-newline", [*SLURM, "--time", "24:00:00\n"], ["--time"], _config_in),
+    Case("slurm-set-newline", [*SLURM, "--set", "run.name=a\ntouch PWNED #"], ["--set"], _config_in),
+    Case(
+        "slurm-run-dir-newline",
+        [*SLURM, "--set", "run.dir={ws}/run\ntouch PWNED #"],
+        ["run.dir"],
+        _config_in,
+    ),
+    Case(
+        "slurm-output-foreign",
+        [*SLURM, "-o", "{ws}/notes.md"],
+        ["--output", "--force"],
+        both(_config_in, write("notes.md", "mine")),
+    ),
+    Case(
+        "slurm-output-is-config",
+        [*SLURM, "-o", "{ws}/c.toml", "--force"],
+        ["--output", "--config"],
+        _config_in,
+    ),
+]
+_plan_hf = Case(  # a config.json-only Hugging Face folder plans: users plan before downloading weights
+    "plan-hf-config-only",
+    ["plan", "--model", "{ws}/hf", "--gpus", "8", "--gpu", "h100-80g", "--top", "1"],
+    [],
+    lambda ws, fx: (ws / "hf").mkdir() or shutil.copy(fx["hf"] / "config.json", ws / "hf"),
+    code=0,
+)
+LAUNCH_ROWS.append(_plan_hf)
+
+ROWS: list[Case] = _schema_rows() + CONFIG_ROWS + CLI_ROWS + DATA_ROWS + CKPT_ROWS + HF_ROWS + LAUNCH_ROWS

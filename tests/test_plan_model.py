@@ -179,7 +179,7 @@ def test_plan_json_for_67b_on_64_a100(capsys):
         ),
         (
             ["--model", "tiny-dense", "--gpus", "2", "--gpu", "h100-80g", "--seq", "-5"],
-            "train.seq_len=-5: must be >= 1",
+            "argument --seq: -5 is not >= 1",
         ),
         (["--model", "tiny-v3", "--gpus", "6", "--gpu", "h100-80g", "--nodes", "4"], "does not split evenly"),
     ],

@@ -27,9 +27,12 @@ def int_in(low: int | None = None, high: int | None = None) -> Callable[[str], i
 
 
 def float_in(
-    low: float | None = None, high: float | None = None, below: float | None = None
+    low: float | None = None,
+    high: float | None = None,
+    below: float | None = None,
+    above: float | None = None,
 ) -> Callable[[str], float]:
-    """A finite number within [low, high] (or below ``below``, an open upper end)."""
+    """A finite number within [low, high] (or below ``below`` / above ``above``, open ends)."""
 
     def parse(text: str) -> float:
         try:
@@ -41,6 +44,8 @@ def float_in(
         _check_range(text, value, low, high)
         if below is not None and not value < below:
             raise argparse.ArgumentTypeError(f"{text} is not < {below}")
+        if above is not None and not value > above:
+            raise argparse.ArgumentTypeError(f"{text} is not > {above}")
         return value
 
     parse.__name__ = "number"

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from seektrain.cli.arg_types import float_in, int_in
 from seektrain.errors import UserError
 
 
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "or MASTER_PORT, and only warn)",
     )
     p.add_argument(
-        "--min-free-gib", type=float, default=1.0, help="less free disk under run.dir is a blocker"
+        "--min-free-gib", type=float_in(0), default=1.0, help="less free disk under run.dir is a blocker"
     )
     p.add_argument("--write-mib", type=int, default=64, help="MiB written and fsynced to time run.dir")
     p.add_argument(
@@ -45,10 +46,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--sizes", default="", help="--comm message sizes, e.g. 1M,16M,128M (the default)")
     p.add_argument("--iters", type=int, default=5, help="--comm timed calls per size")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout of the checks")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="worker processes on this node")
+    p.add_argument(
+        "--timeout-s", type=float_in(above=0), default=300.0, help="collective timeout of the checks"
+    )
+    p.add_argument("--nproc-per-node", type=int_in(1), default=1, help="worker processes on this node")
     p.add_argument("--nnodes", default="1", help="number of nodes (run the same command on each)")
-    p.add_argument("--node-rank", type=int, default=None)
+    p.add_argument("--node-rank", type=int_in(0), default=None, help="this node's rank, 0..N-1")
+    p.add_argument(
+        "--rdzv-timeout",
+        type=float_in(above=0),
+        default=300.0,
+        metavar="SECONDS",
+        help="end the launch when not every node joined within this (default 300)",
+    )
     p.add_argument("--rdzv-endpoint", default="", help="HOST:PORT of the c10d rendezvous (multi-node)")
     p.add_argument("--rdzv-id", default="seektrain-doctor")
     p.set_defaults(handler=run)
@@ -119,8 +129,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--nproc-per-node must be >= 1")
     under_launcher = "LOCAL_RANK" in os.environ
     launch_opts = LaunchOptions(
-        args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id, 0
+        args.nproc_per_node,
+        args.nnodes,
+        args.node_rank,
+        args.rdzv_endpoint,
+        args.rdzv_id,
+        0,
+        rdzv_timeout_s=args.rdzv_timeout,
     )
+    if not under_launcher:
+        launch_opts.validate()  # a bad --node-rank or --nnodes is refused on one node too
     if not under_launcher and (args.nproc_per_node > 1 or launch_opts.multi_node):
         return launch(launch_opts, _worker_argv(args), what="doctor")
     if under_launcher:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from seektrain.errors import UserError, user_path
+from seektrain.cli.launch_output import write_launch_file
+from seektrain.errors import UserError
 from seektrain.launch.image import DEFAULT_IMAGE
-from seektrain.launch.k8s import KINDS, K8sOptions, build_manifests, cluster_config
+from seektrain.launch.k8s import GENERATED_MARK, KINDS, K8sOptions, build_manifests, cluster_config
 from seektrain.launch.yaml_text import to_yaml_documents
 
 
@@ -73,7 +74,15 @@ def register(targets: argparse._SubParsersAction) -> None:
         metavar="NAME=VALUE",
         help="extra container environment, e.g. NCCL_IB_HCA=mlx5 (repeatable)",
     )
-    p.add_argument("-o", "--output", default="", help="write to this file (default: stdout)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default="",
+        help="write to this file (default: stdout); an existing file only if seektrain wrote it",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="with -o: replace an existing file seektrain did not write"
+    )
     p.set_defaults(handler=run)
 
 
@@ -105,13 +114,11 @@ def run(args: argparse.Namespace) -> int:
     )
     opts.check()
     cfg = cluster_config(args.config, args.overrides, opts.nodes * opts.gpus_per_node)
-    text = to_yaml_documents(build_manifests(cfg, opts, config_to_toml(cfg)))
+    text = f"{GENERATED_MARK}; regenerate rather than edit\n" + to_yaml_documents(
+        build_manifests(cfg, opts, config_to_toml(cfg))
+    )
     if args.output:
-        with (
-            user_path(f"--output {args.output}", "choose a file you can write"),
-            open(args.output, "w", encoding="utf-8") as f,
-        ):
-            f.write(text)
+        write_launch_file(args.output, text, GENERATED_MARK, config=args.config, force=args.force)
         print(
             f"seektrain: wrote {args.output}; start it with: kubectl apply -f {args.output}", file=sys.stderr
         )

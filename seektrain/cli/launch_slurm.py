@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from seektrain.errors import user_path
 from seektrain.launch.image import DEFAULT_IMAGE
 
 
@@ -57,12 +55,21 @@ def register(launch_sub: argparse._SubParsersAction) -> None:
         help=f"run inside this container image with pyxis (srun --container-image); --image alone: "
         f"{DEFAULT_IMAGE}, what deploy/docker/Dockerfile builds",
     )
-    p.add_argument("-o", "--output", default="", help="write the script here (default: stdout)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default="",
+        help="write the script here (default: stdout); an existing file only if seektrain wrote it",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="with -o: replace an existing file seektrain did not write"
+    )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from seektrain.launch.slurm import plan_slurm_job, render_sbatch
+    from seektrain.cli.launch_output import write_launch_file
+    from seektrain.launch.slurm import GENERATED_MARK, plan_slurm_job, render_sbatch
 
     job = plan_slurm_job(
         args.config,
@@ -79,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
     )
     for note in job.notes:
         print(f"seektrain: note: {note}", file=sys.stderr)
+    script = render_sbatch(job)
+    out = None
+    if args.output:  # refused (an existing foreign file, the config) before anything is created
+        out = write_launch_file(
+            args.output, script, GENERATED_MARK, config=args.config, force=args.force, executable=True
+        )
     try:  # Slurm writes the job log into run.dir but creates no folder: without it the job fails silently
         job.run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -87,14 +100,9 @@ def run(args: argparse.Namespace) -> int:
             "cluster before sbatch, or the job cannot write its log",
             file=sys.stderr,
         )
-    script = render_sbatch(job)
-    if not args.output:
+    if out is None:
         sys.stdout.write(script)
         return 0
-    out = Path(args.output)
-    with user_path(f"--output {out}", "choose a file you can write"):
-        out.write_text(script)
-        out.chmod(out.stat().st_mode | 0o111)
     print(
         f"wrote {out}: submit it with `sbatch {out}`; the job log goes to {job.run_dir}/slurm-JOBID.out",
         file=sys.stderr,

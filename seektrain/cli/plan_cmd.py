@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from seektrain.cli.arg_types import int_in
 from seektrain.errors import UserError
 
 
@@ -16,19 +17,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="preset name (seektrain models) or a Hugging Face model folder")
     p.add_argument("--config", help="TOML config file (its model, batch, precision and schedule)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--gpus", type=int, required=True, help="devices in all (one rank each)")
+    p.add_argument("--gpus", type=int_in(1), required=True, help="devices in all (one rank each)")
     p.add_argument("--gpu", required=True, help="h100-80g, h200, h800, a100-80g, a100-40g or cpu")
-    p.add_argument("--nodes", type=int, default=0, help="nodes (default: 8 GPUs per node; cpu: 1)")
+    p.add_argument("--nodes", type=int_in(1), default=0, help="nodes (default: 8 GPUs per node; cpu: 1)")
     p.add_argument(
-        "--seq", type=int, default=0, help="tokens per sequence (default: the config's, or 4096 with --model)"
+        "--seq",
+        type=int_in(1),
+        default=None,
+        help="tokens per sequence (default: the config's, or 4096 with --model)",
     )
     p.add_argument(
         "--global-batch",
-        type=int,
-        default=0,
+        type=int_in(1),
+        default=None,
         help="sequences per step (default: the config's, or 4 per device with --model)",
     )
-    p.add_argument("--top", type=int, default=5, help="ranked layouts to show")
+    p.add_argument("--top", type=int_in(1), default=5, help="ranked layouts to show")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=run)
 
@@ -46,13 +50,17 @@ def job_and_model(args: argparse.Namespace):
     if not args.config and not args.model:
         raise UserError("seektrain plan needs --model PRESET|HF_DIR or --config FILE")
     default_seq = 0 if args.config else 4096
-    seq = args.seq or default_seq
+    seq = args.seq if args.seq is not None else default_seq
     if seq:
         overrides.append(f"train.seq_len={seq}")
-    batch = args.global_batch or (0 if args.config else 4 * args.gpus)
+    batch = args.global_batch if args.global_batch is not None else (0 if args.config else 4 * args.gpus)
     if batch:
         overrides.append(f"train.global_batch_size={batch}")
     job = load_config(args.config, overrides)
+    if job.model.hf_path:  # the plan needs config.json only: the weights may not be downloaded yet
+        from seektrain.models.hf_io import declared_config
+
+        return job, declared_config(job.model.hf_path)
     return job, configured_model_config(job)
 
 

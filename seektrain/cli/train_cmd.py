@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from seektrain.cli.arg_types import int_in
+from seektrain.cli.arg_types import float_in, int_in
 from seektrain.launch.elastic import LaunchOptions, launch
 from seektrain.launch.preflight import check_layout
 
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nproc-per-node", type=int_in(1), default=1, help="worker processes on this node")
     p.add_argument("--nnodes", default=None, help="number of nodes, or MIN:MAX for elastic (default 1)")
     p.add_argument(
-        "--node-rank", type=int, default=None, help="this node's rank, 0..N-1 (optional with c10d)"
+        "--node-rank", type=int_in(0), default=None, help="this node's rank, 0..N-1 (optional with c10d)"
     )
     p.add_argument(
         "--rdzv-endpoint",
@@ -49,12 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--rdzv-timeout",
-        type=float,
+        type=float_in(above=0),
         default=None,
         metavar="SECONDS",
         help="end the launch when not every node joined within this (default: dist.init_timeout_s)",
     )
-    p.add_argument("--max-restarts", type=int, default=0, help="restart failed workers up to K times")
+    p.add_argument("--max-restarts", type=int_in(0), default=0, help="restart failed workers up to K times")
     p.set_defaults(handler=run)
 
 

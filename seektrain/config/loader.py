@@ -56,7 +56,10 @@ def _coerce(key: str, value, typ):
     if origin is list:
         (item,) = typing.get_args(typ)
         if isinstance(value, str):  # "1,2", "1 2" or TOML's "[1, 2]"
-            value = value.strip().removeprefix("[").removesuffix("]").replace(",", " ").split()
+            text = value.strip()
+            if text.startswith("[") != text.endswith("]") or "[" in text[1:-1] or "]" in text[1:-1]:
+                raise ConfigError(f"{key}={value!r}: an unclosed or nested list; write it as [a, b] or a,b")
+            value = text.removeprefix("[").removesuffix("]").replace(",", " ").split()
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return [_coerce(key, v, item) for v in value]

@@ -113,12 +113,12 @@ def parse_ports(text: str) -> list[int]:
     """``29500`` or ``29500-29510`` (inclusive); a ValueError names the mistake."""
     try:
         low, _, high = text.partition("-")
-        ports = list(range(int(low), int(high or low) + 1))
+        first, last = int(low), int(high or low)
     except ValueError:
         raise UserError(f"--ports {text!r}: give a port or a range, e.g. 29500 or 29500-29510") from None
-    if not ports or ports[0] < 1 or ports[-1] > 65535:
+    if not 1 <= first <= last <= 65535:  # checked before the range is built: 1-10**12 is no MemoryError
         raise UserError(f"--ports {text!r}: ports are 1-65535, low-high")
-    return ports
+    return list(range(first, last + 1))
 
 
 def port_is_free(port: int) -> bool:

@@ -9,7 +9,9 @@ user typed, minus the launcher options. Every way the launch can fail ends in on
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -61,8 +63,8 @@ class LaunchOptions:
             raise UserError("--nproc-per-node must be >= 1")
         if self.max_restarts < 0:
             raise UserError(f"--max-restarts {self.max_restarts}: must be >= 0 (0 = no restart)")
-        if self.rdzv_timeout_s <= 0:
-            raise UserError(f"--rdzv-timeout {self.rdzv_timeout_s:g}: must be > 0 seconds")
+        if not (math.isfinite(self.rdzv_timeout_s) and self.rdzv_timeout_s > 0):
+            raise UserError(f"--rdzv-timeout {self.rdzv_timeout_s:g}: must be > 0 seconds, and finite")
         _, hi = self.node_range
         if self.node_rank is not None and not 0 <= self.node_rank < hi:
             raise UserError(
@@ -149,12 +151,9 @@ def launch(opts: LaunchOptions, worker_argv: list[str], what: str = "training") 
     if net is not None:
         print(describe(opts, net, env), file=sys.stderr, flush=True)  # the choice, logged once
     os.environ.update(env)  # the agent's environment is what its workers inherit
-    if (
-        net is not None
-        and not net.hosts_store
-        and not wait_for_endpoint(net.endpoint_ip, net.endpoint.port, opts.rdzv_timeout_s)
-    ):
-        print(f"seektrain: error: {unreachable(opts, net)}", file=sys.stderr)
+    problem = _store_problem(opts, net) if net is not None else None
+    if problem:
+        print(f"seektrain: error: {problem}", file=sys.stderr)
         return 1
     with worker_error_folder(quiet=opts.max_restarts == 0) as errors:
         return _run(opts, worker_argv, what, net, errors)
@@ -224,6 +223,30 @@ def rendezvous_failure(opts: LaunchOptions, net: NodeNetwork | None, err: Except
     return (
         f"{where}: the rendezvous at {endpoint} failed ({type(err).__name__}: {err}); start every node again"
     )
+
+
+def _store_problem(opts: LaunchOptions, net: NodeNetwork) -> str | None:
+    """One line when the rendezvous store cannot be hosted or reached (launch/store_probe.py), else None."""
+    from seektrain.launch.store_probe import listening, port_taken, store_answers
+
+    ip, port = net.endpoint_ip, net.endpoint.port
+    loopback = ipaddress.ip_address(ip).is_loopback  # every node is local: the first to come hosts it
+    if net.hosts_store and not loopback:
+        if port_taken(ip, port):
+            return (
+                f"{opts.node_name} is to host the rendezvous store at {net.endpoint}, but another program "
+                f"already listens on port {port}; pick a free port for --rdzv-endpoint on every node"
+            )
+        return None
+    if not loopback and not wait_for_endpoint(ip, port, opts.rdzv_timeout_s):
+        return unreachable(opts, net)
+    if (not loopback or listening(ip, port)) and not store_answers(ip, port, opts.rdzv_timeout_s):
+        return (
+            f"{opts.node_name}: what listens at {net.endpoint} did not answer as a rendezvous store within "
+            f"{opts.rdzv_timeout_s:g} s; another program holds that port: pick a free port for "
+            "--rdzv-endpoint on every node"
+        )
+    return None
 
 
 def unreachable(opts: LaunchOptions, net: NodeNetwork) -> str:

@@ -2,9 +2,11 @@
 
 PyYAML is not a runtime dependency, and manifests need nothing beyond block mappings, block lists and
 scalars. Strings are written plain only when no YAML 1.1 reader could take them for anything else
-(a number, a boolean such as ``on``, null, a key, a comment); every other string is written in JSON's
-double-quoted form, which is also valid YAML. A multi-line string ending in one newline (a config file
-in a ConfigMap) is written as a ``|`` block so it stays readable.
+(a number, a boolean such as ``on``, null, a key, a comment); every other string is written
+double-quoted, with every character YAML would not keep as it is (a quote, a backslash, a line break such
+as U+2028 or NEL, a control character) escaped, so any value arrives intact and can never end the
+scalar. A multi-line string ending in one newline (a config file in a ConfigMap) is written as a ``|``
+block so it stays readable.
 """
 
 from __future__ import annotations
@@ -27,8 +29,26 @@ def _scalar(value) -> str:
     if isinstance(value, str):
         if _PLAIN.fullmatch(value) and value.lower() not in _RESERVED:
             return value
-        return json.dumps(value, ensure_ascii=False)
+        return _quoted(value)
     raise TypeError(f"cannot write {type(value).__name__} as YAML")
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _quoted(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ch.isprintable() and ch != "\ufeff":  # a BOM is "printable" but YAML readers drop it
+            out.append(ch)
+        else:  # control characters, line and paragraph separators, unassigned code points
+            code = ord(ch)
+            out.append(
+                f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+            )
+    return '"' + "".join(out) + '"'
 
 
 def _is_block_text(value) -> bool:

@@ -176,6 +176,11 @@ def _config_from_hf(raw: dict, name: str, where: str) -> ModelConfig:
             raise HFConfigError(f"{where}: missing field {key!r} (required for {HF_BY_ARCH[arch]})")
         return raw[key]
 
+    def count(key: str, value):  # a width or a count: a JSON integer >= 1, not "64", 64.0, true or 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise HFConfigError(f"{where}: {key}={value!r} must be an integer >= 1; fix config.json")
+        return value
+
     if raw.get("hidden_act", "silu") != "silu":
         raise HFConfigError(f"{where}: hidden_act={raw['hidden_act']!r} is not supported (only 'silu')")
     if raw.get("mlp_bias"):
@@ -183,13 +188,16 @@ def _config_from_hf(raw: dict, name: str, where: str) -> ModelConfig:
     if raw.get("partial_rotary_factor", 1.0) != 1.0:
         raise HFConfigError(f"{where}: partial_rotary_factor != 1 is not supported")
     theta, rope_scaling = _rope(raw, where)
-    fields = {key: need(key) for key in _COMMON}
+    fields = {key: count(key, need(key)) for key in _COMMON}
+    kv_heads = raw.get("num_key_value_heads")
     fields.update(
         name=name,
         arch=arch,
         rope_theta=theta,
         rope_scaling=rope_scaling,
-        num_key_value_heads=raw.get("num_key_value_heads") or fields["num_attention_heads"],
+        num_key_value_heads=fields["num_attention_heads"]
+        if kv_heads is None
+        else count("num_key_value_heads", kv_heads),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),

@@ -214,6 +214,14 @@ def pretrained_config(path: str | os.PathLike, what: str = "model.hf_path") -> M
     return _open_pretrained(os.fspath(path), what)[2]
 
 
+def declared_config(path: str | os.PathLike, what: str = "model.hf_path") -> ModelConfig:
+    """The model config.json declares, weights not consulted: what ``seektrain plan`` needs, so a folder
+    holding only config.json (before 1.3 TB of weights are downloaded) can be planned."""
+    local = os.fspath(resolve_local_path(os.fspath(path), what))
+    name = os.path.basename(os.path.normpath(local)) or "custom"
+    return config_from_hf(read_config_json(local, what), name=name, where=os.path.join(local, "config.json"))
+
+
 def from_pretrained(
     path: str | os.PathLike,
     dtype: torch.dtype = torch.float32,

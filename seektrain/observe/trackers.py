@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import socket
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -140,6 +141,28 @@ class WandbTracker:
         self.run.finish()
 
 
+PROBE_TIMEOUT_S = 5.0
+
+
+def _probe_server(uri: str) -> None:
+    """An http(s) tracking URI must accept a connection within seconds: MLflow's client retries a dead
+    server with backoff for minutes (317 s measured) before it says anything."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as err:
+        raise UserError(
+            f"metrics.mlflow_tracking_uri={uri!r}: nothing answers at {parts.hostname}:{port} "
+            f"({err.strerror or err}); start the tracking server, fix the URI, or leave it empty for a "
+            "local store"
+        ) from None
+
+
 class MlflowTracker:
     """An MLflow run in experiment ``project``; the default store is ``run_dir/mlflow.db`` (SQLite)."""
 
@@ -152,6 +175,7 @@ class MlflowTracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = tracking_uri or f"sqlite:///{run_dir.resolve() / 'mlflow.db'}"
+        _probe_server(self.uri)
         try:
             self.client = MlflowClient(tracking_uri=self.uri)
             self.run_id = self._continue(ids.get("mlflow"))

@@ -40,6 +40,7 @@ def auto_layout(
     and "" when ``parallel.auto`` is off. Activation checkpointing and CPU offload stay as configured."""
     if not job.parallel.auto:
         return job, ""
+    _refuse_set_degrees(job)
     from seektrain.plan.planner import best_feasible
 
     per_node = ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
@@ -66,6 +67,26 @@ def auto_layout(
         assert runner.time is not None
         why += f"; runner-up {_short(runner.settings)}: {runner.time.total_s:.3g} s"
     return apply_settings(job, chosen), why
+
+
+_DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
+
+
+def _refuse_set_degrees(job: JobConfig) -> None:
+    """A degree set beside ``parallel.auto`` would be silently replaced: refuse it instead, naming it."""
+    from seektrain.config.schema import ParallelSection
+
+    default = ParallelSection()
+    set_keys = [
+        f"parallel.{k}={getattr(job.parallel, k)}"
+        for k in _DEGREES
+        if getattr(job.parallel, k) != getattr(default, k)
+    ]
+    if set_keys:
+        raise UserError(
+            f"parallel.auto=true chooses the parallel degrees itself, but {', '.join(set_keys)} is set too; "
+            "drop it to let auto choose, or set parallel.auto=false to keep it"
+        )
 
 
 _KEPT = ("train.activation_checkpoint", "parallel.cpu_offload")  # auto searches with the configured values

@@ -13,8 +13,8 @@ MAX_GPUS = 65536
 
 
 def hardware_for(gpu: str, gpus: int, nodes: int) -> Hardware:
-    if gpus < 1:
-        raise UserError(f"--gpus={gpus} must be >= 1")
+    if not 1 <= gpus <= MAX_GPUS:  # the search's cost grows with the count: refuse at once, not after minutes
+        raise UserError(f"--gpus={gpus} must be between 1 and {MAX_GPUS}")
     if gpu.lower() == "cpu":
         nodes = nodes or 1
     else:
