@@ -146,8 +146,9 @@ def test_batch_uses_the_data_parallel_size_after_tp_and_pp():
     got, notes = mapped(ds, world_size=8)
     assert got["train.global_batch_size"] == 2 * 4 * 4 and got["parallel.tp"] == 2
     assert "data-parallel size 4 (world size 8 / (tp 2 × pp 1))" in notes
-    assert "world size 6 is not divisible by parallel.tp × parallel.pp × parallel.cp = 4×1×1" in one_line_error(
-        {**ds, "tensor_model_parallel_size": 4}, world_size=6
+    assert (
+        "world size 6 is not divisible by parallel.tp × parallel.pp × parallel.cp = 4×1×1"
+        in one_line_error({**ds, "tensor_model_parallel_size": 4}, world_size=6)
     )
 
 
@@ -652,7 +653,11 @@ def test_tensor_parallel_expert_parallel_and_ulysses_degrees():
     got, _ = mapped(json.loads((REAL / "llamafactory_ds_z2_autotp_config.json").read_text()), 8)
     assert got["parallel.tp"] == 2
     got, notes = mapped(
-        {"train_micro_batch_size_per_gpu": 2, "tensor_parallel": {"autotp_size": 4}, "sequence_parallel_size": 2},
+        {
+            "train_micro_batch_size_per_gpu": 2,
+            "tensor_parallel": {"autotp_size": 4},
+            "sequence_parallel_size": 2,
+        },
         world_size=16,
     )
     assert (got["parallel.tp"], got["parallel.cp"], got["train.global_batch_size"]) == (4, 2, 4)
@@ -664,10 +669,21 @@ def test_tensor_parallel_expert_parallel_and_ulysses_degrees():
 
 def test_monitor_config_and_top_level_monitors_map_to_trackers():
     got, notes = mapped(
-        {"monitor_config": {"enabled": True, "tag": "x", "wandb": {"enabled": True, "project": "p"},
-                            "tensorboard": {"enabled": False}, "comet": {"enabled": True}}}
+        {
+            "monitor_config": {
+                "enabled": True,
+                "tag": "x",
+                "wandb": {"enabled": True, "project": "p"},
+                "tensorboard": {"enabled": False},
+                "comet": {"enabled": True},
+            }
+        }
     )
-    assert got == {"metrics.trackers": ["wandb"], "metrics.tracker_project": "p", "metrics.tensorboard": False}
+    assert got == {
+        "metrics.trackers": ["wandb"],
+        "metrics.tracker_project": "p",
+        "metrics.tensorboard": False,
+    }
     assert "monitor_config.comet.enabled=true: seektrain has no Comet tracker" in notes
     got, _ = mapped({"wandb": {"enabled": True}, "tensorboard": {"enabled": True}})
     assert got == {"metrics.trackers": ["wandb"], "metrics.tensorboard": True}
@@ -678,7 +694,9 @@ def test_block_names_and_sources_are_as_written():
     assert out.sources()["precision.dtype"] == "fp16.enabled=false, bfloat16.enabled=true"
     assert any(n.startswith("bfloat16.bf16_optimizer_states=true") for n in out.notes)
     assert "bfloat16.los" in one_line_error({"bfloat16": {"enabled": True, "los": 1}})
-    out = map_deepspeed(json.loads((REAL / "deepspeed_megatron_gpt2_zero2_offload.json").read_text()), None, 4)
+    out = map_deepspeed(
+        json.loads((REAL / "deepspeed_megatron_gpt2_zero2_offload.json").read_text()), None, 4
+    )
     assert out.sources()["parallel.cpu_offload"] == "zero_optimization.cpu_offload=true"
     out = map_deepspeed({"torch_autocast": {"enabled": True, "dtype": "torch.bfloat16"}})
     assert out.sources()["precision.dtype"] == "fp16.enabled=false, bf16.enabled=true"
@@ -699,7 +717,9 @@ def test_every_noted_key_is_noted_and_every_refused_feature_refused_unless_disab
     assert "gradient_allreduce_op=sum" in one_line_error({"gradient_allreduce_op": "sum"})
     got, _ = mapped({"communication_data_type": "bf16"})
     assert got == {"precision.reduce_dtype": "bf16"}
-    assert "max_grad_norm" in one_line_error({"optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}})
+    assert "max_grad_norm" in one_line_error(
+        {"optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}}
+    )
 
 
 # ------------------------------------------------------------------------------- the CLI

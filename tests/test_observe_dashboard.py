@@ -107,7 +107,12 @@ def test_alert_rules_query_only_exported_metrics():
     exprs = re.findall(r"^\s*expr:\s*(.+)$", ALERTS.read_text(), flags=re.M)
     assert len(exprs) >= 3
     used = set().union(*(metric_identifiers(e) for e in exprs))
-    assert {"seektrain_step", "seektrain_loss", "seektrain_tokens_per_second", "seektrain_moe_load_max_over_mean"} <= used
+    assert {
+        "seektrain_step",
+        "seektrain_loss",
+        "seektrain_tokens_per_second",
+        "seektrain_moe_load_max_over_mean",
+    } <= used
     assert used <= EXPORTED_METRICS | PROMETHEUS_BUILTIN, sorted(used - EXPORTED_METRICS)
 
 

@@ -10,7 +10,14 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from seektrain.observe.names import EXPORTED_METRICS, LAYER_KEYS, STANDARD_KEYS, layer_key, metric_name, tb_tag
+from seektrain.observe.names import (
+    EXPORTED_METRICS,
+    LAYER_KEYS,
+    STANDARD_KEYS,
+    layer_key,
+    metric_name,
+    tb_tag,
+)
 from seektrain.observe.sink import MetricsSink
 
 REQUIRED = {

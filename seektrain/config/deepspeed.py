@@ -26,6 +26,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seektrain.config import deepspeed_other
 from seektrain.config.deepspeed_batch import (
     ACCUM,
     MICRO,
@@ -34,7 +35,6 @@ from seektrain.config.deepspeed_batch import (
     data_parallel_size,
     resolve_batch,
 )
-from seektrain.config import deepspeed_other
 from seektrain.config.deepspeed_keys import (
     ACTIVATION_CHECKPOINT_KEYS,
     AUTO,
@@ -151,7 +151,9 @@ class _Mapper:
         if fp16_on is None or bf16_on is None:  # "auto": Hugging Face's Trainer decides; so does our config
             for name, block, on in (("fp16", fp16, fp16_on), (bf16_name, bf16, bf16_on)):
                 if on is False and "enabled" in block:
-                    self.note(f'{name}.enabled=false: the other block is "auto", so precision.dtype is the config\'s')
+                    self.note(
+                        f'{name}.enabled=false: the other block is "auto", so precision.dtype is the config\'s'
+                    )
             return
         dtype = "fp16" if fp16_on else "bf16" if bf16_on else "fp32"
         self.set(
@@ -289,7 +291,12 @@ class _Mapper:
     def degrees(self) -> tuple[int, int, int, int]:
         """(world size, tp, pp, cp) as the run will have them; the world size must be known."""
         assert self.world_size is not None
-        return self.world_size, self.final("parallel.tp"), self.final("parallel.pp"), self.final("parallel.cp")
+        return (
+            self.world_size,
+            self.final("parallel.tp"),
+            self.final("parallel.pp"),
+            self.final("parallel.cp"),
+        )
 
     def offload(self, zero: dict, key: str) -> None:
         if key.startswith("cpu_offload"):  # DeepSpeed's older booleans
@@ -320,7 +327,7 @@ class _Mapper:
             if kind.lower() not in ("adam", "adamw"):
                 raise ConfigError(
                     f"DeepSpeed key optimizer.type={kind}: seektrain trains with AdamW, and {kind} updates the "
-                "weights differently; use Adam or AdamW"
+                    "weights differently; use Adam or AdamW"
                 )
             params = value_of(opt, "optimizer", "params", "block", {})
             check_known(params, "optimizer.params", OPTIMIZER_PARAMS)
@@ -390,7 +397,8 @@ class _Mapper:
                 "to keep train.steps)"
             )
         total = positive(
-            self.read(params, where, "total_num_steps", "int", None, "train.steps"), where + ".total_num_steps"
+            self.read(params, where, "total_num_steps", "int", None, "train.steps"),
+            where + ".total_num_steps",
         )
         if total is not None:
             self.set("train.steps", total, f"{where}.total_num_steps={total}")
@@ -404,7 +412,14 @@ class _Mapper:
             return
         default_peak = 0.001 if kind == "WarmupDecayLR" else None  # WarmupLR's default: the optimizer's lr
         peak = self.read(params, where, "warmup_max_lr", "number", default_peak, "optim.lr")
-        low = self.read(params, where, "warmup_min_lr", "number", 0.0, None if kind == "WarmupLR" else "optim.min_lr_ratio")
+        low = self.read(
+            params,
+            where,
+            "warmup_min_lr",
+            "number",
+            0.0,
+            None if kind == "WarmupLR" else "optim.min_lr_ratio",
+        )
         if peak is not None:
             if optimizer_lr is not None and peak != optimizer_lr:
                 self.note(
@@ -467,9 +482,7 @@ class _Mapper:
         comm = value_of(self.ds, "", "communication_data_type", "str")
         if comm is not None:
             if comm not in ("fp32", "fp16", "bf16"):
-                raise ConfigError(
-                    f"DeepSpeed key communication_data_type={comm}: use fp32, fp16 or bf16"
-                )
+                raise ConfigError(f"DeepSpeed key communication_data_type={comm}: use fp32, fp16 or bf16")
             if comm == "fp16":
                 self.note(
                     "communication_data_type=fp16: seektrain reduces gradients in fp32 or bf16 "

@@ -137,12 +137,34 @@ MONITOR_KEYS = {
     "wandb": ("enabled", "project", "group", "team"),
 }
 MONITOR_CONFIG_KEYS = ("enabled", "tag", "comet", *MONITOR_KEYS)  # LLaMA-Factory's wrapper of the monitors
-TENSOR_PARALLEL_KEYS = ("autotp_size", "tp", "tp_overlap_comm", "partition_config", "preset_model",
-                        "keep_module_on_host", "kernel_inject", "replace_with_kernel_inject", "dtype",
-                        "injection_policy_tuple")
-EXPERT_PARALLEL_KEYS = ("enabled", "autoep_size", "expert_tensor_parallel_size", "validate_folding_routing",
-                        "preset_model", "moe_layer_pattern", "expert_pattern", "router_pattern", "use_grouped_mm",
-                        "disable_triton_grouped_mm", "route_norm", "route_scale", "score_apply", "combine_impl")
+TENSOR_PARALLEL_KEYS = (
+    "autotp_size",
+    "tp",
+    "tp_overlap_comm",
+    "partition_config",
+    "preset_model",
+    "keep_module_on_host",
+    "kernel_inject",
+    "replace_with_kernel_inject",
+    "dtype",
+    "injection_policy_tuple",
+)
+EXPERT_PARALLEL_KEYS = (
+    "enabled",
+    "autoep_size",
+    "expert_tensor_parallel_size",
+    "validate_folding_routing",
+    "preset_model",
+    "moe_layer_pattern",
+    "expert_pattern",
+    "router_pattern",
+    "use_grouped_mm",
+    "disable_triton_grouped_mm",
+    "route_norm",
+    "route_scale",
+    "score_apply",
+    "combine_impl",
+)
 
 # Every top-level key DeepSpeed reads (DeepSpeedConfig._initialize_params in deepspeed/runtime/config.py and
 # the configs it builds there: precision, zero, comm, monitor, profiling, autotuning, nebula, datastates,
@@ -223,22 +245,40 @@ NOTED_KEYS = {
 # REFUSED when on: features that change what is trained; with "enabled": false the block is only noted.
 # The reason completes "KEY is on: ...". The value is (reason, enabled when the block does not say).
 REFUSED_WHEN_ENABLED = {
-    "sparse_attention": ("block-sparse attention changes what each token attends to; seektrain's "
-                         "attention is dense (MLA); remove the block", True),
-    "curriculum_learning": ("it changes the sequence lengths (or data) the model sees over the run; "
-                            "seektrain trains on the full sequences; set enabled false", False),
-    "data_efficiency": ("curriculum sampling and random-LTD change the data and the layers each token "
-                        "goes through; set enabled false", False),
+    "sparse_attention": (
+        "block-sparse attention changes what each token attends to; seektrain's "
+        "attention is dense (MLA); remove the block",
+        True,
+    ),
+    "curriculum_learning": (
+        "it changes the sequence lengths (or data) the model sees over the run; "
+        "seektrain trains on the full sequences; set enabled false",
+        False,
+    ),
+    "data_efficiency": (
+        "curriculum sampling and random-LTD change the data and the layers each token "
+        "goes through; set enabled false",
+        False,
+    ),
     "progressive_layer_drop": ("it skips layers at random during training; set enabled false", False),
-    "elasticity": ("it picks the batch size from the GPU count at launch; set train_batch_size and "
-                   "set enabled false", False),
-    "amp": ("Apex AMP casts by opt_level, not as seektrain's autocast does; use an fp16 or bf16 block "
-            "instead", False),
-    "compression_training": ("quantization, pruning or layer reduction during training; seektrain trains "
-                             "the full model; set the techniques' enabled false", None),
+    "elasticity": (
+        "it picks the batch size from the GPU count at launch; set train_batch_size and set enabled false",
+        False,
+    ),
+    "amp": (
+        "Apex AMP casts by opt_level, not as seektrain's autocast does; use an fp16 or bf16 block instead",
+        False,
+    ),
+    "compression_training": (
+        "quantization, pruning or layer reduction during training; seektrain trains "
+        "the full model; set the techniques' enabled false",
+        None,
+    ),
     "quantize_training": ("MoQ quantizes the weights during training; set enabled false", False),
-    "weight_quantization": ("it quantizes the weights; seektrain trains them in full precision; remove "
-                            "the block", True),
+    "weight_quantization": (
+        "it quantizes the weights; seektrain trains them in full precision; remove the block",
+        True,
+    ),
 }
 TOP_LEVEL_KEYS = (*MAPPED_KEYS, *NOTED_KEYS, *REFUSED_WHEN_ENABLED)
 

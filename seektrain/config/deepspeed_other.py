@@ -83,7 +83,9 @@ def parallel_degrees(m) -> None:
     ep = value_of(m.ds, "", "expert_parallel", "block")
     if ep is not None:
         check_known(ep, "expert_parallel", EXPERT_PARALLEL_KEYS)
-        size = positive(value_of(ep, "expert_parallel", "autoep_size", "int", 1), "expert_parallel.autoep_size")
+        size = positive(
+            value_of(ep, "expert_parallel", "autoep_size", "int", 1), "expert_parallel.autoep_size"
+        )
         if value_of(ep, "expert_parallel", "enabled", "bool", False):
             m.set("parallel.ep", size, f"expert_parallel.autoep_size={size}")
         else:
@@ -185,9 +187,7 @@ def _enabled(block: dict, on_by_default: bool | None, where: str) -> bool:
     if "enabled" in block:
         return value_of(block, where, "enabled", "bool")
     if on_by_default is None:
-        return any(
-            isinstance(v, dict) and _enabled(v, False, f"{where}.{k}") for k, v in block.items()
-        )
+        return any(isinstance(v, dict) and _enabled(v, False, f"{where}.{k}") for k, v in block.items())
     return on_by_default
 
 

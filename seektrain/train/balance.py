@@ -90,7 +90,8 @@ class RouterEntropy:
             probs = scores / scores.sum(-1, keepdim=True).clamp_min(1e-20)
             entropy = -(probs * probs.clamp_min(1e-20).log()).sum(-1)
             stat = torch.stack([entropy.sum(), entropy.new_full((), entropy.numel())])
-            self.sums[i] = stat if self.sums[i] is None else self.sums[i] + stat
+            previous = self.sums[i]
+            self.sums[i] = stat if previous is None else previous + stat
 
         return hook
 

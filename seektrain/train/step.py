@@ -186,7 +186,12 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
         assert ctx.router_entropy is not None  # built for every MoE model
         entropy = ctx.router_entropy.take(dp_group if plan.dp > 1 else None)
         values["moe_layers"] = layer_table(  # read by train/step_log.py
-            ctx.model, loads, entropy, plan.model.num_hidden_layers, plan.model.num_nextn_predict_layers, pp_group
+            ctx.model,
+            loads,
+            entropy,
+            plan.model.num_hidden_layers,
+            plan.model.num_nextn_predict_layers,
+            pp_group,
         )
     return StepRecord(values, verdict)
 

@@ -1,8 +1,9 @@
 """Steps waiting to be logged: their values stay on the device until a flush step reads them all.
 
 A step leaves its numbers (loss, gradient norm, loss scale, expert imbalance and the per-layer MoE
-table, the bad-loss verdict) on the device, so it never waits for the device to finish. The trainer flushes every ``run.log_interval``
-steps, at the first and last step, and after an evaluation, a checkpoint or a preemption. Before a
+table, the bad-loss verdict) on the device, so it never waits for the device to finish. The trainer
+flushes every ``run.log_interval`` steps, at the first and last step, and after an evaluation, a
+checkpoint or a preemption. Before a
 checkpoint is saved it settles: it reads every waiting value in one copy (one wait for the device) and
 settles the loss guard's verdicts in step order (a warning, or ``BadLossError`` under
 ``train.on_bad_loss=stop``, raised before the bad step is logged or saved). A flush settles and hands
@@ -88,7 +89,7 @@ class StepLog:
         for step, record in steps:
             values = {k: v.seconds() if isinstance(v, Spans) else v for k, v in record.values.items()}
             table = values.pop("moe_layers", None)  # the per-layer MoE health, as its metric keys
-            if table is not None:
+            if isinstance(table, list):
                 values.update(layer_metrics(table))
             self.monitor.log(step, values)
 
