@@ -312,6 +312,36 @@ CONFIG_ROWS = [
     ),
 ]
 
+# DeepSpeed files (seektrain/config/deepspeed*.py): what a ds_config.json can be that is not one
+_DS_DECAY = {
+    "train_batch_size": 16,
+    "train_micro_batch_size_per_gpu": 8,
+    "scheduler": {
+        "type": "WarmupDecayLR",
+        "params": {"warmup_min_lr": 0, "warmup_max_lr": "auto", "total_num_steps": 10},
+    },
+}
+CONFIG_ROWS += [
+    Case(
+        "deepspeed-utf16",
+        ["config", "from-deepspeed", "{ws}/ds.json"],
+        ["ds.json", "UTF-16", "save it as UTF-8"],
+        write("ds.json", '{"train_batch_size": 8}'.encode("utf-16")),
+    ),
+    Case(
+        "deepspeed-binary",
+        ["config", "from-deepspeed", "{ws}/ds.json"],
+        ["ds.json", "not UTF-8"],
+        write("ds.json", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xd8"),
+    ),
+    Case(  # the warmup_max_lr "auto" takes optim.lr, which is 0: the ratio min/max once divided by it
+        "deepspeed-scheduler-lr-0",
+        ["config", "from-deepspeed", "{ws}/ds.json", "--set", "optim.lr=0"],
+        ["optim.lr"],
+        write("ds.json", json.dumps(_DS_DECAY)),
+    ),
+]
+
 # --------------------------------------------------------------------------------- CLI flags
 CLI_ROWS = [
     Case("sample-temperature-nan", ["sample", "--run", "{run}", "--temperature", "nan"], ["--temperature"]),

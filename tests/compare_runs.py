@@ -263,6 +263,24 @@ def measured_differences(got: Run, want: Run, tol: Tolerance) -> dict:
     return {"loss_rel": max(rel), "grad_norm_rel": max(norms), "param_rel": worst, "param_group": where}
 
 
+def assert_same_layer_health(got: Run, want: Run, tol: Tolerance) -> None:
+    """Every MoE layer's health metrics (seektrain/train/balance.py) are those of one process: the
+    counts summed over the right ranks (data-parallel, not tensor-parallel twice), every pipeline
+    stage's layers on rank 0. Loads are whole-number counts, so their ratios are equal; the entropy is
+    a float sum in another order."""
+    keys = sorted(k for k in want.metrics[0] if "/layer" in k)
+    assert keys, "no per-layer MoE metrics in the one-process run"
+    for g, w in zip(got.metrics, want.metrics):
+        assert sorted(k for k in g if "/layer" in k) == keys
+        for key in keys:
+            if key.startswith("moe_router_entropy"):
+                assert g[key] == pytest.approx(w[key], rel=1e-4), key
+            elif key.startswith("moe_bias_spread"):
+                assert g[key] == pytest.approx(w[key], abs=2 * tol.buffer_atol), key
+            else:
+                assert g[key] == w[key], key
+
+
 def assert_same_run(got: Run, want: Run, tol: Tolerance = FP32) -> None:
     """``got`` is the computation of ``want``: same losses, gradient norms, balancing statistics,
     parameters and buffers after the steps (see the module docstring for why all of them)."""
@@ -278,6 +296,7 @@ def assert_same_run(got: Run, want: Run, tol: Tolerance = FP32) -> None:
             assert got_imbalance == want_imbalance
         else:  # rank 0 logs the worst MoE layer of its own stages, a subset of the model's layers
             assert all(g <= w for g, w in zip(got_imbalance, want_imbalance)), (got_imbalance, want_imbalance)
+        assert_same_layer_health(got, want, tol)
     initial, param_names = want.initial
     if os.environ.get(TOLERANCE_LOG):  # how the tolerances were measured (docs/parallelism.md)
         with open(os.environ[TOLERANCE_LOG], "a") as log:

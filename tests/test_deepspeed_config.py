@@ -146,8 +146,9 @@ def test_batch_uses_the_data_parallel_size_after_tp_and_pp():
     got, notes = mapped(ds, world_size=8)
     assert got["train.global_batch_size"] == 2 * 4 * 4 and got["parallel.tp"] == 2
     assert "data-parallel size 4 (world size 8 / (tp 2 × pp 1))" in notes
-    assert "world size 6 is not divisible by parallel.tp × parallel.pp = 4×1" in one_line_error(
-        {**ds, "tensor_model_parallel_size": 4}, world_size=6
+    assert (
+        "world size 6 is not divisible by parallel.tp × parallel.pp × parallel.cp = 4×1×1"
+        in one_line_error({**ds, "tensor_model_parallel_size": 4}, world_size=6)
     )
 
 
@@ -266,10 +267,7 @@ def test_zero_offload_fsdp_keys_and_unknown_keys():
         is True
     )
     message = one_line_error({"zero_optimization": {"stage": 2, "overlap_com": True}})
-    assert message.startswith(
-        "unknown DeepSpeed key zero_optimization.overlap_com; keys seektrain knows in "
-        "zero_optimization: stage, offload_optimizer"
-    )
+    assert message == "unknown DeepSpeed key zero_optimization.overlap_com; did you mean overlap_comm?"
     assert "unknown DeepSpeed key zero_optimization.offload_optimizer.devic" in one_line_error(
         {"zero_optimization": {"stage": 2, "offload_optimizer": {"devic": "cpu"}}}
     )
@@ -410,7 +408,7 @@ def test_clipping_checkpointing_logging_and_monitors():
     for needle in (
         "activation_checkpointing.partition_activations: seektrain recomputes every decoder block",
         "tensorboard.output_path: seektrain writes event files under run.dir/tensorboard",
-        "csv_monitor: seektrain writes every step's metrics to run.dir/metrics.jsonl",
+        "csv_monitor.enabled=true: seektrain writes every step's metrics to run.dir/metrics.jsonl",
         "wandb.team: seektrain does not set the W&B team",
         "wall_clock_breakdown",
     ):
@@ -470,9 +468,22 @@ def test_ill_typed_values_are_one_line_naming_the_key(ds, needle):
     assert needle in one_line_error(ds)
 
 
-def test_unknown_top_level_key_lists_the_keys_we_know():
-    message = one_line_error({"train_batch_size": 8, "amp": {"enabled": True}})
-    assert message == f"unknown DeepSpeed key amp; keys seektrain knows: {', '.join(TOP_LEVEL_KEYS)}"
+def test_a_misspelt_key_is_one_short_line_with_the_key_meant():
+    message = one_line_error({"train_batch_size": 8, "gradient_cliping": 1.0})
+    assert message == "unknown DeepSpeed key gradient_cliping; did you mean gradient_clipping?"
+    long = one_line_error({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_sise": 5e7}})
+    assert long == (
+        "unknown DeepSpeed key zero_optimization.stage3_prefetch_bucket_sise; did you mean "
+        "stage3_prefetch_bucket_size?"
+    )
+    far = one_line_error({"zero_optimization": {"stage": 3, "xyzzy": 1}})
+    assert far == (
+        "unknown DeepSpeed key zero_optimization.xyzzy; docs/configuration.md (From DeepSpeed) lists the keys"
+    )
+    # at the top level DeepSpeed ignores a key it does not read: so do we, with a note
+    _, notes = mapped({"cuda_visible_devices": 0, "_comment": "x"})
+    assert "cuda_visible_devices: not a DeepSpeed key (DeepSpeed ignores it, and so does seektrain)" in notes
+    assert "_comment: a comment" in notes
 
 
 def test_file_errors_are_one_line(tmp_path):
@@ -488,8 +499,8 @@ def test_file_errors_are_one_line(tmp_path):
         assert proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
     bad.write_text('{"train_batch_size": 8, "fp16": {"enabled": true, "los_scale": 1}}')
     proc = seektrain("config", "from-deepspeed", str(bad), check=False)
-    assert proc.returncode == 2 and proc.stderr.startswith(
-        f"seektrain: error: {bad}: unknown DeepSpeed key fp16.los_scale; keys seektrain knows in fp16: enabled,"
+    assert proc.returncode == 2 and proc.stderr == (
+        f"seektrain: error: {bad}: unknown DeepSpeed key fp16.los_scale; did you mean loss_scale?\n"
     )
 
 
@@ -530,6 +541,185 @@ def test_hugging_face_zero3_template_with_auto_values_imports():
     assert (cfg.train.global_batch_size, cfg.train.micro_batch_size) == (16, 8)
     assert cfg.run.log_interval == 2000
     assert cfg.parallel.cpu_offload  # the template offloads optimizer and parameters to the CPU
+
+
+# ------------------------------------------------------------------------------- real configs
+REAL = DATA / "real"
+# the world size each file is written for, where 8 does not divide its batch
+REAL_WORLD = {
+    "deepspeed_megatron_gpt2_scheduler.json": 4,
+    "deepspeed_megatron_gpt2_zero2_offload.json": 4,
+    "megatron_ds_universal_checkpointing.json": 1,
+}
+REAL_REFUSED = {
+    "dsexamples_bing_bert_lamb_seq128.json": "optimizer.type=Lamb: seektrain trains with AdamW, and Lamb "
+    "updates the weights differently",
+    "dsexamples_bing_bert_pld_seq128.json": "progressive_layer_drop is on: it skips layers at random",
+    "dsexamples_random_ltd.json": "data_efficiency is on: curriculum sampling and random-LTD change the data",
+}
+
+
+def _autos(block: dict, where: str = ""):
+    for key, value in block.items():
+        dotted = f"{where}.{key}" if where else key
+        if value == "auto":
+            yield dotted
+        elif isinstance(value, dict):
+            yield from _autos(value, dotted)
+
+
+def test_every_collected_config_converts_or_is_refused_with_its_reason():
+    files = sorted(REAL.glob("*.json"))
+    sources = (REAL / "SOURCES.md").read_text()
+    assert len(files) >= 20
+    for path in files:
+        assert f"`{path.name}`" in sources, path.name  # each file names its repository, path and commit
+        world = REAL_WORLD.get(path.name, 8)
+        if path.name in REAL_REFUSED:
+            with pytest.raises(ConfigError) as err:
+                load_config_with_deepspeed(path, world_size=world)
+            assert REAL_REFUSED[path.name] in str(err.value) and "\n" not in str(err.value)
+            continue
+        cfg, out = load_config_with_deepspeed(path, world_size=world)
+        assert isinstance(cfg, JobConfig)
+        ds = json.loads(path.read_text())
+        said = "\n".join([*out.notes, *(src for _, _, src in out.settings)])
+        for key in ds:  # every top-level key is mapped or noted: none vanishes
+            assert re.search(rf"(^|[\s(,]){re.escape(key)}\b", said, re.M), (path.name, key)
+        for dotted in _autos(ds):  # every "auto" says what stands in for it
+            assert f"{dotted}=auto -> " in said, (path.name, dotted)
+
+
+def test_llama_factory_z3_golden():
+    out = map_deepspeed(json.loads((REAL / "llamafactory_ds_z3_config.json").read_text()), None, 8)
+    assert [(k, v) for k, v, _ in out.settings] == [
+        ("parallel.data_parallel", "fsdp"),
+        ("parallel.reshard_after_forward", True),
+    ]
+    notes = out.notes
+    assert notes[0].startswith("zero_optimization: overlap_comm, contiguous_gradients, sub_group_size")
+    assert "FSDP2 schedules its per-block all-gathers" in notes[0]
+    assert notes[1:] == [
+        "zero_allow_untested_optimizer=true: lets ZeRO wrap an optimizer DeepSpeed has not tested; "
+        "seektrain's FSDP trains its own AdamW; ignored",
+        "train_batch_size=auto -> 16 (train.global_batch_size, seektrain's default)",
+        "train_micro_batch_size_per_gpu=auto -> 8 (train.micro_batch_size, seektrain's default)",
+        "gradient_accumulation_steps=auto -> seektrain derives it from train.global_batch_size, "
+        "micro_batch_size and the data-parallel size",
+        "gradient_clipping=auto -> 1.0 (train.grad_clip, seektrain's default)",
+        'fp16.enabled=auto -> "auto" (precision.dtype, seektrain\'s default)',
+        'bf16.enabled=auto -> "auto" (precision.dtype, seektrain\'s default)',
+        "zero_optimization.reduce_bucket_size=auto -> nothing to fill in (the key is ignored, see its note)",
+        "zero_optimization.stage3_prefetch_bucket_size=auto -> nothing to fill in (the key is ignored, "
+        "see its note)",
+        "zero_optimization.stage3_param_persistence_threshold=auto -> nothing to fill in (the key is "
+        "ignored, see its note)",
+    ]
+
+
+def test_an_all_auto_hugging_face_template_says_it_trains_on_our_values():
+    path = REAL / "accelerate_zero_stage3_offload_config.json"
+    out = map_deepspeed(json.loads(path.read_text()), None, 8)
+    for line in (
+        "optimizer.params.lr=auto -> 0.003 (optim.lr, seektrain's default)",
+        "scheduler.params.warmup_max_lr=auto -> 0.003 (optim.lr, seektrain's default)",
+        "scheduler.params.warmup_num_steps=auto -> 30 (optim.warmup_steps, seektrain's default)",
+        "scheduler.params.total_num_steps=auto -> 300 (train.steps, seektrain's default)",
+        "optimizer.params.weight_decay=auto -> 0.1 (optim.weight_decay, seektrain's default)",
+        "train_micro_batch_size_per_gpu=auto -> 8 (train.micro_batch_size, from DeepSpeed "
+        "gradient_accumulation_steps=1, train.micro_batch_size=8)",
+    ):
+        assert line in out.notes, line
+    # the user's --set and the TOML config are named as the source when they set the value
+    base = load_config(None, ["optim.lr=0.02"])
+    out = map_deepspeed(json.loads(path.read_text()), base, 8, ["optim.weight_decay=0.05"])
+    assert "optimizer.params.lr=auto -> 0.02 (optim.lr, from --config)" in out.notes
+    assert "optimizer.params.weight_decay=auto -> 0.05 (optim.weight_decay, from --set)" in out.notes
+
+
+def test_stage_0_golden_notes_fit_ddp():
+    out = map_deepspeed(json.loads((REAL / "llamafactory_ds_z0_config.json").read_text()), None, 8)
+    assert {k: v for k, v, _ in out.settings} == {
+        "parallel.data_parallel": "ddp",
+        "parallel.dp_shard": 1,
+        "parallel.dp_replicate": 8,
+    }
+    notes = "\n".join(out.notes)
+    assert "DDP buckets its gradient all-reduces itself during backward, so they are ignored" in notes
+    assert "FSDP" not in notes.replace("seektrain's FSDP trains", "")  # nothing about all-gathers
+
+
+def test_tensor_parallel_expert_parallel_and_ulysses_degrees():
+    got, _ = mapped(json.loads((REAL / "llamafactory_ds_z2_autotp_config.json").read_text()), 8)
+    assert got["parallel.tp"] == 2
+    got, notes = mapped(
+        {
+            "train_micro_batch_size_per_gpu": 2,
+            "tensor_parallel": {"autotp_size": 4},
+            "sequence_parallel_size": 2,
+        },
+        world_size=16,
+    )
+    assert (got["parallel.tp"], got["parallel.cp"], got["train.global_batch_size"]) == (4, 2, 4)
+    assert "world size 16 / (tp 4 × pp 1 × cp 2)" in notes
+    got, notes = mapped({"expert_parallel": {"enabled": True, "autoep_size": 4, "route_scale": 2.5}})
+    assert got["parallel.ep"] == 4 and "expert_parallel: route_scale steer DeepSpeed's AutoEP" in notes
+    assert "parallel.ep" not in mapped({"expert_parallel": {"autoep_size": 4}})[0]
+
+
+def test_monitor_config_and_top_level_monitors_map_to_trackers():
+    got, notes = mapped(
+        {
+            "monitor_config": {
+                "enabled": True,
+                "tag": "x",
+                "wandb": {"enabled": True, "project": "p"},
+                "tensorboard": {"enabled": False},
+                "comet": {"enabled": True},
+            }
+        }
+    )
+    assert got == {
+        "metrics.trackers": ["wandb"],
+        "metrics.tracker_project": "p",
+        "metrics.tensorboard": False,
+    }
+    assert "monitor_config.comet.enabled=true: seektrain has no Comet tracker" in notes
+    got, _ = mapped({"wandb": {"enabled": True}, "tensorboard": {"enabled": True}})
+    assert got == {"metrics.trackers": ["wandb"], "metrics.tensorboard": True}
+
+
+def test_block_names_and_sources_are_as_written():
+    out = map_deepspeed({"bfloat16": {"enabled": True, "bf16_optimizer_states": True}})
+    assert out.sources()["precision.dtype"] == "fp16.enabled=false, bfloat16.enabled=true"
+    assert any(n.startswith("bfloat16.bf16_optimizer_states=true") for n in out.notes)
+    assert "bfloat16.los" in one_line_error({"bfloat16": {"enabled": True, "los": 1}})
+    out = map_deepspeed(
+        json.loads((REAL / "deepspeed_megatron_gpt2_zero2_offload.json").read_text()), None, 4
+    )
+    assert out.sources()["parallel.cpu_offload"] == "zero_optimization.cpu_offload=true"
+    out = map_deepspeed({"torch_autocast": {"enabled": True, "dtype": "torch.bfloat16"}})
+    assert out.sources()["precision.dtype"] == "fp16.enabled=false, bf16.enabled=true"
+
+
+def test_every_noted_key_is_noted_and_every_refused_feature_refused_unless_disabled():
+    from seektrain.config.deepspeed_keys import NOTED_KEYS, REFUSED_WHEN_ENABLED
+
+    for key, why in NOTED_KEYS.items():
+        _, notes = mapped({key: {}})
+        assert f"{key}: {why}; ignored" in notes, key
+    for key, (why, _) in REFUSED_WHEN_ENABLED.items():
+        on = {"shared_parameters": {"enabled": True}} if key == "compression_training" else {"enabled": True}
+        assert one_line_error({key: on}) == f"DeepSpeed key {key} is on: {why}", key
+        _, notes = mapped({key: {"enabled": False}} if key != "compression_training" else {key: {}})
+        assert f"{key}: not enabled, so DeepSpeed would not use it either; ignored" in notes, key
+    assert "sparse_attention is on" in one_line_error({"sparse_attention": {"mode": "fixed"}})
+    assert "gradient_allreduce_op=sum" in one_line_error({"gradient_allreduce_op": "sum"})
+    got, _ = mapped({"communication_data_type": "bf16"})
+    assert got == {"precision.reduce_dtype": "bf16"}
+    assert "max_grad_norm" in one_line_error(
+        {"optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}}
+    )
 
 
 # ------------------------------------------------------------------------------- the CLI

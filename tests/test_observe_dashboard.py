@@ -93,6 +93,8 @@ def test_dashboard_queries_only_exported_metrics():
         "step time",
         "memory",
         "expert imbalance",
+        "moe expert load per layer",
+        "router entropy per layer",
         "gpu utilisation",
     ):
         assert topic in titles, topic
@@ -105,7 +107,12 @@ def test_alert_rules_query_only_exported_metrics():
     exprs = re.findall(r"^\s*expr:\s*(.+)$", ALERTS.read_text(), flags=re.M)
     assert len(exprs) >= 3
     used = set().union(*(metric_identifiers(e) for e in exprs))
-    assert {"seektrain_step", "seektrain_loss", "seektrain_tokens_per_second"} <= used
+    assert {
+        "seektrain_step",
+        "seektrain_loss",
+        "seektrain_tokens_per_second",
+        "seektrain_moe_load_max_over_mean",
+    } <= used
     assert used <= EXPORTED_METRICS | PROMETHEUS_BUILTIN, sorted(used - EXPORTED_METRICS)
 
 

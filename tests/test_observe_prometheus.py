@@ -51,7 +51,7 @@ def test_promtool_check_config():
 def test_promtool_check_rules():
     result = promtool("check", "rules", "alerts.yml")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 rules found" in result.stdout
+    assert "5 rules found" in result.stdout
 
 
 def test_promtool_rule_unit_tests():

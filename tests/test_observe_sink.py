@@ -10,7 +10,14 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from seektrain.observe.names import EXPORTED_METRICS, STANDARD_KEYS, metric_name, tb_tag
+from seektrain.observe.names import (
+    EXPORTED_METRICS,
+    LAYER_KEYS,
+    STANDARD_KEYS,
+    layer_key,
+    metric_name,
+    tb_tag,
+)
 from seektrain.observe.sink import MetricsSink
 
 REQUIRED = {
@@ -30,13 +37,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def scrape(port: int) -> dict[str, float]:
+def scrape(port: int, labelled: bool = False) -> dict:
+    """name -> value; ``labelled``: (name, its layer label or None) -> value."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    if labelled:
+        return {(s.name, s.labels.get("layer")): s.value for s in samples}
+    return {s.name: s.value for s in samples}
 
 
 def standard_record(i: int) -> dict[str, float]:
-    return {key: float(i) + 0.5 for key in STANDARD_KEYS if key != "step"}
+    """Every standard key, and every per-layer MoE key for layers 1 and 3 (layer 3: + 10)."""
+    layers = {layer_key(key, layer): float(i) + layer for key in LAYER_KEYS for layer in (1, 3)}
+    return {**{key: float(i) + 0.5 for key in STANDARD_KEYS if key != "step"}, **layers}
 
 
 def test_names():
@@ -55,7 +68,7 @@ def test_sink_writes_jsonl_tensorboard_and_serves_metrics(tmp_path):
         sink.set_run_info(model="tiny-dense", world_size=2)
         for step in (1, 2, 3):
             sink.log(step, {**standard_record(step), "note": "text", "custom/thing": 7})
-        samples = scrape(port)
+        samples, labelled = scrape(port), scrape(port, labelled=True)
     finally:
         sink.close()
         sink.close()  # idempotent
@@ -64,11 +77,16 @@ def test_sink_writes_jsonl_tensorboard_and_serves_metrics(tmp_path):
     assert samples["seektrain_loss"] == 3.5
     assert samples["seektrain_custom_thing"] == 7
     assert "seektrain_note" not in samples
+    # a per-layer key is its gauge's layer label: one metric, one sample per layer
+    assert labelled[("seektrain_moe_router_entropy", "1")] == 4.0
+    assert labelled[("seektrain_moe_load_max_over_mean", "3")] == 6.0
+    assert not [name for name, _ in labelled if "layer" in name]
 
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert records[0]["loss"] == 1.5 and records[0]["note"] == "text" and records[0]["time"] > 0
+    assert records[0]["moe_top_expert_share/layer3"] == 4.0
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -77,6 +95,7 @@ def test_sink_writes_jsonl_tensorboard_and_serves_metrics(tmp_path):
     tags = set(acc.Tags()["scalars"])
     assert {"train/loss", "train/lr", "perf/tokens_per_s", "perf/mfu", "time/fwd_bwd_s"} <= tags
     assert [e.value for e in acc.Scalars("train/loss")] == [1.5, 2.5, 3.5]
+    assert [e.value for e in acc.Scalars("moe_bias_spread/layer1")] == [2.0, 3.0, 4.0]
     with pytest.raises(OSError):  # the server is gone after close()
         scrape(port)
 

@@ -40,7 +40,7 @@ def _start_training(run_dir: Path, port: int, steps: int) -> subprocess.Popen:
         "--set",
         f"train.steps={steps}",
         "--set",
-        "model.preset=tiny-dense",
+        "model.preset=tiny-v3",  # MoE: its per-layer gauges carry a layer label
     ]
     for item in TINY:
         args += ["--set", item]
@@ -49,9 +49,13 @@ def _start_training(run_dir: Path, port: int, steps: int) -> subprocess.Popen:
 
 
 def _scrape(port: int) -> dict[str, float]:
+    """name -> value, and (name, layer) -> value for the per-layer MoE gauges."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    return {s.name: s.value for s in samples} | {
+        (s.name, s.labels["layer"]): s.value for s in samples if "layer" in s.labels
+    }
 
 
 def test_prometheus_scrapes_a_real_training_run(tmp_path):
@@ -90,6 +94,9 @@ def test_prometheus_scrapes_a_real_training_run(tmp_path):
             time.sleep(0.5)
         assert scraped is not None, "the run's /metrics never showed every required metric"
         assert 0 < scraped["seektrain_loss"] < 10 and scraped["seektrain_tokens_per_second"] > 0
+        for layer in ("1", "2", "3", "4"):  # layer 0 is dense; 4 is the MTP block's MoE
+            assert 1 <= scraped[("seektrain_moe_load_max_over_mean", layer)] <= 4
+            assert scraped[("seektrain_moe_router_entropy", layer)] > 0
         assert queried is not None and 0 < queried < 10, "Prometheus never returned seektrain_loss"
     finally:
         for proc in (trainer, prom):

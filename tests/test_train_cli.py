@@ -47,6 +47,18 @@ def test_default_run_short_learns_and_samples(tmp_path):
     record = metrics(run)[-1]
     for key in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "mtp_loss", "expert_imbalance"):
         assert key in record, key
+    # per-layer MoE health, in metrics.jsonl and TensorBoard (Prometheus: test_observe_training_run.py):
+    # layers 1-3 (layer 0 is dense) and the MTP block's, layer 4
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from seektrain.observe.names import LAYER_KEYS, layer_key
+
+    per_layer = {layer_key(key, layer) for key in LAYER_KEYS for layer in (1, 2, 3, 4)}
+    assert per_layer == {key for key in record if "/layer" in key}
+    assert all(1 <= record[layer_key("moe_load_max_over_mean", layer)] <= 4 for layer in (1, 2, 3, 4))
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert per_layer <= set(events.Tags()["scalars"])
     out = seektrain("sample", "--run", str(run), "--prompt", "def ", "--max-new-tokens", "40")
     header, text = out.stdout.split("\n", 1)
     assert header.startswith("# ") and "step-00000040" in header

@@ -7,8 +7,15 @@ validated there like any override. Rules, so that nothing is silently dropped:
 - a key we map sets our key (and says which DeepSpeed key it came from);
 - a key we do not have the feature for gets one note saying what seektrain does instead;
 - a block present in the file brings DeepSpeed's defaults for the keys it omits (that is what
-  DeepSpeed would run); a block absent, or a value ``"auto"`` (Hugging Face's convention), keeps ours;
-- an unknown key, or a value of the wrong type, is one ``ConfigError`` line naming the key.
+  DeepSpeed would run); a block absent keeps ours;
+- a value ``"auto"`` (Hugging Face's convention: its Trainer fills it in) keeps ours, and a note says
+  which value and where it came from, so an all-"auto" file visibly trains on our config;
+- a feature that would change what is trained (sparse attention, Lamb, curriculum learning, ...) is
+  refused with its reason; the same block with ``"enabled": false`` is only noted;
+- a misspelt key, or a value of the wrong type, is one short ``ConfigError`` line naming the key.
+
+The keys around the training math (parallel degrees, monitors, the noted and refused keys) are in
+``seektrain.config.deepspeed_other``; the tables of keys in ``seektrain.config.deepspeed_keys``.
 
 ``docs/configuration.md`` ("From DeepSpeed") holds the table of this mapping.
 """
@@ -19,6 +26,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seektrain.config import deepspeed_other
 from seektrain.config.deepspeed_batch import (
     ACCUM,
     MICRO,
@@ -29,13 +37,12 @@ from seektrain.config.deepspeed_batch import (
 )
 from seektrain.config.deepspeed_keys import (
     ACTIVATION_CHECKPOINT_KEYS,
+    AUTO,
     BF16_KEYS,
     FP16_KEYS,
-    MONITOR_KEYS,
     OFFLOAD_KEYS,
     OPTIMIZER_PARAMS,
     SCHEDULER_PARAMS,
-    TOP_LEVEL_KEYS,
     ZERO_FSDP_KEYS,
     ZERO_OFFLOAD_KEYS,
     check_known,
@@ -77,12 +84,21 @@ class _Mapper:
     def __init__(self, ds: dict, base: JobConfig, world_size: int | None, later: dict[str, str]):
         self.ds, self.base, self.world_size, self.later = ds, base, world_size, later
         self.out = DeepSpeedImport()
+        # DeepSpeed key at "auto" -> our key(s) whose value stands in for it (None: nothing to fill in)
+        self.autos: dict[str, str | tuple[str, ...] | None] = {}
 
     def set(self, key: str, value, source: str) -> None:
         self.out.settings.append((key, value, source))
 
     def note(self, text: str) -> None:
         self.out.notes.append(text)
+
+    def read(self, block: dict, where: str, key: str, kind: str, default, ours):
+        """``value_of`` where "auto" is allowed: None for "auto", which is remembered with the key of
+        ours whose value stands in for it (None: nothing of ours to fill in), for the notes."""
+        if block.get(key) == AUTO:
+            self.autos[f"{where}.{key}" if where else key] = ours
+        return value_of(block, where, key, kind, default, auto=True)
 
     def final(self, key: str, parse=int):
         """The value ``key`` ends with: the user's --set, else this file, else the TOML config."""
@@ -98,43 +114,24 @@ class _Mapper:
         return getattr(getattr(self.base, section), name)
 
     def run(self) -> DeepSpeedImport:
-        check_known(self.ds, "", TOP_LEVEL_KEYS)
-        self.model_parallel()
+        deepspeed_other.top_level_keys(self)  # unknown keys first: a typo is reported before anything
+        deepspeed_other.parallel_degrees(self)
         self.precision()
         self.zero()
         self.optimizer_and_scheduler()
         self.small_keys()
-        self.monitors()
-        self.batch()  # last: it needs the final tp and pp
+        deepspeed_other.monitors(self)
+        deepspeed_other.noted_and_refused(self)
+        self.batch()  # after the degrees: it needs the final tp, pp and cp
+        deepspeed_other.auto_notes(self)  # last: the values that stand in for "auto" are final
         return self.out
-
-    def model_parallel(self) -> None:
-        for key, ours, why in (
-            (
-                "tensor_model_parallel_size",
-                "parallel.tp",
-                "its tensor parallelism comes from a Megatron mpu or the tensor_parallel block",
-            ),
-            (
-                "pipeline_model_parallel_size",
-                "parallel.pp",
-                "its pipeline stages come from PipelineModule(num_stages=...)",
-            ),
-        ):
-            value = positive(value_of(self.ds, "", key, "int"), key)
-            if value is not None:
-                self.set(ours, value, f"{key}={value}")
-                self.note(
-                    f"{key}={value}: DeepSpeed ignores this Megatron-LM key ({why}) and would train "
-                    f"without it; seektrain honours it as {ours}={value}"
-                )
 
     def precision(self) -> None:
         fp16 = value_of(self.ds, "", "fp16", "block")
-        bf16 = value_of(self.ds, "", "bf16", "block")
-        if bf16 is None:
-            bf16 = value_of(self.ds, "", "bfloat16", "block")  # DeepSpeed's older name of the block
-        if fp16 is None and bf16 is None:
+        bf16_name = "bfloat16" if "bfloat16" in self.ds and "bf16" not in self.ds else "bf16"  # older name
+        bf16 = value_of(self.ds, "", bf16_name, "block")
+        autocast = value_of(self.ds, "", "torch_autocast", "block")
+        if fp16 is None and bf16 is None and not (autocast or {}).get("enabled"):
             self.note(
                 f"no fp16/bf16 block: DeepSpeed would train in fp32; keeping precision.dtype="
                 f"{self.base.precision.dtype} from the config"
@@ -142,20 +139,27 @@ class _Mapper:
             return
         fp16, bf16 = fp16 or {}, bf16 or {}
         check_known(fp16, "fp16", FP16_KEYS)
-        check_known(bf16, "bf16", BF16_KEYS)
-        fp16_on = value_of(fp16, "fp16", "enabled", "bool", False, auto=True)
-        bf16_on = value_of(bf16, "bf16", "enabled", "bool", False, auto=True)
+        check_known(bf16, bf16_name, BF16_KEYS)
+        fp16_on = self.read(fp16, "fp16", "enabled", "bool", False, "precision.dtype")
+        bf16_on = self.read(bf16, bf16_name, "enabled", "bool", False, "precision.dtype")
         if fp16_on and bf16_on:
             raise ConfigError(
-                "DeepSpeed keys fp16.enabled and bf16.enabled are both true; enable one of them"
+                f"DeepSpeed keys fp16.enabled and {bf16_name}.enabled are both true; enable one of them"
             )
+        if autocast is not None:
+            fp16_on, bf16_on = self.torch_autocast(autocast, fp16_on, bf16_on)
         if fp16_on is None or bf16_on is None:  # "auto": Hugging Face's Trainer decides; so does our config
+            for name, block, on in (("fp16", fp16, fp16_on), (bf16_name, bf16, bf16_on)):
+                if on is False and "enabled" in block:
+                    self.note(
+                        f'{name}.enabled=false: the other block is "auto", so precision.dtype is the config\'s'
+                    )
             return
         dtype = "fp16" if fp16_on else "bf16" if bf16_on else "fp32"
         self.set(
             "precision.dtype",
             dtype,
-            f"fp16.enabled={json.dumps(fp16_on)}, bf16.enabled={json.dumps(bf16_on)}"
+            f"fp16.enabled={json.dumps(fp16_on)}, {bf16_name}.enabled={json.dumps(bf16_on)}"
             + (" (fp16 only: neither DeepSpeed's fp16 block nor seektrain trains in FP8)" if fp16_on else ""),
         )
         for key in (
@@ -163,9 +167,10 @@ class _Mapper:
             "bf16_optimizer_states",
             "fp16_master_weights_and_grads",
         ):
-            if value_of(bf16 if key.startswith("bf16") else fp16, key[:4], key, "bool"):
+            block, name = (bf16, bf16_name) if key.startswith("bf16") else (fp16, "fp16")
+            if value_of(block, name, key, "bool"):
                 self.note(
-                    f"{key[:4]}.{key}=true: seektrain keeps master weights, gradients and optimizer state "
+                    f"{name}.{key}=true: seektrain keeps master weights, gradients and optimizer state "
                     "in fp32 always"
                 )
         if fp16_on:
@@ -174,6 +179,25 @@ class _Mapper:
                 "train in bf16 on GPUs that have it (A100, H100): precision.dtype=bf16"
             )
             self.loss_scale(fp16)
+
+    def torch_autocast(self, autocast: dict, fp16_on, bf16_on):
+        """DeepSpeed's torch_autocast block: its dtype is the compute dtype when no fp16/bf16 block is
+        on (seektrain always runs the forward under autocast to precision.dtype)."""
+        check_known(autocast, "torch_autocast", ("enabled", "dtype", "lower_precision_safe_modules"))
+        if fp16_on or bf16_on or not value_of(autocast, "torch_autocast", "enabled", "bool", False):
+            self.note("torch_autocast: seektrain always runs the forward under autocast to precision.dtype")
+            return fp16_on, bf16_on
+        dtype = value_of(autocast, "torch_autocast", "dtype", "str", "torch.bfloat16")
+        if dtype not in ("torch.bfloat16", "bfloat16", "bf16", "torch.float16", "float16", "fp16"):
+            raise ConfigError(
+                f"DeepSpeed key torch_autocast.dtype={dtype}: use torch.bfloat16 or torch.float16"
+            )
+        if "lower_precision_safe_modules" in autocast:
+            self.note(
+                "torch_autocast.lower_precision_safe_modules: seektrain autocasts every matmul of the model"
+            )
+        bf16 = dtype in ("torch.bfloat16", "bfloat16", "bf16")
+        return not bf16, bf16
 
     def loss_scale(self, fp16: dict) -> None:
         static = value_of(fp16, "fp16", "loss_scale", "number", 0)
@@ -222,7 +246,8 @@ class _Mapper:
         if stage not in (0, 1, 2, 3):
             raise ConfigError(f"DeepSpeed key zero_optimization.stage: use 0, 1, 2 or 3, got {stage}")
         src = f"zero_optimization.stage={stage}"
-        if stage == 0 and self.final("parallel.pp") == 1:
+        ddp = stage == 0 and self.final("parallel.pp") == 1
+        if ddp:
             self.set("parallel.data_parallel", "ddp", src)
             self.set("parallel.dp_shard", 1, src + " (DDP replicates the model)")
             self.zero_replicas(src)
@@ -244,9 +269,14 @@ class _Mapper:
             self.offload(zero, key)
         tuned = [key for key in zero if key in ZERO_FSDP_KEYS]
         if tuned:
+            ours = (
+                "DDP buckets its gradient all-reduces itself during backward"
+                if ddp
+                else "FSDP2 schedules its per-block all-gathers and reduce-scatters itself"
+            )
             self.note(
                 f"zero_optimization: {', '.join(tuned)} tune DeepSpeed's own buckets and overlap; "
-                "FSDP2 schedules its per-block all-gathers and reduce-scatters itself, so they are ignored"
+                f"{ours}, so they are ignored"
             )
 
     def zero_replicas(self, src: str) -> None:
@@ -255,21 +285,33 @@ class _Mapper:
                 "DeepSpeed key zero_optimization.stage=0 (DDP) needs the data-parallel size for "
                 f"parallel.dp_replicate; {WORLD_SIZE_HINT}"
             )
-        dp = data_parallel_size(self.world_size, self.final("parallel.tp"), self.final("parallel.pp"))
+        dp = data_parallel_size(*self.degrees())
         self.set("parallel.dp_replicate", dp, src + f" (data-parallel size {dp})")
 
+    def degrees(self) -> tuple[int, int, int, int]:
+        """(world size, tp, pp, cp) as the run will have them; the world size must be known."""
+        assert self.world_size is not None
+        return (
+            self.world_size,
+            self.final("parallel.tp"),
+            self.final("parallel.pp"),
+            self.final("parallel.cp"),
+        )
+
     def offload(self, zero: dict, key: str) -> None:
-        if key.startswith("cpu_offload"):
-            device = "cpu" if value_of(zero, "zero_optimization", key, "bool") else None
+        if key.startswith("cpu_offload"):  # DeepSpeed's older booleans
+            on = value_of(zero, "zero_optimization", key, "bool")
+            device, src = ("cpu" if on else None), f"zero_optimization.{key}=true"
         else:
             block = value_of(zero, "zero_optimization", key, "block", {})
             check_known(block, f"zero_optimization.{key}", OFFLOAD_KEYS)
             device = value_of(block, f"zero_optimization.{key}", "device", "str", "none")
             device = None if device == "none" else device
+            src = f"zero_optimization.{key}.device={device}"
         if device:
             # FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer state together: either
             # DeepSpeed offload turns all of it on
-            self.set("parallel.cpu_offload", True, f"zero_optimization.{key}.device={device}")
+            self.set("parallel.cpu_offload", True, src)
             if device != "cpu":
                 self.note(
                     f"zero_optimization.{key} to {device}: seektrain offloads to host memory only "
@@ -284,15 +326,21 @@ class _Mapper:
             kind = value_of(opt, "optimizer", "type", "str", "AdamW")
             if kind.lower() not in ("adam", "adamw"):
                 raise ConfigError(
-                    f"DeepSpeed key optimizer.type={kind}: seektrain trains with AdamW; use Adam or AdamW"
+                    f"DeepSpeed key optimizer.type={kind}: seektrain trains with AdamW, and {kind} updates the "
+                    "weights differently; use Adam or AdamW"
                 )
             params = value_of(opt, "optimizer", "params", "block", {})
             check_known(params, "optimizer.params", OPTIMIZER_PARAMS)
             where = "optimizer.params"
-            peak = positive(value_of(params, where, "lr", "number", 1e-3, auto=True), where + ".lr")
+            if "max_grad_norm" in params:
+                raise ConfigError(
+                    f"DeepSpeed key {where}.max_grad_norm: DeepSpeed refuses it for Adam too; "
+                    "move it to the top-level gradient_clipping"
+                )
+            peak = positive(self.read(params, where, "lr", "number", 1e-3, "optim.lr"), where + ".lr")
             if peak is not None:
                 self.set("optim.lr", float(peak), source(params, where, "lr", peak))
-            betas = value_of(params, where, "betas", "list", [0.9, 0.999], auto=True)
+            betas = self.read(params, where, "betas", "list", [0.9, 0.999], ("optim.beta1", "optim.beta2"))
             if betas is not None:
                 if len(betas) != 2 or not all(
                     isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas
@@ -306,7 +354,7 @@ class _Mapper:
                 ("eps", "optim.eps", 1e-8),
                 ("weight_decay", "optim.weight_decay", 0.0),
             ):
-                value = value_of(params, where, key, "number", default, auto=True)
+                value = self.read(params, where, key, "number", default, ours)
                 if value is not None:
                     self.set(ours, float(value), source(params, where, key, value))
             if kind.lower() == "adam" and value_of(params, where, "adam_w_mode", "bool", True) is False:
@@ -329,7 +377,7 @@ class _Mapper:
         params = value_of(sched, "scheduler", "params", "block", {})
         where = "scheduler.params"
         check_known(params, where, SCHEDULER_PARAMS[kind])
-        warmup = value_of(params, where, "warmup_num_steps", "int", 1000, auto=True)
+        warmup = self.read(params, where, "warmup_num_steps", "int", 1000, "optim.warmup_steps")
         if warmup is not None:
             self.set(
                 "optim.warmup_steps",
@@ -349,21 +397,29 @@ class _Mapper:
                 "to keep train.steps)"
             )
         total = positive(
-            value_of(params, where, "total_num_steps", "int", auto=True), where + ".total_num_steps"
+            self.read(params, where, "total_num_steps", "int", None, "train.steps"),
+            where + ".total_num_steps",
         )
         if total is not None:
             self.set("train.steps", total, f"{where}.total_num_steps={total}")
         if kind == "WarmupCosineLR":  # the optimizer's lr is the peak; ratios around it
             start = value_of(params, where, "warmup_min_ratio", "number", 0.0)
-            ratio = value_of(params, where, "cos_min_ratio", "number", 0.0001, auto=True)
+            ratio = self.read(params, where, "cos_min_ratio", "number", 0.0001, "optim.min_lr_ratio")
             if ratio is not None:
                 self.set("optim.min_lr_ratio", float(ratio), source(params, where, "cos_min_ratio", ratio))
             if start:
                 self.note(f"{where}.warmup_min_ratio={start}: seektrain's warmup starts from lr/warmup_steps")
             return
         default_peak = 0.001 if kind == "WarmupDecayLR" else None  # WarmupLR's default: the optimizer's lr
-        peak = value_of(params, where, "warmup_max_lr", "number", default_peak, auto=True)
-        low = value_of(params, where, "warmup_min_lr", "number", 0.0, auto=True)
+        peak = self.read(params, where, "warmup_max_lr", "number", default_peak, "optim.lr")
+        low = self.read(
+            params,
+            where,
+            "warmup_min_lr",
+            "number",
+            0.0,
+            None if kind == "WarmupLR" else "optim.min_lr_ratio",
+        )
         if peak is not None:
             if optimizer_lr is not None and peak != optimizer_lr:
                 self.note(
@@ -386,7 +442,10 @@ class _Mapper:
             self.set("optim.min_lr_ratio", 1.0, "scheduler.type=WarmupLR (constant lr after warmup)")
         else:
             if low is not None:
-                self.set("optim.min_lr_ratio", min(low / peak, 1.0), f"{where}.warmup_min_lr / warmup_max_lr")
+                if peak > 0:  # else the lr is refused by load_config, naming the key that set it
+                    self.set(
+                        "optim.min_lr_ratio", min(low / peak, 1.0), f"{where}.warmup_min_lr / warmup_max_lr"
+                    )
             self.note(
                 "scheduler.type=WarmupDecayLR decays linearly; seektrain decays by a cosine between the same "
                 "end points (same lr at the start, middle and end of the decay; higher before the middle, "
@@ -394,7 +453,7 @@ class _Mapper:
             )
 
     def small_keys(self) -> None:
-        clip = value_of(self.ds, "", "gradient_clipping", "number", auto=True)
+        clip = self.read(self.ds, "", "gradient_clipping", "number", None, "train.grad_clip")
         if clip is not None:
             if clip < 0:
                 raise ConfigError(f"DeepSpeed key gradient_clipping: must be >= 0, got {clip}")
@@ -416,55 +475,45 @@ class _Mapper:
                     f"activation_checkpointing.{', '.join(extras)}: seektrain recomputes every decoder block "
                     "in backward and keeps the saved inputs on the GPU, unpartitioned"
                 )
-        if value_of(self.ds, "", "wall_clock_breakdown", "bool"):
-            self.note("wall_clock_breakdown: metrics.jsonl records every step's time and throughput anyway")
+        self.gradient_reduction()
 
-    def monitors(self) -> None:
-        blocks = {name: value_of(self.ds, "", name, "block") for name in MONITOR_KEYS}
-        for name, block in blocks.items():
-            if block is not None:
-                check_known(block, name, MONITOR_KEYS[name])
-                for key in MONITOR_KEYS[name]:
-                    value_of(block, name, key, "bool" if key == "enabled" else "str")
-        tb = blocks["tensorboard"]
-        if tb is not None:
-            on = value_of(tb, "tensorboard", "enabled", "bool", False)
-            self.set("metrics.tensorboard", on, f"tensorboard.enabled={json.dumps(on)}")
-            if on and tb.get("output_path"):
-                self.note("tensorboard.output_path: seektrain writes event files under run.dir/tensorboard")
-            if on and tb.get("job_name"):
-                self.set("run.name", tb["job_name"], "tensorboard.job_name")
-        csv = blocks["csv_monitor"]
-        if csv is not None and csv.get("enabled"):
-            self.note(
-                "csv_monitor: seektrain writes every step's metrics to run.dir/metrics.jsonl (one JSON "
-                "object per line)"
+    def gradient_reduction(self) -> None:
+        """communication_data_type (the dtype of the gradient reduction) and gradient_allreduce_op."""
+        comm = value_of(self.ds, "", "communication_data_type", "str")
+        if comm is not None:
+            if comm not in ("fp32", "fp16", "bf16"):
+                raise ConfigError(f"DeepSpeed key communication_data_type={comm}: use fp32, fp16 or bf16")
+            if comm == "fp16":
+                self.note(
+                    "communication_data_type=fp16: seektrain reduces gradients in fp32 or bf16 "
+                    "(precision.reduce_dtype), never fp16; keeping "
+                    f"precision.reduce_dtype={self.base.precision.reduce_dtype}"
+                )
+            else:
+                self.set("precision.reduce_dtype", comm, f"communication_data_type={comm}")
+        op = value_of(self.ds, "", "gradient_allreduce_op", "str")
+        if op is not None and op != "mean":
+            raise ConfigError(
+                f"DeepSpeed key gradient_allreduce_op={op}: seektrain averages gradients over the "
+                "data-parallel ranks (mean); a sum scales them by the rank count; use mean"
             )
-        wandb = blocks["wandb"]
-        if wandb is not None:
-            on = value_of(wandb, "wandb", "enabled", "bool", False)
-            trackers = [t for t in self.base.metrics.trackers if t != "wandb"] + (["wandb"] if on else [])
-            self.set("metrics.trackers", trackers, f"wandb.enabled={json.dumps(on)}")
-            if on and wandb.get("project"):
-                self.set("metrics.tracker_project", wandb["project"], "wandb.project")
-            for key in ("group", "team"):
-                if on and wandb.get(key):
-                    self.note(
-                        f"wandb.{key}: seektrain does not set the W&B {key}; set WANDB_"
-                        f"{'RUN_GROUP' if key == 'group' else 'ENTITY'} in the environment"
-                    )
+        if op == "mean":
+            self.note("gradient_allreduce_op=mean: seektrain averages gradients the same way")
 
     def batch(self) -> None:
-        values = {k: positive(value_of(self.ds, "", k, "int", auto=True), k) for k in (TRAIN, MICRO, ACCUM)}
+        ours = {TRAIN: "train.global_batch_size", MICRO: "train.micro_batch_size", ACCUM: None}
+        values = {k: positive(self.read(self.ds, "", k, "int", None, ours[k]), k) for k in ours}
         train, micro, accum = values[TRAIN], values[MICRO], values[ACCUM]
         if train is None and micro is None:
             if accum is None:
                 return  # no batch keys (or all "auto"): the config's batch stands
             micro = self.final("train.micro_batch_size")
-        tp, pp = self.final("parallel.tp"), self.final("parallel.pp")
-        dp = None if self.world_size is None else data_parallel_size(self.world_size, tp, pp)
+        tp, pp, cp = self.final("parallel.tp"), self.final("parallel.pp"), self.final("parallel.cp")
+        dp = None if self.world_size is None else data_parallel_size(*self.degrees())
         batch = resolve_batch(train, micro, accum, dp)
         given = [f"{k}={v}" for k, v in values.items() if v is not None]
+        if values[TRAIN] is None and values[MICRO] is None:  # accumulation alone: our micro batch
+            given.append(f"train.micro_batch_size={micro}")
         self.set("train.global_batch_size", batch.train_batch_size, ", ".join(given))
         self.set("train.micro_batch_size", batch.micro_batch_size, ", ".join(given))
         if dp is None and accum is not None:
@@ -475,7 +524,11 @@ class _Mapper:
                 "launched with"
             )
         if dp is not None:
-            where = f"world size {self.world_size} / (tp {tp} × pp {pp})" if tp * pp > 1 else "world size"
+            where = (
+                f"world size {self.world_size} / (tp {tp} × pp {pp}" + (f" × cp {cp})" if cp > 1 else ")")
+                if tp * pp * cp > 1
+                else "world size"
+            )
             self.note(
                 f"batch: {batch.train_batch_size} sequences per step = micro {batch.micro_batch_size} × "
                 f"accumulation {batch.accumulation} × data-parallel size {dp} ({where})"

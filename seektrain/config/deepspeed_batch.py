@@ -25,15 +25,16 @@ class Batch(NamedTuple):
     accumulation: int | None  # None: left to the run plan (data-parallel size unknown)
 
 
-def data_parallel_size(world_size: int, tp: int, pp: int) -> int:
+def data_parallel_size(world_size: int, tp: int, pp: int, cp: int = 1) -> int:
     """The ranks that see different data: DeepSpeed's ``world_size`` in its batch rule. Ours honours
-    tensor and pipeline parallelism (expert parallelism lives inside data parallelism)."""
-    if world_size % (tp * pp):
+    tensor, pipeline and context parallelism (expert parallelism lives inside data parallelism; DeepSpeed
+    divides by its sequence_parallel_size the same way)."""
+    if world_size % (tp * pp * cp):
         raise ConfigError(
-            f"world size {world_size} is not divisible by parallel.tp × parallel.pp = {tp}×{pp}; "
-            "change the degrees or the number of processes"
+            f"world size {world_size} is not divisible by parallel.tp × parallel.pp × parallel.cp = "
+            f"{tp}×{pp}×{cp}; change the degrees or the number of processes"
         )
-    return world_size // (tp * pp)
+    return world_size // (tp * pp * cp)
 
 
 def resolve_batch(train: int | None, micro: int | None, accum: int | None, dp: int | None) -> Batch:

@@ -6,6 +6,7 @@ are known" that every unknown-key error lists, and the docs' table is checked ag
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 
@@ -93,7 +94,16 @@ BF16_KEYS = (
     "bf16_master_weights_and_grads",
     "bf16_optimizer_states",
 )
-OPTIMIZER_PARAMS = ("lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam", "bias_correction")
+OPTIMIZER_PARAMS = (
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "adam_w_mode",
+    "torch_adam",
+    "bias_correction",
+    "max_grad_norm",  # refused, as DeepSpeed does for Adam: its place is gradient_clipping
+)
 SCHEDULER_PARAMS = {
     "WarmupLR": ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"),
     "WarmupDecayLR": (
@@ -126,24 +136,151 @@ MONITOR_KEYS = {
     "csv_monitor": ("enabled", "output_path", "job_name"),
     "wandb": ("enabled", "project", "group", "team"),
 }
-TOP_LEVEL_KEYS = (
+MONITOR_CONFIG_KEYS = ("enabled", "tag", "comet", *MONITOR_KEYS)  # LLaMA-Factory's wrapper of the monitors
+TENSOR_PARALLEL_KEYS = (
+    "autotp_size",
+    "tp",
+    "tp_overlap_comm",
+    "partition_config",
+    "preset_model",
+    "keep_module_on_host",
+    "kernel_inject",
+    "replace_with_kernel_inject",
+    "dtype",
+    "injection_policy_tuple",
+)
+EXPERT_PARALLEL_KEYS = (
+    "enabled",
+    "autoep_size",
+    "expert_tensor_parallel_size",
+    "validate_folding_routing",
+    "preset_model",
+    "moe_layer_pattern",
+    "expert_pattern",
+    "router_pattern",
+    "use_grouped_mm",
+    "disable_triton_grouped_mm",
+    "route_norm",
+    "route_scale",
+    "score_apply",
+    "combine_impl",
+)
+
+# Every top-level key DeepSpeed reads (DeepSpeedConfig._initialize_params in deepspeed/runtime/config.py and
+# the configs it builds there: precision, zero, comm, monitor, profiling, autotuning, nebula, datastates,
+# compression, aio, data_pipeline, elasticity, tensor_parallel, expert_parallel, compile; read at
+# deepspeedai/DeepSpeed edaa7221), sorted by what seektrain does with it.
+#
+# MAPPED: a _Mapper method sets our keys from it (docs/configuration.md's table says which).
+MAPPED_KEYS = (
     TRAIN,
     MICRO,
     ACCUM,
     "fp16",
     "bf16",
     "bfloat16",
+    "torch_autocast",
     "zero_optimization",
     "optimizer",
     "scheduler",
     "gradient_clipping",
     "activation_checkpointing",
     "steps_per_print",
-    *MONITOR_KEYS,
-    "wall_clock_breakdown",
-    "tensor_model_parallel_size",
+    "communication_data_type",
+    "gradient_allreduce_op",
+    "tensor_parallel",
+    "expert_parallel",
+    "sequence_parallel_size",
+    "tensor_model_parallel_size",  # Megatron-LM's, which DeepSpeed does not read
     "pipeline_model_parallel_size",
+    *MONITOR_KEYS,
+    "comet",
+    "monitor_config",
 )
+# NOTED: what the key does in DeepSpeed leaves the trained model the same (or seektrain does it its own
+# way); the note says so. The reason completes "KEY: ...".
+NOTED_KEYS = {
+    "zero_allow_untested_optimizer": "lets ZeRO wrap an optimizer DeepSpeed has not tested; seektrain's "
+    "FSDP trains its own AdamW",
+    "zero_force_ds_cpu_optimizer": "picks DeepSpeed's CPU Adam for offloaded optimizer state; seektrain's "
+    "offload steps torch's AdamW on the host",
+    "prescale_gradients": "divides gradients before DeepSpeed's all-reduce rather than after: the same mean "
+    "gradient; seektrain's reduce averages",
+    "gradient_predivide_factor": "splits DeepSpeed's gradient averaging around its all-reduce: the same mean "
+    "gradient; seektrain's reduce averages",
+    "seq_parallel_communication_data_type": "dtype of DeepSpeed-Ulysses' all-to-alls; seektrain's context "
+    "parallelism communicates in the compute dtype",
+    "sparse_gradients": "sends embedding gradients sparse in DeepSpeed: the same values, reduced dense here",
+    "disable_allgather": "a DeepSpeed communication switch; FSDP2 schedules its own collectives",
+    "managed_gradient_accumulation": "who calls DeepSpeed's accumulation boundary; seektrain's step "
+    "accumulates train.global_batch_size / (micro × data-parallel) micro-batches itself",
+    "wall_clock_breakdown": "metrics.jsonl records every step's time, throughput and MFU anyway",
+    "memory_breakdown": "metrics.jsonl records every step's peak memory anyway",
+    "flops_profiler": "seektrain reports MFU every step; `seektrain flops` counts the model's FLOPs",
+    "comms_logger": "DeepSpeed's collective log; profile.steps writes a torch.profiler trace with every "
+    "collective",
+    "comms_config": "not a DeepSpeed key (DeepSpeed's is comms_logger; DeepSpeed ignores this one too)",
+    "autotuning": "DeepSpeed's autotuner; `seektrain plan` (or parallel.auto=true) picks the layout",
+    "dump_state": "prints DeepSpeed's engine state at start-up; `seektrain config show` prints ours",
+    "aio": "tunes DeepSpeed's NVMe I/O; seektrain offloads to host memory only",
+    "checkpoint": "DeepSpeed's checkpoint tags and layout; seektrain writes DCP checkpoints, resharded on "
+    "load (any layout resumes any other)",
+    "nebula": "Azure Nebula checkpoint service; seektrain writes DCP checkpoints under run.dir "
+    "(checkpoint.async for background saves)",
+    "datastates_ckpt": "DataStates asynchronous checkpoints; seektrain's are checkpoint.async",
+    "data_types": "DeepSpeed's gradient-accumulation/parameter dtypes; seektrain keeps master weights, "
+    "gradients and their accumulation in fp32",
+    "dataloader_drop_last": "DeepSpeed's loader option; seektrain's loader packs tokens into full sequences",
+    "log_level": "DeepSpeed's logger level",
+    "timers": "DeepSpeed's throughput timers; metrics.jsonl records tokens/s every step",
+    "graph_harvesting": "captures DeepSpeed's kernels in a CUDA graph (ROCm); train.compile is ours",
+    "compile": "DeepSpeed's torch.compile wrapper; set train.compile=true for ours",
+    "hybrid_engine": "DeepSpeed-Chat's generation engine for RLHF rollouts; it does not change training",
+    "eigenvalue": "computes Hessian eigenvalues that only feed MoQ's quantization schedule",
+    "use_data_before_expert_parallelism": "orders DeepSpeed's rank groups; seektrain's mesh lays out ranks "
+    "itself",
+    "pipeline": "tunes DeepSpeed's pipeline engine; seektrain's schedule is parallel.pp_schedule",
+    "data_parallel_size": "seektrain derives the data-parallel size from the world size and the other degrees",
+}
+# REFUSED when on: features that change what is trained; with "enabled": false the block is only noted.
+# The reason completes "KEY is on: ...". The value is (reason, enabled when the block does not say).
+REFUSED_WHEN_ENABLED = {
+    "sparse_attention": (
+        "block-sparse attention changes what each token attends to; seektrain's "
+        "attention is dense (MLA); remove the block",
+        True,
+    ),
+    "curriculum_learning": (
+        "it changes the sequence lengths (or data) the model sees over the run; "
+        "seektrain trains on the full sequences; set enabled false",
+        False,
+    ),
+    "data_efficiency": (
+        "curriculum sampling and random-LTD change the data and the layers each token "
+        "goes through; set enabled false",
+        False,
+    ),
+    "progressive_layer_drop": ("it skips layers at random during training; set enabled false", False),
+    "elasticity": (
+        "it picks the batch size from the GPU count at launch; set train_batch_size and set enabled false",
+        False,
+    ),
+    "amp": (
+        "Apex AMP casts by opt_level, not as seektrain's autocast does; use an fp16 or bf16 block instead",
+        False,
+    ),
+    "compression_training": (
+        "quantization, pruning or layer reduction during training; seektrain trains "
+        "the full model; set the techniques' enabled false",
+        None,
+    ),
+    "quantize_training": ("MoQ quantizes the weights during training; set enabled false", False),
+    "weight_quantization": (
+        "it quantizes the weights; seektrain trains them in full precision; remove the block",
+        True,
+    ),
+}
+TOP_LEVEL_KEYS = (*MAPPED_KEYS, *NOTED_KEYS, *REFUSED_WHEN_ENABLED)
 
 AUTO = "auto"
 _MISSING = object()
@@ -191,13 +328,23 @@ def positive(value, dotted: str):
     return value
 
 
+def close_key(key: str, known) -> str | None:
+    """The known key ``key`` is most likely a misspelling of, if any."""
+    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+    return match[0] if match else None
+
+
+def unknown_key(dotted: str, known) -> ConfigError:
+    """One short line: the key, and the known key it is closest to (never the whole list)."""
+    guess = close_key(dotted.rpartition(".")[2], known)
+    hint = f"did you mean {guess}?" if guess else "docs/configuration.md (From DeepSpeed) lists the keys"
+    return ConfigError(f"unknown DeepSpeed key {dotted}; {hint}")
+
+
 def check_known(block: dict, where: str, known) -> None:
     for key in block:
         if key not in known:
-            raise ConfigError(
-                f"unknown DeepSpeed key {(where + '.') if where else ''}{key}; keys seektrain "
-                f"knows{' in ' + where if where else ''}: {', '.join(known)}"
-            )
+            raise unknown_key(f"{where}.{key}" if where else key, known)
 
 
 def read_deepspeed(path: str | Path) -> dict:
@@ -214,15 +361,41 @@ def read_deepspeed(path: str | Path) -> dict:
         return dict(pairs)
 
     try:
-        data = json.loads(path.read_text(), object_pairs_hook=no_duplicates)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"DeepSpeed config {path} is not valid JSON: {err}") from None
-    except RecursionError:
-        raise ConfigError(f"DeepSpeed config {path} nests too deeply to be a config; fix the file") from None
+        raw = path.read_bytes()
     except OSError as err:
         raise ConfigError(
             f"DeepSpeed config {path} cannot be read ({err.strerror}); check its permissions"
         ) from None
+    text = _utf8_text(raw)
+    if text is None:
+        raise ConfigError(f"DeepSpeed config {path} {_not_text(raw)}")
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"DeepSpeed config {path} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"DeepSpeed config {path} nests too deeply to be a config; fix the file") from None
     if not isinstance(data, dict):
         raise ConfigError(f"DeepSpeed config {path}: expected a JSON object {{...}} at the top")
     return data
+
+
+def _utf8_text(raw: bytes) -> str | None:
+    """The file as text, or None when it is not UTF-8 (a NUL byte is valid UTF-8 but never JSON)."""
+    if b"\x00" in raw:
+        return None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None
+
+
+def _not_text(raw: bytes) -> str:
+    """What the bytes of a file that is not UTF-8 look like, and the fix."""
+    head = raw[:64]
+    utf16 = head[:2] in (b"\xff\xfe", b"\xfe\xff") or (
+        len(head) >= 4 and (not any(head[1::2]) or not any(head[0::2]))
+    )
+    if utf16:
+        return "is UTF-16 text (as some Windows editors save it); save it as UTF-8"
+    return "is not UTF-8 text (a binary file?); pass the ds_config.json itself"

@@ -47,6 +47,33 @@ STANDARD_KEYS: dict[str, str] = {
     "gpu_temp_c": "GPU temperature reported by NVML, degrees Celsius.",
 }
 
+# Per-layer MoE health (seektrain.train.balance.layer_metrics): logged as ``KEY/layerN`` (N the decoder
+# layer's index), exported to Prometheus as one gauge per key with a ``layer`` label.
+LAYER_KEYS: dict[str, str] = {
+    "moe_load_max_over_mean": "Tokens of the busiest expert over the mean per expert, per MoE layer (1 = balanced).",
+    "moe_top_expert_share": (
+        "Share of a MoE layer's routed token slots that went to its busiest expert (1/top_k = collapsed)."
+    ),
+    "moe_router_entropy": (
+        "Mean entropy (nats) of a MoE layer's routing scores per token, normalised to sum to 1 "
+        "(log(experts) = uniform)."
+    ),
+    "moe_bias_spread": "Max minus min of a MoE layer's V3 balancing bias (e_score_correction_bias).",
+}
+_LAYER_KEY = re.compile(r"^(\w+)/layer(\d+)$")
+
+
+def layer_key(key: str, layer: int) -> str:
+    """``moe_router_entropy``, 3 -> ``moe_router_entropy/layer3``: the key a per-layer value is logged under."""
+    return f"{key}/layer{layer}"
+
+
+def split_layer_key(key: str) -> tuple[str, str] | None:
+    """``moe_router_entropy/layer3`` -> (``moe_router_entropy``, ``3``); None for any other key."""
+    match = _LAYER_KEY.match(key)
+    return (match.group(1), match.group(2)) if match and match.group(1) in LAYER_KEYS else None
+
+
 RUN_INFO = PREFIX + "run"  # an Info metric: exported as seektrain_run_info{run=..,model=..,world_size=..}
 
 _BAD = re.compile(r"[^a-zA-Z0-9_]+")
@@ -79,4 +106,6 @@ def tb_tag(key: str) -> str:
 
 
 # Every name a sink exports when the standard keys are logged. Dashboards and alerts may use only these.
-EXPORTED_METRICS: frozenset[str] = frozenset({metric_name(k) for k in STANDARD_KEYS} | {RUN_INFO + "_info"})
+EXPORTED_METRICS: frozenset[str] = frozenset(
+    {metric_name(k) for k in (*STANDARD_KEYS, *LAYER_KEYS)} | {RUN_INFO + "_info"}
+)

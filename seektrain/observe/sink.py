@@ -4,7 +4,8 @@ experiment trackers.
 * ``run_dir/metrics.jsonl``: one JSON object per call, flushed at once, so a crashed run keeps its
   history and ``tail -f`` works. The summary and the tests read it back.
 * ``run_dir/tensorboard/``: every numeric value as a scalar, grouped by ``names.tb_tag``.
-* Prometheus: a gauge per key (``names.metric_name``) in a registry private to this sink, served over
+* Prometheus: a gauge per key (``names.metric_name``; per-layer keys ``KEY/layerN`` share one gauge
+  with a ``layer`` label) in a registry private to this sink, served over
   HTTP so a Prometheus server can scrape a live run and alert on it. A private registry keeps two
   sinks in one process (tests, notebooks) from colliding in prometheus_client's global registry.
 * Experiment trackers (``trackers``: ``wandb``, ``mlflow``; ``seektrain.observe.trackers``), on rank 0
@@ -26,7 +27,7 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry, Gauge, Info, start_http_server
 
 from seektrain.errors import UserError
-from seektrain.observe.names import RUN_INFO, STANDARD_KEYS, metric_name, tb_tag
+from seektrain.observe.names import LAYER_KEYS, RUN_INFO, STANDARD_KEYS, metric_name, split_layer_key, tb_tag
 from seektrain.observe.trackers import Tracker, close_all, log_to, open_trackers
 
 Number = float | int
@@ -141,15 +142,18 @@ class MetricsSink:
         self.port = port
 
     def _gauge(self, key: str) -> Gauge | None:
+        """The gauge of ``key``; a per-layer key (``names.LAYER_KEYS``) is its gauge's ``layer`` child."""
         if self.registry is None:
             return None
-        name = metric_name(key)
+        per_layer = split_layer_key(key)
+        base = per_layer[0] if per_layer else key
+        name = metric_name(base)
         gauge = self._gauges.get(name)
         if gauge is None:
-            doc = STANDARD_KEYS.get(key, f"Logged metric {key!r}.")
-            gauge = Gauge(name, doc, registry=self.registry)
+            doc = LAYER_KEYS.get(base) or STANDARD_KEYS.get(key, f"Logged metric {key!r}.")
+            gauge = Gauge(name, doc, ["layer"] if per_layer else (), registry=self.registry)
             self._gauges[name] = gauge
-        return gauge
+        return gauge.labels(layer=per_layer[1]) if per_layer else gauge
 
     def set_run_info(self, **labels: Any) -> None:
         """Labels of ``seektrain_run_info`` (e.g. run, model, world_size): merged with earlier ones."""

@@ -26,7 +26,13 @@ from seektrain.observe.step_clock import Spans, StepClock
 from seektrain.parallel.parallelize import ParallelModel
 from seektrain.plan.run_plan import RunPlan
 from seektrain.train import faults
-from seektrain.train.balance import collect_expert_load, expert_imbalance, update_balance_bias
+from seektrain.train.balance import (
+    RouterEntropy,
+    collect_expert_load,
+    expert_imbalance,
+    layer_table,
+    update_balance_bias,
+)
 from seektrain.train.grad import clip_grad_norm
 from seektrain.train.loss import model_loss, step_denominators
 from seektrain.train.pipeline_step import PipelineLoss, pipeline_forward_backward
@@ -46,9 +52,11 @@ class StepContext:
     pipeline_loss: PipelineLoss | None = None  # the pipeline schedule's loss (pp > 1)
     autocast: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)
     clock: StepClock = field(init=False)
+    router_entropy: RouterEntropy | None = field(init=False)  # MoE models: each layer's routing entropy
 
     def __post_init__(self) -> None:
         self.clock = StepClock(self.device)
+        self.router_entropy = RouterEntropy(self.model) if self.plan.model.is_moe else None
 
     @property
     def model(self) -> nn.Module:
@@ -175,6 +183,16 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
         values["mtp_loss"] = loss_sum[2]
     if plan.model.is_moe:
         values["expert_imbalance"] = _worst_imbalance(plan, loads, ctx.device)
+        assert ctx.router_entropy is not None  # built for every MoE model
+        entropy = ctx.router_entropy.take(dp_group if plan.dp > 1 else None)
+        values["moe_layers"] = layer_table(  # read by train/step_log.py
+            ctx.model,
+            loads,
+            entropy,
+            plan.model.num_hidden_layers,
+            plan.model.num_nextn_predict_layers,
+            pp_group,
+        )
     return StepRecord(values, verdict)
 
 

@@ -1,8 +1,9 @@
 """Steps waiting to be logged: their values stay on the device until a flush step reads them all.
 
-A step leaves its numbers (loss, gradient norm, loss scale, expert imbalance, the bad-loss verdict) on
-the device, so it never waits for the device to finish. The trainer flushes every ``run.log_interval``
-steps, at the first and last step, and after an evaluation, a checkpoint or a preemption. Before a
+A step leaves its numbers (loss, gradient norm, loss scale, expert imbalance and the per-layer MoE
+table, the bad-loss verdict) on the device, so it never waits for the device to finish. The trainer
+flushes every ``run.log_interval`` steps, at the first and last step, and after an evaluation, a
+checkpoint or a preemption. Before a
 checkpoint is saved it settles: it reads every waiting value in one copy (one wait for the device) and
 settles the loss guard's verdicts in step order (a warning, or ``BadLossError`` under
 ``train.on_bad_loss=stop``, raised before the bad step is logged or saved). A flush settles and hands
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from seektrain.observe.step_clock import Spans
+from seektrain.train.balance import layer_metrics
 from seektrain.train.faults import BadLossError, LossGuard, is_collective_failure
 from seektrain.train.monitor import RunMonitor
 from seektrain.train.step import StepRecord
@@ -47,13 +49,15 @@ class StepLog:
         unread = [(step, record) for step, record in self.waiting if not record.read]
         tensors = [t for _, record in unread for t in _device_values(record)]
         numbers = iter(
-            torch.stack([t.detach().to(self.device, torch.float64).reshape(()) for t in tensors]).tolist()
+            torch.cat([t.detach().to(self.device, torch.float64).reshape(-1) for t in tensors]).tolist()
             if tensors
             else []
         )
         for step, record in unread:
             for key, value in record.values.items():
-                if isinstance(value, torch.Tensor):
+                if isinstance(value, torch.Tensor) and value.dim():  # a table: a flat list of numbers
+                    record.values[key] = [next(numbers) for _ in range(value.numel())]
+                elif isinstance(value, torch.Tensor):
                     number = next(numbers)
                     record.values[key] = number if value.is_floating_point() else int(number)
             good, mean = bool(next(numbers)), next(numbers)
@@ -84,6 +88,9 @@ class StepLog:
     def _log(self, steps: list[tuple[int, StepRecord]]) -> None:
         for step, record in steps:
             values = {k: v.seconds() if isinstance(v, Spans) else v for k, v in record.values.items()}
+            table = values.pop("moe_layers", None)  # the per-layer MoE health, as its metric keys
+            if isinstance(table, list):
+                values.update(layer_metrics(table))
             self.monitor.log(step, values)
 
 
