@@ -115,15 +115,23 @@ def host_memory(cand: Candidate, hw) -> dict:
         "per_rank": m.host_total / GIB,
         "per_node": m.host_total * hw.gpus_per_node / GIB,
         "available_per_node": hw.host_gib * hw.gpus_per_node,
+        "initial_weights_per_rank": m.host_load / GIB,
     }
 
 
 def _host_line(best: dict, hw: dict, lora: bool) -> list[str]:
     host = best["host_memory_gib"]
+    load = host["initial_weights_per_rank"]
+    lines = []
+    if load:
+        lines.append(
+            f"host memory before training: {load:.1f} GiB per rank = {load * hw['gpus_per_node']:.1f} GiB per "
+            "node (model.hf_path: every rank reads the whole model in fp32, then keeps its shards)"
+        )
     if not (host["per_rank"] or lora):
-        return []
+        return lines
     if not host["per_rank"]:
-        return ["host memory: none beyond the processes (no CPU offload, no async checkpoint staging)"]
+        return [*lines, "host memory: none beyond the processes (no CPU offload, no async checkpoint staging)"]
     parts = [
         f"{label} {host[key]:.1f}"
         for key, label in (("cpu_offload_state", "CPU-offloaded state"), ("checkpoint_staging", "checkpoint staging"))
@@ -131,6 +139,7 @@ def _host_line(best: dict, hw: dict, lora: bool) -> list[str]:
     ]
     available = f" of {host['available_per_node']:.0f} assumed" if host["available_per_node"] else ""
     return [
+        *lines,
         f"host memory: {host['per_rank']:.1f} GiB per rank ({', '.join(parts)}, pinned on a GPU) = "
         f"{host['per_node']:.1f} GiB per node of {hw['gpus_per_node']}{available}"
     ]

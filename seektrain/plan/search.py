@@ -33,6 +33,7 @@ class MemoryBreakdown:
     host_state: float = 0.0  # parallel.cpu_offload: parameters, gradients and AdamW state in host memory
     frozen: float = 0.0  # lora.enabled: the frozen base in the compute dtype
     host_staging: float = 0.0  # checkpoint.async_save: the host snapshot of what a checkpoint saves
+    host_load: float = 0.0  # model.hf_path: the whole model in fp32, read by every rank before training
 
     @property
     def host_total(self) -> float:
@@ -113,7 +114,11 @@ def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
     allowance = hw.context_gib * GIB + memory.FRAGMENTATION * tensors
     # an async save snapshots what a checkpoint holds (a LoRA checkpoint: the adapters, not the base)
     staging = state.params + state.optimizer if plan.job.checkpoint.async_save else 0
-    return MemoryBreakdown(params, grads, optimizer, acts, comm, allowance, host, frozen, staging)
+    # train/setup_model.py's initial_weights: each rank reads the release whole, in fp32, then loads its
+    # shards from it (a peak before training starts, not beside the training state)
+    load = memory.FP32 * sum(memory._numel(s.shape) for s in memory.param_specs(plan.model))
+    load = load if plan.job.model.hf_path else 0
+    return MemoryBreakdown(params, grads, optimizer, acts, comm, allowance, host, frozen, staging, load)
 
 
 def offloads(plan: RunPlan) -> bool:
