@@ -7,115 +7,79 @@
   gradients and AdamW's two moments. TP shards an adapter to match its base layer: a column-wise base's B
   by rows, a row-wise base's A by columns, the other factor replicated; experts' adapters go with their
   expert (dim 0) under TP and EP.
-- **Activations** (measured with ``saved_tensors_hooks`` on torch 2.13: a linear, a grouped GEMM or a
-  norm's weight multiply whose weight needs no gradient saves nothing of its input): the norms lose their
-  normalised value (kept only for the weight's gradient); each adapted projection adds its r-wide
-  intermediate ``x @ A^T`` (kept for B's gradient; its input, kept for A's gradient, is the one the base
-  projection used to keep), per routed slot for the experts, and with ``lora.dropout`` the dropped input
-  and its mask. A frozen projection outside the targets still counts its input (an over-prediction for
-  partial targets, never an under-prediction). Under ``selective`` checkpointing the adapters' matmul
-  outputs (r-wide and out-wide) are kept like the base's.
+- **Activations** (measured with ``saved_tensors_hooks`` and ``MemTracker`` on torch 2.13: a linear, a
+  grouped GEMM or a norm's weight multiply whose weight needs no gradient saves nothing of its input):
+  the norms lose their normalised value and a MoE router its fp32 copy of the input (kept for their
+  weights' gradients); each adapter adds its r-wide intermediate ``x @ A^T`` (kept for B's gradient); a
+  projection input no adapter reads is no longer saved, one that an adapter reads is saved as before
+  (for A's gradient). With ``lora.dropout`` each adapter keeps its dropped input and the mask (in the
+  input's dtype) instead. Under ``selective`` checkpointing the adapters' matmul outputs (r-wide and
+  out-wide) are kept like the base's.
 - **Communication.** FSDP still gathers base and adapters in the compute dtype, but only the adapters
   have gradients to hold unsharded and reduce-scatter.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import json
 from dataclasses import dataclass
 
 from seektrain.models.config import ModelConfig
+from seektrain.models.lora import LoraSpec, adapter_weights
 from seektrain.models.shapes import COLWISE, EXPERTS, LINEAR, ROWWISE, ROWWISE_PARTIAL, weights_by_path
 
-MASK = 1  # bytes per element of dropout's boolean mask
-
-
-@dataclass(frozen=True)
-class LoraPlan:
-    """The ``[lora]`` keys the memory model needs (None when ``lora.enabled`` is false)."""
-
-    rank: int
-    dropout: float
-    targets: tuple[str, ...]
-
-
-def lora_of(job) -> LoraPlan | None:
-    lora = job.lora
-    return LoraPlan(lora.rank, lora.dropout, tuple(lora.target_modules)) if lora.enabled else None
+FP32 = 4
 
 
 @dataclass(frozen=True)
 class Adapter:
-    """One adapted base weight: its path, the shapes and TP dims of A and B, whether it groups experts,
-    its input width and its decoder block (config layer index)."""
+    """One adapted base weight as the memory model reads it: state-dict names, shapes and the dimension
+    TP shards of A and B (``tensor_parallel.py``'s ``AdaptedColwise``/``AdaptedRowwise``: a column-wise
+    base's B by rows, a row-wise base's A by columns; experts' both by expert), and the base's facts."""
 
     path: str
+    a_name: str
     a_shape: tuple[int, ...]
-    b_shape: tuple[int, ...]
     a_tp: int | None
+    b_name: str
+    b_shape: tuple[int, ...]
     b_tp: int | None
     expert: bool
     in_features: int
     out_features: int
     tp: str  # the base weight's TP style
-    block: int | None
+    block: int | None  # the config layer index of the enclosing block (MTP depth k: L + k)
+    layer: int | None  # decoder layer index, None outside the decoder layers
+    part: str  # where a pipeline keeps it (``Weight.part``)
 
 
-def _group(path: str, kind: str) -> str | None:
-    if kind == EXPERTS:
-        return "experts"
-    if kind != LINEAR:
-        return None
-    if ".self_attn." in path:
-        return "attention"
-    if ".mlp.shared_experts." in path:
-        return "shared_experts"
-    if ".mlp." in path:
-        return "mlp"
-    return None
-
-
-def _targeted(path: str, kind: str, targets: tuple[str, ...]) -> bool:
-    """The target groups and fnmatch patterns of ``lora.target_modules`` (docs/finetuning.md)."""
-    if kind not in (LINEAR, EXPERTS) or path in ("lm_head",):
-        return False
-    group = _group(path, kind)
-    return any(t == group or fnmatch.fnmatchcase(path, t) for t in targets)
-
-
-# TEMPORARY until the LoRA core (models/lora.py) is merged: its adapter_weights replaces this walk.
 @functools.lru_cache(maxsize=16)
-def _adapters_cached(cfg_json: str, rank: int, targets: tuple[str, ...]) -> tuple[Adapter, ...]:
+def _adapters_cached(cfg_json: str, spec: LoraSpec) -> tuple[Adapter, ...]:
     out = []
-    for w in weights_by_path(ModelConfig.from_dict(json.loads(cfg_json))).values():
-        if w.tied_to or not _targeted(w.path, w.kind, targets):
-            continue
+    for shapes in adapter_weights(ModelConfig.from_dict(json.loads(cfg_json)), spec).values():
+        w = shapes.weight
         if w.kind == EXPERTS:
-            a, b, a_tp, b_tp = (w.experts, rank, w.in_features), (w.experts, w.out_features, rank), 0, 0
+            a_tp, b_tp = 0, 0
         else:
-            a, b = (rank, w.in_features), (w.out_features, rank)
             a_tp = 1 if w.tp in (ROWWISE, ROWWISE_PARTIAL) else None
             b_tp = 0 if w.tp == COLWISE else None
-        out.append(Adapter(w.path, a, b, a_tp, b_tp, w.kind == EXPERTS, w.in_features, w.out_features, w.tp, w.block))
+        out.append(
+            Adapter(
+                w.path, shapes.a_name, shapes.a, a_tp, shapes.b_name, shapes.b, b_tp, w.kind == EXPERTS,
+                w.in_features, w.out_features, w.tp, w.block, w.layer, w.part,
+            )
+        )  # fmt: skip
     return tuple(out)
 
 
-def adapters(cfg: ModelConfig, lora: LoraPlan) -> tuple[Adapter, ...]:
-    """Every adapted base weight of ``cfg`` under ``lora`` (cached per config)."""
-    return _adapters_cached(json.dumps(cfg.to_dict(), sort_keys=True), lora.rank, lora.targets)
-
-
-def adapter_param_names(adapter: Adapter) -> tuple[str, str]:
-    """The state_dict names of A and B (LORA_SPEC: ``P.lora_A``/``P.lora_B``; experts per projection)."""
-    if adapter.expert:
-        return f"{adapter.path}_lora_A", f"{adapter.path}_lora_B"
-    return f"{adapter.path}.lora_A", f"{adapter.path}.lora_B"
+def adapters(cfg: ModelConfig, spec: LoraSpec) -> tuple[Adapter, ...]:
+    """Every adapted base weight of ``cfg`` under ``spec`` (``models.lora.adapter_weights``; cached)."""
+    return _adapters_cached(json.dumps(cfg.to_dict(), sort_keys=True), spec)
 
 
 # ----------------------------------------------------------------------------- activations
-def _block_adapters(cfg: ModelConfig, lora: LoraPlan, block: int) -> list[Adapter]:
+def _block_adapters(cfg: ModelConfig, lora: LoraSpec, block: int) -> list[Adapter]:
     return [ad for ad in adapters(cfg, lora) if ad.block == block]
 
 
@@ -126,46 +90,73 @@ def _norm_widths(cfg: ModelConfig) -> tuple[float, float]:
     return 2 * cfg.hidden_size, replicated
 
 
-def _per_token(ad: Adapter, cfg: ModelConfig, tp: int) -> float:
-    """How many times one token passes through ``ad`` on a rank: once, or k/tp routed slots."""
-    return cfg.num_experts_per_tok / tp if ad.expert else 1.0
+# projections that read one tensor (a block's attention input, an MLP's input): one saved input between them
+_SHARED_INPUT = {name: "input" for name in ("q_proj", "q_a_proj", "kv_a_proj_with_mqa", "k_proj", "v_proj")}
+_SHARED_INPUT.update(gate_proj="input", up_proj="input")
 
 
-def _in_width(ad: Adapter, tp: int) -> float:
-    return ad.in_features / tp if ad.tp in (ROWWISE, ROWWISE_PARTIAL) and tp > 1 else ad.in_features
+@dataclass(frozen=True)
+class _Input:
+    """A tensor of a block that only projections read (the attention input, MLA's normed latents, o_proj's,
+    an MLP's and a down projection's input, a routed slot): saved only by adapters once the base is frozen."""
+
+    width: float  # elements per token on this rank (a row-wise projection's input: 1/tp of it)
+    per_token: float  # 1, or k/tp routed slots
+    consumers: tuple[str, ...]  # the projections (Weight.path) that read it
 
 
-def layer_delta(cfg: ModelConfig, block: int, lora: LoraPlan, a: int, tp: int) -> float:
+def _inputs(cfg: ModelConfig, block: int, tp: int) -> list[_Input]:
+    groups: dict[str, list] = {}
+    for w in weights_by_path(cfg).values():
+        if w.block != block or w.kind not in (LINEAR, EXPERTS) or not (".self_attn." in w.path or ".mlp." in w.path):
+            continue
+        parent, name = w.path.rsplit(".", 1)
+        groups.setdefault(f"{parent}:{_SHARED_INPUT.get(name, name)}", []).append(w)
+    out = []
+    for ws in groups.values():
+        w = ws[0]
+        width = w.in_features / tp if w.tp in (ROWWISE, ROWWISE_PARTIAL) and tp > 1 else w.in_features
+        per = cfg.num_experts_per_tok / tp if w.kind == EXPERTS else 1.0
+        out.append(_Input(width, per, tuple(x.path for x in ws)))
+    return out
+
+
+def layer_delta(cfg: ModelConfig, block: int, lora: LoraSpec, a: int, tp: int) -> float:
     """Bytes per token a decoder block saves for backward under LoRA minus what it saves in a full
-    fine-tune (no checkpointing)."""
+    fine-tune (no checkpointing): each norm's normalised value and a MoE router's fp32 copy of its input
+    go (they were kept for their weights' gradients); each adapter keeps its r-wide intermediate; an
+    input that no adapter reads goes; with dropout, an adapter keeps its dropped input and the mask (in
+    the input's dtype, as torch's CPU and CUDA kernels return it) instead of the input."""
     seq, replicated = _norm_widths(cfg)
     delta = -a * (seq / tp + replicated)
-    for ad in _block_adapters(cfg, lora, block):
-        per = _per_token(ad, cfg, tp)
-        delta += per * a * lora.rank
+    if cfg.is_moe_layer(block):
+        delta -= FP32 * cfg.hidden_size
+    adapted = {ad.path: ad for ad in _block_adapters(cfg, lora, block)}
+    for ad in adapted.values():
+        delta += (cfg.num_experts_per_tok / tp if ad.expert else 1.0) * a * lora.rank
+    for tensor in _inputs(cfg, block, tp):
+        readers = [p for p in tensor.consumers if p in adapted]
+        if not readers or lora.dropout:
+            delta -= tensor.per_token * a * tensor.width
         if lora.dropout:
-            delta += per * (a + MASK) * _in_width(ad, tp)
+            delta += len(readers) * tensor.per_token * 2 * a * tensor.width
     return delta
 
 
-def selective_delta(cfg: ModelConfig, block: int, lora: LoraPlan, a: int, tp: int) -> float:
+def selective_delta(cfg: ModelConfig, block: int, lora: LoraSpec, a: int, tp: int) -> float:
     """What a selectively checkpointed block keeps in addition: each adapter's two matmul outputs."""
     total = 0.0
     for ad in _block_adapters(cfg, lora, block):
         out = ad.out_features / tp if ad.tp == COLWISE and tp > 1 else ad.out_features
-        total += _per_token(ad, cfg, tp) * a * (lora.rank + out)
+        total += (cfg.num_experts_per_tok / tp if ad.expert else 1.0) * a * (lora.rank + out)
     return total
 
 
-def head_delta(cfg: ModelConfig, lora: LoraPlan, a: int, tp: int, use_mtp: bool) -> float:
-    """The final norm's normalised value, and per MTP depth its three norms' and (unless adapted) the
-    frozen ``eh_proj``'s input, no longer saved."""
+def head_delta(cfg: ModelConfig, lora: LoraSpec, a: int, tp: int, use_mtp: bool) -> float:
+    """The final norm's normalised value, and per MTP depth its three norms' and the frozen ``eh_proj``'s
+    input, no longer saved."""
     d = cfg.hidden_size
     delta = -a * d / tp
-    if use_mtp:
-        adapted = {ad.path for ad in adapters(cfg, lora)}
-        for k in range(cfg.num_nextn_predict_layers):
-            delta -= 3 * a * d / tp
-            if f"mtp.{k}.eh_proj" not in adapted:
-                delta -= 2 * a * d
+    if use_mtp:  # models/lora.py never adapts eh_proj
+        delta -= cfg.num_nextn_predict_layers * (3 * a * d / tp + 2 * a * d)
     return delta

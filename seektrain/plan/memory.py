@@ -24,9 +24,9 @@ import json
 from dataclasses import dataclass
 
 from seektrain.models.config import ModelConfig
+from seektrain.models.lora import LoraSpec
 from seektrain.models.shapes import EXPERTS, model_weights
 from seektrain.plan import lora_memory
-from seektrain.plan.lora_memory import LoraPlan, lora_of
 from seektrain.plan.pipeline_split import stage_ids
 from seektrain.plan.recompute import SELECTIVE, checkpoint_every
 
@@ -62,19 +62,16 @@ def param_specs(cfg: ModelConfig) -> tuple[ParamSpec, ...]:
 
 
 @functools.lru_cache(maxsize=16)
-def _adapter_specs_cached(cfg_json: str, lora: LoraPlan) -> tuple[ParamSpec, ...]:
+def _adapter_specs_cached(cfg_json: str, lora: LoraSpec) -> tuple[ParamSpec, ...]:
     cfg = ModelConfig.from_dict(json.loads(cfg_json))
-    base = {w.path: w for w in model_weights(cfg)}
     out = []
     for ad in lora_memory.adapters(cfg, lora):
-        w = base[ad.path]
-        a_name, b_name = lora_memory.adapter_param_names(ad)
-        out.append(ParamSpec(a_name, ad.a_shape, w.layer, w.part, ad.a_tp, ad.expert))
-        out.append(ParamSpec(b_name, ad.b_shape, w.layer, w.part, ad.b_tp, ad.expert))
+        out.append(ParamSpec(ad.a_name, ad.a_shape, ad.layer, ad.part, ad.a_tp, ad.expert))
+        out.append(ParamSpec(ad.b_name, ad.b_shape, ad.layer, ad.part, ad.b_tp, ad.expert))
     return tuple(out)
 
 
-def adapter_specs(cfg: ModelConfig, lora: LoraPlan) -> tuple[ParamSpec, ...]:
+def adapter_specs(cfg: ModelConfig, lora: LoraSpec) -> tuple[ParamSpec, ...]:
     """The LoRA adapters' parameters (A and B of every adapted weight), laid out like ``param_specs``."""
     return _adapter_specs_cached(json.dumps(cfg.to_dict(), sort_keys=True), lora)
 
@@ -146,7 +143,7 @@ def state_bytes(plan, rank: int = 0) -> StateBytes:
         first, last = 0 in ids, n_stages - 1 in ids
     else:
         keep, first, last = set(range(plan.model.num_hidden_layers)), True, True
-    lora = lora_of(plan.job)
+    lora = plan.lora
     base = sum(_local_numel(spec, plan, at, keep, first, last) for spec in param_specs(plan.model))
     if lora is not None:
         trained = adapter_specs(plan.model, lora)
@@ -315,12 +312,16 @@ class Activations:
     head: float  # final norm, logits/loss buffer (fused or not), MTP
     moe_dispatch: float  # all-to-all send buffer of one MoE layer (EP)
     in_flight: int  # micro-batches whose activations a pipeline rank holds at once
+    # the head's backward working set counts under checkpointing too: with a frozen base (LoRA) no
+    # gradients pile up during backward to move the step's peak to a later layer (measured)
+    head_working_set: bool = False
 
     def phases(self, root_buffer: float = 0.0, layer_buffer: float = 0.0) -> tuple[float, float]:
         """Peak bytes in the two moments backward can peak: the head's backward (every saved tensor, the
         head's, the root FSDP unit gathered; plus the working set unless layers are recomputed later)
         and a decoder layer's backward (its recomputed tensors, the working set, its unit gathered)."""
-        head = self.layers + self.head + root_buffer + (0.0 if self.recompute else self.backward)
+        working = self.backward if self.head_working_set or not self.recompute else 0.0
+        head = self.layers + self.head + root_buffer + working
         layer = self.layers + self.recompute + self.backward + layer_buffer
         return head + self.moe_dispatch, layer + self.moe_dispatch
 
@@ -367,7 +368,7 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
     tokens = local_seqs * job.train.seq_len
     mode = job.train.activation_checkpoint
     every = checkpoint_every(mode)
-    lora = lora_of(job)
+    lora = plan.lora
 
     def block_bytes(i: int) -> float:  # what block i saves without checkpointing (LoRA's difference added)
         full = layer_activation_bytes(cfg, i, a, tp, ep, pad_values)
@@ -414,6 +415,7 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
         head * tokens,
         dispatch * tokens,
         in_flight,
+        lora is not None,
     )
 
 
@@ -458,7 +460,7 @@ def comm_buffer_bytes(plan) -> CommBuffers:
     FSDP, autocast caches a compute-dtype copy of every fp32 weight for the step. Under LoRA only the
     adapters have gradients, and the base, already in the compute dtype, gets no autocast copy."""
     a = plan.compute_dtype.itemsize
-    lora = lora_of(plan.job)
+    lora = plan.lora
     if not plan.uses_fsdp:
         return CommBuffers(0.0, 0.0, 0.0 if a == 4 else state_bytes(plan, 0).params / FP32 * a)
     if plan.dp_shard == 1 and not plan.job.parallel.cpu_offload:

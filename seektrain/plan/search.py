@@ -146,7 +146,7 @@ def _per_layout(fn, plan: RunPlan):
         p.pp_stages_per_rank,
         plan.pp_stage_layers,
         plan.precision.name,
-        memory.lora_of(plan.job),
+        plan.lora,
     )
     if key not in _LAYOUT_CACHE:
         _LAYOUT_CACHE[key] = fn(plan)

@@ -33,7 +33,6 @@ from seektrain.observe.flops import active_matmul_params, model_flops_per_token
 from seektrain.plan.fp8_flops import fp8_matmul_params
 from seektrain.plan import lora_memory
 from seektrain.plan.hardware import Hardware
-from seektrain.plan.lora_memory import lora_of
 from seektrain.plan.recompute import SELECTIVE, checkpoint_every
 
 MATMUL_EFFICIENCY = 0.45  # of the dense peak; a typical well-tuned large-model figure (see docs/planning.md)
@@ -74,7 +73,7 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     seq, tokens = job.train.seq_len, plan.tokens_per_step
     a = plan.compute_dtype.itemsize
     flops = model_flops_per_token(cfg, seq, include_mtp=plan.use_mtp) * tokens
-    lora = lora_of(job)
+    lora = plan.lora
     if lora:  # no weight gradients for the base; the adapters' forward and backward
         adapter_flops = sum(
             6.0 * lora.rank * (ad.in_features + ad.out_features) * (cfg.num_experts_per_tok if ad.expert else 1)
