@@ -235,3 +235,33 @@ def test_linear_adapter_math():
     lin.lora_scaling, lin.lora_dropout = 1.5, 0.0
     lin.register_forward_hook(_linear_adapter)
     torch.testing.assert_close(lin(x), base + 1.5 * x @ lin.lora_A.T @ lin.lora_B.T)
+
+
+def test_the_config_knows_the_same_groups():
+    """config/ and models/ are independent layers: the config's check of ``lora.target_modules`` keeps
+    its own copy of the group names."""
+    from seektrain.config.loader import LORA_GROUPS
+
+    assert LORA_GROUPS == GROUPS
+
+
+def test_fp8_base_keeps_its_adapters():
+    """``precision.fp8`` converts the base first (torchao swaps the linears), the adapters go on the
+    converted modules: an FP8 base matmul plus a bf16 adapter. FP8 cannot run on CPU; the conversion
+    and the placement can (as tests/test_float8.py tests them)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    from seektrain.parallel.float8 import apply_float8
+
+    model = build_model(get_preset("tiny-v3"), device="meta")
+    choice = apply_float8(model, "rowwise", experts=True)
+    adapted = add_adapters(model, LoraSpec(4, 8.0))
+    freeze_base(model, torch.bfloat16)
+    fp8_adapted = [n for n in adapted if n in choice.linears]
+    assert fp8_adapted and set(choice.linears) <= set(adapted)  # every FP8 linear is a target here
+    for name in fp8_adapted:
+        module = model.get_submodule(name)
+        assert type(module) is Float8Linear and module.lora_A.dtype == torch.float32
+        assert module.lora_A.requires_grad and not module.weight.requires_grad
+        assert module.weight.dtype == torch.bfloat16
+    assert set(choice.experts) <= set(adapted)  # the FP8 routed experts carry grouped adapters
