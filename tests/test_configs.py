@@ -23,6 +23,7 @@ WORLD = {
     "deepseek-v2-lite-1node.toml": 8,
     "deepseek-v3-256nodes.toml": 2048,
     "deepseek-v2-lite-sft-8gpu.toml": 8,
+    "deepseek-v3-lora-8gpu.toml": 8,
 }
 PRESET = {
     "deepseek-llm-7b-8gpu.toml": "deepseek-llm-7b",
@@ -30,6 +31,7 @@ PRESET = {
     "deepseek-v2-lite-1node.toml": "deepseek-v2-lite",
     "deepseek-v3-256nodes.toml": "deepseek-v3",
     "deepseek-v2-lite-sft-8gpu.toml": "deepseek-v2-lite",
+    "deepseek-v3-lora-8gpu.toml": "deepseek-v3",
 }
 
 
