@@ -108,7 +108,9 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     for mode in MODES:
         plan = RunPlan.resolve(load_config(None, overrides(args, mode)), cfg, 2, "cpu")
         kernels = plan.platform.model_kernels(plan.compute_dtype)
-        pm = parallelize_model(build_model(plan.model, device="meta", kernels=kernels), plan, torch.device("cpu"))
+        pm = parallelize_model(
+            build_model(plan.model, device="meta", kernels=kernels), plan, torch.device("cpu")
+        )
         optimizer = build_optimizer(pm.model, plan.job.optim)
         result[mode] = {"peak_bytes": _peak_bytes(plan, pm, optimizer, tokens), "step_s": []}
         sides[mode] = (plan, pm.model, optimizer)
@@ -171,7 +173,9 @@ def main() -> int:
     print(f"{'':16} {'peak MiB rank 0 / 1':>20} {'planner MiB':>12} {'error':>7} {'tokens/s':>9}")
     for mode in MODES:
         peaks = [r[mode]["peak_bytes"] for r in ranks]
-        step = statistics.median(max(a, b) for a, b in zip(ranks[0][mode]["step_s"], ranks[1][mode]["step_s"]))
+        step = statistics.median(
+            max(a, b) for a, b in zip(ranks[0][mode]["step_s"], ranks[1][mode]["step_s"])
+        )
         pred = predicted_bytes(args, mode)
         print(
             f"{mode:16} {peaks[0] / 2**20:9.1f} / {peaks[1] / 2**20:8.1f} {pred / 2**20:12.1f} "

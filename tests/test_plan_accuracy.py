@@ -5,10 +5,10 @@ include FSDP's gathered parameters and unsharded gradients) are within ±15% of 
 
 Layouts: FSDP=2, TP=2, EP=2 (with FSDP=2) and PP=2 (1F1B), on tiny-dense, tiny-v3 and small-v3, with and
 without activation checkpointing (full, every:2, selective); and LoRA (``lora.enabled``: a frozen bf16
-base, whose bytes are measured with the adapters' as parameters) under FSDP, TP, EP and PP. Under PP, MemTracker runs without its
-module hooks (they fail inside the schedule's ``autograd.grad``) and cannot tell gradients from
-activations; in 1F1B the first micro-batch's gradients exist while later micro-batches' activations are
-held, so there the prediction compared is the transient peak plus the stage's gradients.
+base, whose bytes are measured with the adapters' as parameters) under FSDP, TP, EP and PP. Under PP,
+MemTracker runs without its module hooks (they fail inside the schedule's ``autograd.grad``) and cannot
+tell gradients from activations; in 1F1B the first micro-batch's gradients exist while later micro-batches'
+activations are held, so there the prediction compared is the transient peak plus the stage's gradients.
 """
 
 from __future__ import annotations
@@ -96,8 +96,14 @@ CASES = {
             "parallel.dp_shard=2",
         ],
     ),
-    "tp2-v3-lora": ("tiny-v3", SEQ + LORA + ["train.micro_batch_size=4", "parallel.tp=2", "parallel.dp_shard=1"]),
-    "ep2-v3-lora": ("tiny-v3", SEQ + LORA + ["train.micro_batch_size=2", "parallel.dp_shard=2", "parallel.ep=2"]),
+    "tp2-v3-lora": (
+        "tiny-v3",
+        SEQ + LORA + ["train.micro_batch_size=4", "parallel.tp=2", "parallel.dp_shard=1"],
+    ),
+    "ep2-v3-lora": (
+        "tiny-v3",
+        SEQ + LORA + ["train.micro_batch_size=2", "parallel.dp_shard=2", "parallel.ep=2"],
+    ),
     "pp2-v3-lora": (
         "tiny-v3",
         SEQ
@@ -187,7 +193,11 @@ _LORA_TP_OPEN = {"tp2-v3-lora"}
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=pytest.mark.slow) if n in _DRIFTED else n for n in CASES if n not in _LORA_TP_OPEN],
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n in _DRIFTED else n
+        for n in CASES
+        if n not in _LORA_TP_OPEN
+    ],
 )
 def test_peak_activations_within_15_percent(measured, name):
     for rank in range(WORLD):

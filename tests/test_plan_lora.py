@@ -33,9 +33,7 @@ def test_lora_state_is_a_frozen_bf16_base_and_adamw_on_the_adapters_only():
     gradient or optimizer state; each o_proj gets A [r, heads × v_head_dim] and B [hidden, r], with fp32
     master, gradient, two moments and one step each."""
     r = 8
-    plan = _plan(
-        "tiny-v3", 1, *BF16, "lora.enabled=true", f"lora.rank={r}", "lora.target_modules=*.o_proj"
-    )
+    plan = _plan("tiny-v3", 1, *BF16, "lora.enabled=true", f"lora.rank={r}", "lora.target_modules=*.o_proj")
     cfg = plan.model
     base = sum(_numel(s.shape) for s in memory.param_specs(cfg))
     blocks = cfg.num_hidden_layers + cfg.num_nextn_predict_layers  # MTP blocks have an o_proj too

@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     from seektrain.plan.planner import fewest_gpus, plan_job
 
     if args.gpus < 0 or (args.gpus == 0 and args.nodes):
-        raise UserError(f"--gpus={args.gpus}: give a count >= 1 (with --nodes), or leave it out for the fewest")
+        raise UserError(
+            f"--gpus={args.gpus}: give a count >= 1 (with --nodes), or leave it out for the fewest"
+        )
     gpus = args.gpus
     if not gpus:  # the fewest devices any layout fits on, then the full plan for that count
         job, model = job_and_model(args, 1)

@@ -59,6 +59,8 @@ def _adapters_cached(cfg_json: str, spec: LoraSpec) -> tuple[Adapter, ...]:
     out = []
     for shapes in adapter_weights(ModelConfig.from_dict(json.loads(cfg_json)), spec).values():
         w = shapes.weight
+        a_tp: int | None
+        b_tp: int | None
         if w.kind == EXPERTS:
             a_tp, b_tp = 0, 0
         else:
@@ -91,7 +93,7 @@ def _norm_widths(cfg: ModelConfig) -> tuple[float, float]:
 
 
 # projections that read one tensor (a block's attention input, an MLP's input): one saved input between them
-_SHARED_INPUT = {name: "input" for name in ("q_proj", "q_a_proj", "kv_a_proj_with_mqa", "k_proj", "v_proj")}
+_SHARED_INPUT = dict.fromkeys(("q_proj", "q_a_proj", "kv_a_proj_with_mqa", "k_proj", "v_proj"), "input")
 _SHARED_INPUT.update(gate_proj="input", up_proj="input")
 
 
@@ -108,7 +110,11 @@ class _Input:
 def _inputs(cfg: ModelConfig, block: int, tp: int) -> list[_Input]:
     groups: dict[str, list] = {}
     for w in weights_by_path(cfg).values():
-        if w.block != block or w.kind not in (LINEAR, EXPERTS) or not (".self_attn." in w.path or ".mlp." in w.path):
+        if (
+            w.block != block
+            or w.kind not in (LINEAR, EXPERTS)
+            or not (".self_attn." in w.path or ".mlp." in w.path)
+        ):
             continue
         parent, name = w.path.rsplit(".", 1)
         groups.setdefault(f"{parent}:{_SHARED_INPUT.get(name, name)}", []).append(w)

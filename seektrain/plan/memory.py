@@ -159,9 +159,7 @@ def state_bytes(plan, rank: int = 0) -> StateBytes:
             # measured: the vocabulary-sharded embedding's gradient is a whole (Replicate) table
             grad_numel += n * (plan.tp - 1)
         tensors += _held(spec, keep, first, last)
-    return StateBytes(
-        FP32 * numel, FP32 * grad_numel, 2 * FP32 * numel + FP32 * tensors, tensors, frozen
-    )
+    return StateBytes(FP32 * numel, FP32 * grad_numel, 2 * FP32 * numel + FP32 * tensors, tensors, frozen)
 
 
 def _held(spec: ParamSpec, keep: set[int], first: bool, last: bool) -> bool:

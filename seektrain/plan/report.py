@@ -131,17 +131,23 @@ def _host_line(best: dict, hw: dict, lora: bool) -> list[str]:
     if not (host["per_rank"] or lora):
         return lines
     if not host["per_rank"]:
-        return [*lines, "host memory: none beyond the processes (no CPU offload, no async checkpoint staging)"]
+        return [
+            *lines,
+            "host memory: none beyond the processes (no CPU offload, no async checkpoint staging)",
+        ]
     parts = [
         f"{label} {host[key]:.1f}"
-        for key, label in (("cpu_offload_state", "CPU-offloaded state"), ("checkpoint_staging", "checkpoint staging"))
+        for key, label in (
+            ("cpu_offload_state", "CPU-offloaded state"),
+            ("checkpoint_staging", "checkpoint staging"),
+        )
         if host[key]
     ]
     available = f" of {host['available_per_node']:.0f} assumed" if host["available_per_node"] else ""
     return [
         *lines,
         f"host memory: {host['per_rank']:.1f} GiB per rank ({', '.join(parts)}, pinned on a GPU) = "
-        f"{host['per_node']:.1f} GiB per node of {hw['gpus_per_node']}{available}"
+        f"{host['per_node']:.1f} GiB per node of {hw['gpus_per_node']}{available}",
     ]
 
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seektrain.observe.flops import active_matmul_params, model_flops_per_token
-from seektrain.plan.fp8_flops import fp8_matmul_params
 from seektrain.plan import lora_memory
+from seektrain.plan.fp8_flops import fp8_matmul_params
 from seektrain.plan.hardware import Hardware
 from seektrain.plan.recompute import SELECTIVE, checkpoint_every
 
@@ -76,7 +76,10 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     lora = plan.lora
     if lora:  # no weight gradients for the base; the adapters' forward and backward
         adapter_flops = sum(
-            6.0 * lora.rank * (ad.in_features + ad.out_features) * (cfg.num_experts_per_tok if ad.expert else 1)
+            6.0
+            * lora.rank
+            * (ad.in_features + ad.out_features)
+            * (cfg.num_experts_per_tok if ad.expert else 1)
             for ad in lora_memory.adapters(cfg, lora)
             if plan.use_mtp or ad.block is None or ad.block < cfg.num_hidden_layers
         )
@@ -137,7 +140,9 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     if plan.cpu_offload and plan.uses_fsdp:
         # parameters up and gradients down over PCIe each step, AdamW on the host reading and writing
         # parameters, gradients and both moments
-        offload = (state.params + state.frozen + state.grads) / PCIE_BYTES_PER_S + 2 * (state.params * 4) / HOST_BYTES_PER_S
+        offload = (state.params + state.frozen + state.grads) / PCIE_BYTES_PER_S + 2 * (
+            state.params * 4
+        ) / HOST_BYTES_PER_S
     total = (compute + exposed_fsdp + tp + ep + pp) * (1 + bubble) + offload
     return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops, offload, recompute_s)
 
