@@ -23,6 +23,24 @@ def _local_bytes(tensors) -> int:
     return total
 
 
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _skip_frozen(tracker) -> None:
+    """MemTracker registers a gradient hook on every parameter of a module it enters (FSDP's unsharded
+    ones included), which fails on a frozen one (LoRA's base: "cannot register a hook on a tensor that
+    doesn't require gradient"): report those as hooked already. Their bytes still count as parameters."""
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    class FrozenHooked(WeakIdKeyDictionary):
+        def get(self, key, default=None):
+            return (_NoHook(), _NoHook()) if not key.requires_grad else super().get(key, default)
+
+    tracker._param_to_grad_hook_handles = FrozenHooked()
+
+
 class _NoModuleHooks:
     """Stands in for MemTracker's ModTracker: no module or multi-grad hooks (which fail inside the
     pipeline schedule's ``autograd.grad``), so every allocation, gradients included, is filed as ACT."""
@@ -75,6 +93,7 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
     if plan.pp > 1:  # its module hooks clash with the schedule's autograd.grad: count allocations only
         tracker._mod_tracker = _NoModuleHooks()
     tracker.track_external(*pm.parts, optimizer)
+    _skip_frozen(tracker)
     with tracker:
         with plan.autocast(device), plan.loss_context():
             if plan.pp > 1:

@@ -24,6 +24,7 @@ WORLD = {
     "deepseek-v3-256nodes.toml": 2048,
     "deepseek-v2-lite-sft-8gpu.toml": 8,
     "deepseek-v2-lite-32k.toml": 8,
+    "deepseek-v3-lora-8gpu.toml": 8,
 }
 PRESET = {
     "deepseek-llm-7b-8gpu.toml": "deepseek-llm-7b",
@@ -32,6 +33,7 @@ PRESET = {
     "deepseek-v3-256nodes.toml": "deepseek-v3",
     "deepseek-v2-lite-sft-8gpu.toml": "deepseek-v2-lite",
     "deepseek-v2-lite-32k.toml": "deepseek-v2-lite",
+    "deepseek-v3-lora-8gpu.toml": "deepseek-v3",
 }
 
 

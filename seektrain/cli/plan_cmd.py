@@ -17,7 +17,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="preset name (seektrain models) or a Hugging Face model folder")
     p.add_argument("--config", help="TOML config file (its model, batch, precision and schedule)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--gpus", type=int_in(1), required=True, help="devices in all (one rank each)")
+    p.add_argument(
+        "--gpus",
+        type=int_in(1),
+        default=0,
+        help="devices in all (one rank each); omitted: the fewest with a feasible layout",
+    )
     p.add_argument("--gpu", required=True, help="h100-80g, h200, h800, a100-80g, a100-40g or cpu")
     p.add_argument("--nodes", type=int_in(1), default=0, help="nodes (default: 8 GPUs per node; cpu: 1)")
     p.add_argument(
@@ -37,8 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def job_and_model(args: argparse.Namespace):
-    """The job config and model the plan is for; --model replaces the config's model."""
+PER_DEVICE_BATCH = 4  # --model without --global-batch: sequences per device
+
+
+def job_and_model(args: argparse.Namespace, gpus: int | None = None):
+    """The job config and model the plan is for; --model replaces the config's model. ``gpus``: the
+    device count the default global batch follows (``args.gpus`` unless the planner chooses it)."""
     from seektrain.config.loader import load_config
     from seektrain.models.presets import PRESETS
     from seektrain.train.setup_model import configured_model_config
@@ -53,7 +62,12 @@ def job_and_model(args: argparse.Namespace):
     seq = args.seq if args.seq is not None else default_seq
     if seq:
         overrides.append(f"train.seq_len={seq}")
-    batch = args.global_batch if args.global_batch is not None else (0 if args.config else 4 * args.gpus)
+    gpus = args.gpus if gpus is None else gpus
+    batch = (
+        args.global_batch
+        if args.global_batch is not None
+        else (0 if args.config else PER_DEVICE_BATCH * gpus)
+    )
     if batch:
         overrides.append(f"train.global_batch_size={batch}")
     job = load_config(args.config, overrides)
@@ -65,10 +79,21 @@ def job_and_model(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from seektrain.plan.planner import plan_job
+    from seektrain.plan.planner import fewest_gpus, plan_job
 
-    job, model = job_and_model(args)
-    data = plan_job(job, model, args.gpus, args.gpu, args.nodes, args.top)
+    if args.gpus < 0 or (args.gpus == 0 and args.nodes):
+        raise UserError(
+            f"--gpus={args.gpus}: give a count >= 1 (with --nodes), or leave it out for the fewest"
+        )
+    gpus = args.gpus
+    if not gpus:  # the fewest devices any layout fits on, then the full plan for that count
+        job, model = job_and_model(args, 1)
+        follows = 0 if args.global_batch or args.config else PER_DEVICE_BATCH
+        gpus = fewest_gpus(job, model, args.gpu, follows)
+    job, model = job_and_model(args, gpus)
+    data = plan_job(job, model, gpus, args.gpu, args.nodes, args.top)
+    if not args.gpus:
+        data["fewest_gpus"] = gpus
     if args.json:
         print(json.dumps(data, indent=1))
     else:

@@ -48,7 +48,7 @@ from seektrain.models.shapes import (
     weights_by_path,
 )
 from seektrain.parallel.moe_tensor_parallel import MoETensorParallel
-from seektrain.parallel.tp_styles import LocalParams, SumGrad
+from seektrain.parallel.tp_styles import AdaptedColwise, AdaptedRowwise, LocalParams, SumGrad
 
 
 def _reduce_partial_grads(model: nn.Module) -> None:
@@ -73,10 +73,12 @@ def _norm_style(sp: bool) -> ParallelStyle:
 
 # The ParallelStyle of each TP style of the shape description (models/shapes.py), given (seq, sp).
 # Routed experts (``expert``) have none: the MoE block's style replaces them (moe_tensor_parallel.py).
+# Column- and row-wise linears may carry LoRA adapters (models/lora.py): their styles place A and B to
+# match (tp_styles.py); replicated ones (``LocalParams``) replicate them with the weight.
 _LEAF_STYLES = {
-    COLWISE: lambda seq, sp: ColwiseParallel(),
-    ROWWISE: lambda seq, sp: RowwiseParallel(output_layouts=seq, use_local_output=not sp),
-    ROWWISE_PARTIAL: lambda seq, sp: RowwiseParallel(output_layouts=Partial()),
+    COLWISE: lambda seq, sp: AdaptedColwise(),
+    ROWWISE: lambda seq, sp: AdaptedRowwise(output_layouts=seq, use_local_output=not sp),
+    ROWWISE_PARTIAL: lambda seq, sp: AdaptedRowwise(output_layouts=Partial()),
     REPLICATED: lambda seq, sp: LocalParams(),
     SEQUENCE: lambda seq, sp: _norm_style(sp),
     VOCAB_EMBEDDING: lambda seq, sp: RowwiseParallel(
@@ -146,7 +148,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
         return
     module, _, function = family_of(model).tp_plan.partition(":")
     build_plan = getattr(importlib.import_module(module), function)
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}  # a LoRA base
     parallelize_module(model, tp_mesh, build_plan(model, tp_mesh, sequence_parallel))
+    for name, param in model.named_parameters():  # torch's SequenceParallel drops requires_grad
+        if name in frozen:
+            param.requires_grad_(False)
     if model.cfg.tie_word_embeddings and model.embed_tokens is not None and model.norm is not None:
         model.lm_head.weight = model.embed_tokens.weight  # both vocabulary-sharded: Shard(0)
     _reduce_partial_grads(model)

@@ -24,7 +24,9 @@ import json
 from dataclasses import dataclass
 
 from seektrain.models.config import ModelConfig
+from seektrain.models.lora import LoraSpec
 from seektrain.models.shapes import EXPERTS, model_weights
+from seektrain.plan import lora_memory
 from seektrain.plan.pipeline_split import stage_ids
 from seektrain.plan.recompute import SELECTIVE, checkpoint_every
 
@@ -57,6 +59,21 @@ def param_specs(cfg: ModelConfig) -> tuple[ParamSpec, ...]:
     """Every parameter of the model (MTP included) with its shape and the dimension TP shards, from the
     model's shape description (``seektrain/models/shapes.py``; nothing is built)."""
     return _specs_cached(json.dumps(cfg.to_dict(), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=16)
+def _adapter_specs_cached(cfg_json: str, lora: LoraSpec) -> tuple[ParamSpec, ...]:
+    cfg = ModelConfig.from_dict(json.loads(cfg_json))
+    out = []
+    for ad in lora_memory.adapters(cfg, lora):
+        out.append(ParamSpec(ad.a_name, ad.a_shape, ad.layer, ad.part, ad.a_tp, ad.expert))
+        out.append(ParamSpec(ad.b_name, ad.b_shape, ad.layer, ad.part, ad.b_tp, ad.expert))
+    return tuple(out)
+
+
+def adapter_specs(cfg: ModelConfig, lora: LoraSpec) -> tuple[ParamSpec, ...]:
+    """The LoRA adapters' parameters (A and B of every adapted weight), laid out like ``param_specs``."""
+    return _adapter_specs_cached(json.dumps(cfg.to_dict(), sort_keys=True), lora)
 
 
 def _chunk_rows(n: int, parts: int, index: int) -> int:
@@ -108,14 +125,16 @@ def _local_numel(
 
 @dataclass(frozen=True)
 class StateBytes:
-    params: int  # fp32 master weights held by this rank
+    params: int  # fp32 master weights held by this rank (under LoRA: the adapters')
     grads: int  # fp32 gradients (sharded like the parameters)
     optimizer: int  # AdamW: exp_avg + exp_avg_sq (fp32) + one 4-byte step per parameter tensor
-    tensors: int  # parameter tensors of this rank's stages (an empty FSDP shard counts too)
+    tensors: int  # trained parameter tensors of this rank's stages (an empty FSDP shard counts too)
+    frozen: int = 0  # LoRA: the frozen base in the compute dtype (no gradient, no optimizer state)
 
 
 def state_bytes(plan, rank: int = 0) -> StateBytes:
-    """Exact bytes of parameters, gradients and AdamW state on ``rank`` of ``plan`` (a ``RunPlan``)."""
+    """Exact bytes of parameters, gradients and AdamW state on ``rank`` of ``plan`` (a ``RunPlan``); under
+    LoRA the base's bytes (compute dtype) apart and the trained state the adapters'."""
     at = rank_coords(plan, rank)
     if plan.pp > 1:
         n_stages = len(plan.pp_stage_layers)
@@ -124,8 +143,15 @@ def state_bytes(plan, rank: int = 0) -> StateBytes:
         first, last = 0 in ids, n_stages - 1 in ids
     else:
         keep, first, last = set(range(plan.model.num_hidden_layers)), True, True
+    lora = plan.lora
+    base = sum(_local_numel(spec, plan, at, keep, first, last) for spec in param_specs(plan.model))
+    if lora is not None:
+        trained = adapter_specs(plan.model, lora)
+        frozen = plan.compute_dtype.itemsize * base
+    else:
+        trained, frozen = param_specs(plan.model), 0
     numel = grad_numel = tensors = 0
-    for spec in param_specs(plan.model):
+    for spec in trained:
         n = _local_numel(spec, plan, at, keep, first, last)
         numel += n
         grad_numel += n
@@ -133,7 +159,7 @@ def state_bytes(plan, rank: int = 0) -> StateBytes:
             # measured: the vocabulary-sharded embedding's gradient is a whole (Replicate) table
             grad_numel += n * (plan.tp - 1)
         tensors += _held(spec, keep, first, last)
-    return StateBytes(FP32 * numel, FP32 * grad_numel, 2 * FP32 * numel + FP32 * tensors, tensors)
+    return StateBytes(FP32 * numel, FP32 * grad_numel, 2 * FP32 * numel + FP32 * tensors, tensors, frozen)
 
 
 def _held(spec: ParamSpec, keep: set[int], first: bool, last: bool) -> bool:
@@ -146,7 +172,7 @@ def _held(spec: ParamSpec, keep: set[int], first: bool, last: bool) -> bool:
 def max_state_bytes(plan) -> StateBytes:
     """The rank with the most state: FSDP's first shard is the largest; every pipeline rank differs."""
     ranks = range(0, plan.world_size, plan.tp * plan.dp_shard * plan.dp_replicate)
-    return max((state_bytes(plan, r) for r in ranks), key=lambda s: s.params + s.optimizer)
+    return max((state_bytes(plan, r) for r in ranks), key=lambda s: s.params + s.optimizer + s.frozen)
 
 
 # ----------------------------------------------------------------------------- activations
@@ -284,12 +310,16 @@ class Activations:
     head: float  # final norm, logits/loss buffer (fused or not), MTP
     moe_dispatch: float  # all-to-all send buffer of one MoE layer (EP)
     in_flight: int  # micro-batches whose activations a pipeline rank holds at once
+    # the head's backward working set counts under checkpointing too: with a frozen base (LoRA) no
+    # gradients pile up during backward to move the step's peak to a later layer (measured)
+    head_working_set: bool = False
 
     def phases(self, root_buffer: float = 0.0, layer_buffer: float = 0.0) -> tuple[float, float]:
         """Peak bytes in the two moments backward can peak: the head's backward (every saved tensor, the
         head's, the root FSDP unit gathered; plus the working set unless layers are recomputed later)
         and a decoder layer's backward (its recomputed tensors, the working set, its unit gathered)."""
-        head = self.layers + self.head + root_buffer + (0.0 if self.recompute else self.backward)
+        working = self.backward if self.head_working_set or not self.recompute else 0.0
+        head = self.layers + self.head + root_buffer + working
         layer = self.layers + self.recompute + self.backward + layer_buffer
         return head + self.moe_dispatch, layer + self.moe_dispatch
 
@@ -336,10 +366,22 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
     tokens = local_seqs * job.train.seq_len
     mode = job.train.activation_checkpoint
     every = checkpoint_every(mode)
-    per_layer = [layer_activation_bytes(cfg, i, a, tp, ep, pad_values) for i in layers]
+    lora = plan.lora
+
+    def block_bytes(i: int) -> float:  # what block i saves without checkpointing (LoRA's difference added)
+        full = layer_activation_bytes(cfg, i, a, tp, ep, pad_values)
+        return full + (lora_memory.layer_delta(cfg, i, lora, a, tp) if lora else 0.0)
+
+    per_layer = [block_bytes(i) for i in layers]
     if mode == SELECTIVE:  # each layer keeps its matmul/attention outputs; its backward rebuilds the rest
-        kept = sum(layer_selective_bytes(cfg, i, a, tp, ep, pad_values).kept for i in layers)
-        rebuilt = [selective_rebuilt_bytes(cfg, i, a, tp, ep, pad_values) for i in layers]
+        selective = [layer_selective_bytes(cfg, i, a, tp, ep, pad_values) for i in layers]
+        if lora:
+            selective = [
+                Selective(s.kept + lora_memory.selective_delta(cfg, i, lora, a, tp), s.tail)
+                for i, s in zip(layers, selective)
+            ]
+        kept = sum(s.kept for s in selective)
+        rebuilt = [max(0.0, b + s.tail - s.kept) for b, s in zip(per_layer, selective)]
     else:
         kept = sum(a * d / tp if every and i % every == 0 else b for i, b in zip(layers, per_layer))
         rebuilt = per_layer
@@ -359,8 +401,10 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
         if use_mtp:  # per depth: enorm and hnorm, their concatenation (eh_proj's input), a block, its
             # final norm and another logits buffer
             for k in range(cfg.num_nextn_predict_layers):
-                block = layer_activation_bytes(cfg, cfg.num_hidden_layers + k, a, tp, ep, pad_values)
+                block = block_bytes(cfg.num_hidden_layers + k)
                 head += 2 * _norm(d, a, tp) + 2 * a * d + block + _norm(d, a, tp) + logits
+        if lora:
+            head += lora_memory.head_delta(cfg, lora, a, tp, use_mtp)
     dispatch = cfg.num_experts_per_tok * a * d / tp if cfg.is_moe and ep > 1 else 0.0
     return Activations(
         kept * tokens * in_flight,
@@ -369,6 +413,7 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
         head * tokens,
         dispatch * tokens,
         in_flight,
+        lora is not None,
     )
 
 
@@ -387,18 +432,10 @@ class CommBuffers:
     autocast: float  # without FSDP: autocast's compute-dtype copy of every weight
 
 
-def comm_buffer_bytes(plan) -> CommBuffers:
-    """Parameters and gradients that exist unsharded for a while. Under FSDP, a unit's parameters are
-    gathered in the compute dtype for its forward and backward, and its gradients exist unsharded (in the
-    compute dtype, and the root's also as the fp32 copy reduce-scatter sends) until reduced. Without
-    FSDP, autocast caches a compute-dtype copy of every weight for the step."""
-    a = plan.compute_dtype.itemsize
-    if not plan.uses_fsdp:
-        return CommBuffers(0.0, 0.0, 0.0 if a == 4 else state_bytes(plan, 0).params / FP32 * a)
-    if plan.dp_shard == 1 and not plan.job.parallel.cpu_offload:
-        return CommBuffers(0.0, 0.0, 0.0)  # HSDP/replicate only: nothing is gathered
+def _unit_numels(plan, specs) -> dict[str, int]:
+    """Elements of ``specs`` per FSDP unit (a decoder layer, an MTP depth, the root) after TP and EP."""
     units: dict[str, int] = {}
-    for spec in param_specs(plan.model):
+    for spec in specs:
         if spec.layer is not None:
             key = f"layer{spec.layer}"
         elif spec.name.startswith("mtp."):
@@ -411,9 +448,33 @@ def comm_buffer_bytes(plan) -> CommBuffers:
         elif spec.tp_dim is not None and plan.tp > 1:
             shape[spec.tp_dim] //= plan.tp
         units[key] = units.get(key, 0) + _numel(tuple(shape))
-    root = max((n for k, n in units.items() if k.startswith("root")), default=0)
-    layer = max((n for k, n in units.items() if not k.startswith("root")), default=0)
-    return CommBuffers((2 * a + FP32) * root, 2 * a * layer, 0.0)
+    return units
+
+
+def comm_buffer_bytes(plan) -> CommBuffers:
+    """Parameters and gradients that exist unsharded for a while. Under FSDP, a unit's parameters are
+    gathered in the compute dtype for its forward and backward, and its gradients exist unsharded (in the
+    compute dtype, and the root's also as the fp32 copy reduce-scatter sends) until reduced. Without
+    FSDP, autocast caches a compute-dtype copy of every fp32 weight for the step. Under LoRA only the
+    adapters have gradients, and the base, already in the compute dtype, gets no autocast copy."""
+    a = plan.compute_dtype.itemsize
+    lora = plan.lora
+    if not plan.uses_fsdp:
+        return CommBuffers(0.0, 0.0, 0.0 if a == 4 else state_bytes(plan, 0).params / FP32 * a)
+    if plan.dp_shard == 1 and not plan.job.parallel.cpu_offload:
+        return CommBuffers(0.0, 0.0, 0.0)  # HSDP/replicate only: nothing is gathered
+    gathered = _unit_numels(plan, param_specs(plan.model))
+    grads = gathered
+    if lora:
+        grads = _unit_numels(plan, adapter_specs(plan.model, lora))
+        gathered = {k: n + grads.get(k, 0) for k, n in gathered.items()}
+
+    def unit(k: str, grad_bytes: int) -> int:
+        return a * gathered.get(k, 0) + grad_bytes * grads.get(k, 0)
+
+    root = max((unit(k, a + FP32) for k in gathered if k.startswith("root")), default=0)
+    layer = max((unit(k, a) for k in gathered if not k.startswith("root")), default=0)
+    return CommBuffers(float(root), float(layer), 0.0)
 
 
 def transient_bytes(

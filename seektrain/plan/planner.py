@@ -72,6 +72,34 @@ def _scaled_batch(job: JobConfig, gpus: int, n: int) -> JobConfig:
     return job
 
 
+def gpu_counts(limit: int = MAX_GPUS):
+    """The device counts ``fewest_gpus`` tries, ascending: 1, 2, 4, one node of 8, then whole nodes."""
+    yield from (1, 2, 4)
+    n = 8
+    while n <= limit:
+        yield n
+        n += 8
+
+
+def fewest_gpus(job: JobConfig, model: ModelConfig, gpu: str, per_device_batch: int = 0) -> int:
+    """The smallest device count with a feasible layout (CPU offload allowed) for ``job`` on ``gpu``;
+    ``per_device_batch``: the global batch follows the count (``--model`` without ``--global-batch``),
+    else the job's stays. Each count is probed with the least memory a layout can take (full activation
+    checkpointing, micro-batch 1); the caller then plans the count it returns in full."""
+    import copy
+
+    _check_batch(job)
+    quick = {"checkpoint_modes": ("full",), "micro_batches": (1,)}
+    for n in gpu_counts():
+        job_n = job
+        if per_device_batch:
+            job_n = copy.deepcopy(job)
+            job_n.train.global_batch_size = per_device_batch * n
+        if search(job_n, model, n, hardware_for(gpu, n, 0), **quick).ranked:
+            return n
+    raise UserError(f"model {model.name} fits no layout on up to {MAX_GPUS} × {gpu}, CPU offload included")
+
+
 def best_feasible(job: JobConfig, model: ModelConfig, gpus: int, hw: Hardware, **kw) -> SearchResult:
     """The search, or a ValueError of one line when nothing can run."""
     _check_batch(job)
@@ -102,6 +130,12 @@ def plan_job(job: JobConfig, model: ModelConfig, gpus: int, gpu: str, nodes: int
     hw = hardware_for(gpu, gpus, nodes)
     result = best_feasible(job, model, gpus, hw)
     dtype = planned_precision(job, hw).name
+    precision = f"{dtype} compute, fp32 master weights and AdamW"
+    if job.lora.enabled:
+        precision = (
+            f"LoRA r={job.lora.rank} on {', '.join(job.lora.target_modules)}: frozen {dtype} base, "
+            f"fp32 adapters with AdamW"
+        )
     counts = count_params(model)
     header = {
         "model": model.name,
@@ -111,6 +145,6 @@ def plan_job(job: JobConfig, model: ModelConfig, gpus: int, gpu: str, nodes: int
         "nodes": gpus // hw.gpus_per_node,
         "seq_len": job.train.seq_len,
         "global_batch": job.train.global_batch_size,
-        "precision": f"{dtype} compute, fp32 master weights and AdamW",
+        "precision": precision,
     }
     return to_dict(result, header, top)

@@ -79,6 +79,7 @@ def to_dict(result: SearchResult, header: dict, top: int) -> dict:
             {
                 "settings": cand.settings,
                 "memory_gib": mem,
+                "host_memory_gib": host_memory(cand, hw),
                 "time": {
                     "compute_s": t.compute_s,
                     "fsdp_s": t.fsdp_s,
@@ -103,6 +104,53 @@ def to_dict(result: SearchResult, header: dict, top: int) -> dict:
     return out
 
 
+def host_memory(cand: Candidate, hw) -> dict:
+    """Host memory the layout needs besides the processes themselves: per rank (the CPU-offloaded state,
+    pinned on a GPU, and the async checkpoint's snapshot buffers) and per node."""
+    assert cand.memory is not None
+    m = cand.memory
+    return {
+        "cpu_offload_state": m.host_state / GIB,
+        "checkpoint_staging": m.host_staging / GIB,
+        "per_rank": m.host_total / GIB,
+        "per_node": m.host_total * hw.gpus_per_node / GIB,
+        "available_per_node": hw.host_gib * hw.gpus_per_node,
+        "initial_weights_per_rank": m.host_load / GIB,
+    }
+
+
+def _host_line(best: dict, hw: dict, lora: bool) -> list[str]:
+    host = best["host_memory_gib"]
+    load = host["initial_weights_per_rank"]
+    lines = []
+    if load:
+        lines.append(
+            f"host memory before training: {load:.1f} GiB per rank = {load * hw['gpus_per_node']:.1f} GiB per "
+            "node (model.hf_path: every rank reads the whole model in fp32, then keeps its shards)"
+        )
+    if not (host["per_rank"] or lora):
+        return lines
+    if not host["per_rank"]:
+        return [
+            *lines,
+            "host memory: none beyond the processes (no CPU offload, no async checkpoint staging)",
+        ]
+    parts = [
+        f"{label} {host[key]:.1f}"
+        for key, label in (
+            ("cpu_offload_state", "CPU-offloaded state"),
+            ("checkpoint_staging", "checkpoint staging"),
+        )
+        if host[key]
+    ]
+    available = f" of {host['available_per_node']:.0f} assumed" if host["available_per_node"] else ""
+    return [
+        *lines,
+        f"host memory: {host['per_rank']:.1f} GiB per rank ({', '.join(parts)}, pinned on a GPU) = "
+        f"{host['per_node']:.1f} GiB per node of {hw['gpus_per_node']}{available}",
+    ]
+
+
 def _count(n: float) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
@@ -116,7 +164,9 @@ def format_text(data: dict) -> str:
     ceil = data["ceiling_100pct_mfu"]
     small = best["memory_gib"]["total"] < 1  # tiny models: MiB says more than 0.00 GiB
     unit, scale = ("MiB", 1024) if small else ("GiB", 1)
-    lines = [
+    fewest = data.get("fewest_gpus")
+    lines = [f"fewest devices with a feasible layout: {fewest} × {hw['name']}"] if fewest else []
+    lines += [
         f"model {data['model']}: {_count(data['params_total'])} parameters ({_count(data['params_active'])} "
         f"active per token); {data['gpus']} × {hw['name']} ({data['nodes']} node(s) × {hw['gpus_per_node']}); "
         f"seq {data['seq_len']}, global batch {data['global_batch']} sequences ({data['precision']})",
@@ -132,6 +182,7 @@ def format_text(data: dict) -> str:
     for item, gib in best["memory_gib"].items():
         lines.append(f"  {item:<44} {gib * scale:9.2f}")
     lines.append(f"  (device memory {hw['memory_gib']:.1f} GiB)")
+    lines += _host_line(best, hw, "LoRA" in data["precision"])
     t = best["time"]
     lines += [
         f"predicted step {best['step_s']:.3f} s (compute {t['compute_s']:.3f} s"

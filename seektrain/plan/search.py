@@ -31,11 +31,20 @@ class MemoryBreakdown:
     comm_buffers: float  # gathered parameters (FSDP) or autocast's low-precision copies
     allowance: float  # CUDA context + fragmentation
     host_state: float = 0.0  # parallel.cpu_offload: parameters, gradients and AdamW state in host memory
+    frozen: float = 0.0  # lora.enabled: the frozen base in the compute dtype
+    host_staging: float = 0.0  # checkpoint.async_save: the host snapshot of what a checkpoint saves
+    host_load: float = 0.0  # model.hf_path: the whole model in fp32, read by every rank before training
+
+    @property
+    def host_total(self) -> float:
+        """Host memory this rank needs beyond the process itself (pinned on a GPU)."""
+        return self.host_state + self.host_staging
 
     @property
     def total(self) -> float:
         return (
-            self.params
+            self.frozen
+            + self.params
             + self.grads
             + self.optimizer
             + self.activations.total
@@ -46,7 +55,11 @@ class MemoryBreakdown:
     def items(self) -> dict[str, float]:
         a = self.activations
         host = {"host memory (cpu_offload)": self.host_state} if self.host_state else {}
+        if self.host_staging:
+            host["host memory (async checkpoint staging)"] = self.host_staging
+        frozen = {"frozen base (compute dtype, LoRA)": self.frozen} if self.frozen else {}
         return {
+            **frozen,
             "parameters (fp32 master)": self.params,
             "gradients (fp32)": self.grads,
             "optimizer (AdamW fp32 moments)": self.optimizer,
@@ -94,12 +107,18 @@ def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
     )
     comm = peak - acts.total  # what the buffers add to the activations' own peak
     host = 0.0
-    params, grads, optimizer = state.params, state.grads, state.optimizer
-    if offloads(plan):  # FSDP2's CPUOffloadPolicy: the sharded state lives on the host
-        host, params, grads, optimizer = params + grads + optimizer, 0, 0, 0
-    tensors = params + grads + optimizer + peak
+    frozen, params, grads, optimizer = state.frozen, state.params, state.grads, state.optimizer
+    if offloads(plan):  # FSDP2's CPUOffloadPolicy: the sharded state (a frozen base too) lives on the host
+        host, frozen, params, grads, optimizer = frozen + params + grads + optimizer, 0, 0, 0, 0
+    tensors = frozen + params + grads + optimizer + peak
     allowance = hw.context_gib * GIB + memory.FRAGMENTATION * tensors
-    return MemoryBreakdown(params, grads, optimizer, acts, comm, allowance, host)
+    # an async save snapshots what a checkpoint holds (a LoRA checkpoint: the adapters, not the base)
+    staging = state.params + state.optimizer if plan.job.checkpoint.async_save else 0
+    # train/setup_model.py's initial_weights: each rank reads the release whole, in fp32, then loads its
+    # shards from it (a peak before training starts, not beside the training state)
+    load = memory.FP32 * sum(memory._numel(s.shape) for s in memory.param_specs(plan.model))
+    load = load if plan.job.model.hf_path else 0
+    return MemoryBreakdown(params, grads, optimizer, acts, comm, allowance, host, frozen, staging, load)
 
 
 def offloads(plan: RunPlan) -> bool:
@@ -127,6 +146,7 @@ def _per_layout(fn, plan: RunPlan):
         p.pp_stages_per_rank,
         plan.pp_stage_layers,
         plan.precision.name,
+        plan.lora,
     )
     if key not in _LAYOUT_CACHE:
         _LAYOUT_CACHE[key] = fn(plan)
@@ -234,8 +254,12 @@ def evaluate(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, setti
         cand.reason = str(err)
         return cand
     cand.memory = memory_breakdown(cand.plan, hw)
-    if cand.memory.host_state > hw.host_gib * GIB:
-        cand.reason = f"cpu_offload: does not fit in {hw.host_gib:.0f} GiB of host memory per device"
+    # on --gpu cpu the host is the device (host_gib 0): there is nothing to offload to, and staging is host
+    # memory like the rest
+    host = cand.memory.host_total if hw.host_gib else cand.memory.host_state
+    if host > hw.host_gib * GIB:
+        what = "cpu_offload" if cand.memory.host_state else "checkpoint.async_save staging"
+        cand.reason = f"{what}: does not fit in {hw.host_gib:.0f} GiB of host memory per device"
         return cand
     if cand.memory.total > hw.memory_gib * GIB:
         cand.reason = (

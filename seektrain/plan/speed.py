@@ -17,6 +17,10 @@ Assumptions (each a number here, so they can be argued with):
   Tensor-parallel all-gathers/reduce-scatters and expert all-to-alls sit on the critical path.
 - ``parallel.cpu_offload``: state crosses PCIe (``PCIE_BYTES_PER_S``) and AdamW streams it through host
   memory (``HOST_BYTES_PER_S``), not overlapped.
+- ``lora.enabled``: the frozen base computes no weight gradients, so its matmuls cost 4 (not 6) FLOPs per
+  parameter and token; the adapters' own matmuls (6 × r × (in + out) per adapted weight and token) are
+  added. FSDP gathers the base and the adapters, but reduce-scatters only the adapters' gradients; CPU
+  offload moves the base up, only the adapters' gradients down, and runs AdamW over the adapters only.
 - Pipeline: the bubble is ``(pp-1)/micro-batches`` (1F1B, GPipe), divided by the stages per rank
   (interleaved), halved for zero-bubble V; activations sent between stages are added.
 """
@@ -25,7 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from seektrain.observe.flops import model_flops_per_token
+from seektrain.observe.flops import active_matmul_params, model_flops_per_token
+from seektrain.plan import lora_memory
 from seektrain.plan.fp8_flops import fp8_matmul_params
 from seektrain.plan.hardware import Hardware
 from seektrain.plan.recompute import SELECTIVE, checkpoint_every
@@ -68,6 +73,17 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     seq, tokens = job.train.seq_len, plan.tokens_per_step
     a = plan.compute_dtype.itemsize
     flops = model_flops_per_token(cfg, seq, include_mtp=plan.use_mtp) * tokens
+    lora = plan.lora
+    if lora:  # no weight gradients for the base; the adapters' forward and backward
+        adapter_flops = sum(
+            6.0
+            * lora.rank
+            * (ad.in_features + ad.out_features)
+            * (cfg.num_experts_per_tok if ad.expert else 1)
+            for ad in lora_memory.adapters(cfg, lora)
+            if plan.use_mtp or ad.block is None or ad.block < cfg.num_hidden_layers
+        )
+        flops += (adapter_flops - 2.0 * active_matmul_params(cfg, plan.use_mtp)) * tokens
     every = checkpoint_every(job.train.activation_checkpoint)
     selective = job.train.activation_checkpoint == SELECTIVE
     recompute = (1 / 3) * (1 / every) if every and not selective else 0.0
@@ -86,16 +102,17 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     from seektrain.plan.memory import max_state_bytes
 
     state = state or max_state_bytes(plan)
-    local_params = state.params / 4 * plan.dp_shard if plan.uses_fsdp else state.params / 4
+    shard = plan.dp_shard if plan.uses_fsdp else 1
+    local_params = state.params / 4 * shard  # trained parameters (under LoRA the adapters)
+    gathered = local_params + state.frozen / a * shard  # what FSDP gathers (a frozen base too)
     micro = plan.accum_steps if plan.pp == 1 else 1
     fsdp = 0.0
     if plan.uses_fsdp and plan.dp_shard > 1:
         gathers = 2 if plan.reshard_after_forward else 1
         reduce_bytes = 2 if job.precision.reduce_dtype == "bf16" else 4
-        per_micro = local_params * (gathers * a + reduce_bytes)
+        per_micro = gathered * gathers * a + local_params * reduce_bytes
         fsdp = micro * _ring(per_micro, plan.dp_shard, _link(hw, plan.tp * plan.dp_shard))
     if plan.dp_replicate > 1:  # HSDP/DDP: gradients all-reduced across replicas (twice a ring's bytes)
-        shard = plan.dp_shard if plan.uses_fsdp else 1
         fsdp += 2 * _ring(local_params / shard * 4, plan.dp_replicate, _link(hw, plan.world_size // plan.pp))
     exposed_fsdp = max(0.0, fsdp - compute)
 
@@ -123,7 +140,9 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     if plan.cpu_offload and plan.uses_fsdp:
         # parameters up and gradients down over PCIe each step, AdamW on the host reading and writing
         # parameters, gradients and both moments
-        offload = (state.params + state.grads) / PCIE_BYTES_PER_S + 2 * (state.params * 4) / HOST_BYTES_PER_S
+        offload = (state.params + state.frozen + state.grads) / PCIE_BYTES_PER_S + 2 * (
+            state.params * 4
+        ) / HOST_BYTES_PER_S
     total = (compute + exposed_fsdp + tp + ep + pp) * (1 + bubble) + offload
     return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops, offload, recompute_s)
 
