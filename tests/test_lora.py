@@ -369,3 +369,25 @@ def test_compiled_blocks_give_the_adapters_the_same_gradients():
     assert set(got) == set(want) and all(is_adapter(n) for n in want)
     for name, grad in got.items():
         torch.testing.assert_close(grad, want[name], rtol=1e-4, atol=1e-6)
+
+
+def test_a_base_from_full_weights_gets_fresh_adapters():
+    """``model.hf_path``: the base loads strictly from full weights (which hold no adapters), then the
+    adapters are initialised; a base weight missing from them is still refused."""
+    from seektrain.models.init import init_adapters
+    from seektrain.parallel.parallelize import load_full_state_dict
+
+    cfg = get_preset("tiny-v3")
+    base = build_model(cfg, seed=7)
+    model = build_model(cfg, device="meta")
+    add_adapters(model, LoraSpec(4, 8.0))
+    model.to_empty(device="cpu")
+    load_full_state_dict(model, base.state_dict())
+    init_adapters(model, 0)
+    tokens = torch.randint(0, cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(tokens).logits, base(tokens).logits)
+    assert all(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_A" in n)
+    partial = {k: v for k, v in base.state_dict().items() if k != "layers.0.self_attn.o_proj.weight"}
+    with pytest.raises(RuntimeError, match="layers.0.self_attn.o_proj.weight"):
+        load_full_state_dict(model, partial)
