@@ -41,3 +41,23 @@ def lora_reference(one_process_run):
 def test_lora_equals_one_process(tmp_path, lora_reference, layout):
     got = run_layout(tmp_path, "tiny-v3", 2, *LORA, *layout, steps=STEPS)
     assert_same_run(got, lora_reference)
+
+
+@pytest.mark.slow  # two more 2-rank runs; the fp32 layouts above guard the computation in CI
+def test_bf16_fsdp_ep_lora_saves_and_resumes(tmp_path):
+    """bf16 under FSDP=2 × EP=2: a frozen bf16 base beside fp32 adapters in one FSDP group (FSDP2 checks
+    one original dtype over the trainable parameters only), saved by the current checkpoint code and
+    resumed from it."""
+    import json
+
+    from run_cli import metrics, train
+
+    common = (*LORA, "model.preset=tiny-v3", "parallel.ep=2", "precision.dtype=bf16")
+    train(tmp_path, *common, "train.steps=2", nproc=2, timeout=600)
+    train(tmp_path, *common, "train.steps=3", nproc=2, timeout=600)
+    steps = [m["step"] for m in metrics(tmp_path)]
+    assert steps[-1] == 3 and steps.count(3) == 1
+    assert "resumed from" in (tmp_path / "train.log").read_text()
+    lora = json.loads((tmp_path / "summary.json").read_text())["layout_ran"]["lora"]
+    assert lora["base_frozen"] and lora["expert_adapter_groups"] == 4, lora
+    assert lora["base_dtypes"] == ["torch.bfloat16"] and lora["adapter_dtypes"] == ["torch.float32"], lora

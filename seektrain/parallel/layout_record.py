@@ -15,8 +15,8 @@ none) and ``tp_sharded_params``, ``ep``, ``experts_per_rank`` (experts each rank
 model), ``moe_layers`` and ``ep_layers`` (MoE layers on this rank, and how many are expert-parallel),
 ``pp_stages`` (this rank's pipeline stages) and ``pp_schedule`` (the schedule's class), ``lora`` (None
 for a full fine-tune; else what this rank trains: its adapter tensors, the modules and routed-expert
-groups they sit on, how many tensor parallelism shards, trainable and frozen elements, and whether every base parameter
-is frozen).
+groups they sit on, how many tensor parallelism shards, trainable and frozen elements, whether every base parameter
+is frozen, and the dtypes the base and the adapters are stored in).
 """
 
 from __future__ import annotations
@@ -118,6 +118,8 @@ def _lora(model: nn.Module) -> dict | None:
             p.requires_grad for name, p in model.named_parameters() if not is_adapter(name)
         ),
         "adapters_trainable": all(p.requires_grad for _, p in adapters),
+        "base_dtypes": sorted({str(p.dtype) for n, p in model.named_parameters() if not is_adapter(n)}),
+        "adapter_dtypes": sorted({str(p.dtype) for _, p in adapters}),
     }
 
 
