@@ -50,6 +50,26 @@ def _local_view(
 
 @torch.no_grad()
 def deterministic_normal_(param: torch.Tensor, std: float, seed: int, name: str) -> None:
+    def sample(shape, gen):
+        return torch.randn(shape, generator=gen, device=gen.device, dtype=torch.float32).mul_(std)
+
+    _deterministic_fill_(param, seed, name, sample)
+
+
+@torch.no_grad()
+def deterministic_uniform_(param: torch.Tensor, bound: float, seed: int, name: str) -> None:
+    """Uniform(-bound, bound), layout-independent like ``deterministic_normal_``."""
+
+    def sample(shape, gen):
+        values = torch.empty(shape, device=gen.device, dtype=torch.float32)
+        return values.uniform_(-bound, bound, generator=gen)
+
+    _deterministic_fill_(param, seed, name, sample)
+
+
+def _deterministic_fill_(param: torch.Tensor, seed: int, name: str, sample) -> None:
+    """Fill ``param``'s local part from ``sample(block shape, generator)`` (fp32), one generator per
+    (seed, name, row block)."""
     local, gshape, lshape, offset = _local_view(param)
     if local.numel() == 0:
         return
@@ -61,23 +81,47 @@ def deterministic_normal_(param: torch.Tensor, std: float, seed: int, name: str)
         b0 = block * rows_per_block
         b1 = min(b0 + rows_per_block, gshape[0])
         gen = torch.Generator(device=local.device).manual_seed(_seed_for(seed, name, block))
-        values = torch.randn((b1 - b0,) + gshape[1:], generator=gen, device=local.device, dtype=torch.float32)
+        values = sample((b1 - b0,) + gshape[1:], gen)
         lo, hi = max(b0, r0), min(b1, r1)
-        local[lo - r0 : hi - r0].copy_(values[(slice(lo - b0, hi - b0),) + inner].mul_(std))
+        local[lo - r0 : hi - r0].copy_(values[(slice(lo - b0, hi - b0),) + inner])
+
+
+def init_adapter_(param: torch.Tensor, seed: int, name: str) -> None:
+    """A LoRA adapter (models/lora.py) as PEFT starts it: A kaiming-uniform with a=sqrt(5), i.e.
+    Uniform(±1/sqrt(fan_in)) with fan_in its last dimension (per expert for ``[E, r, in]``); B zeros,
+    so the adapted model starts as the base."""
+    if "lora_B" in name:
+        _local_view(param)[0].zero_()
+    else:
+        deterministic_uniform_(param, 1.0 / math.sqrt(param.shape[-1]), seed, name)
+
+
+@torch.no_grad()
+def init_adapters(model: nn.Module, seed: int) -> None:
+    """Initialise only the adapters (the base came from a Hugging Face folder)."""
+    from seektrain.models.lora import is_adapter
+
+    for name, param in model.named_parameters():
+        if is_adapter(name):
+            init_adapter_(param, seed, canonical_name(name))
 
 
 @torch.no_grad()
 def init_weights(model: nn.Module, std: float, seed: int) -> None:
     """Normal(0, std) for matrices and embeddings, ones for norm scales, zeros for biases and buffers
-    of the balancing bias. Works on plain, FSDP-sharded and tensor-parallel parameters alike."""
+    of the balancing bias, LoRA adapters as ``init_adapter_``. Works on plain, FSDP-sharded and
+    tensor-parallel parameters alike."""
     from seektrain.models.layers import RMSNorm
+    from seektrain.models.lora import is_adapter
     from seektrain.models.moe import Router
 
     for mod_name, module in model.named_modules():
         for p_name, param in module.named_parameters(recurse=False):
             full = canonical_name(f"{mod_name}.{p_name}" if mod_name else p_name)
             local = _local_view(param)[0]
-            if isinstance(module, RMSNorm):
+            if is_adapter(p_name):
+                init_adapter_(param, seed, full)
+            elif isinstance(module, RMSNorm):
                 local.fill_(1.0)
             elif p_name == "bias":
                 local.zero_()

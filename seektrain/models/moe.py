@@ -16,6 +16,7 @@ from torch import nn
 from seektrain.models.config import ModelConfig
 from seektrain.models.kernels import Kernels
 from seektrain.models.layers import SwiGLU
+from seektrain.models.lora import ExpertAdapters, expert_adapters
 from seektrain.models.moe_rows import PermuteRows, run_padded_groups
 
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
@@ -117,6 +118,7 @@ def grouped_swiglu(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     kernels: Kernels = PLAIN_KERNELS,
+    adapters: ExpertAdapters | None = None,
 ) -> torch.Tensor:
     """E SwiGLU experts (``gate_up [E, 2F, D]``, ``down [E, D, F]``) over token slots already sorted by
     expert, ``counts_E`` slots each: one grouped GEMM per projection, or a padded batched matmul where
@@ -127,31 +129,50 @@ def grouped_swiglu(
 
     Under autocast both paths compute in the autocast dtype (autocast does not cover the grouped GEMM
     but does cover ``bmm``): the result's dtype must not depend on how many tokens a rank received,
-    or expert parallelism's return all-to-all would mix dtypes across ranks."""
+    or expert parallelism's return all-to-all would mix dtypes across ranks.
+
+    ``adapters``: the experts' LoRA adapters (``models/lora.py``), added to each projection's output by
+    two more products per projection over the same groups (the same grouped GEMM or batched matmul)."""
     if torch.is_autocast_enabled(x_ND.device.type):
         dtype = torch.get_autocast_dtype(x_ND.device.type)
         x_ND, gate_up_proj, down_proj = x_ND.to(dtype), gate_up_proj.to(dtype), down_proj.to(dtype)
-    covered = _grouped_mm is not None and kernels.grouped_mm_covers(x_ND, *gate_up_proj.shape[1:])
+        adapters = adapters.cast(dtype) if adapters is not None else None
+    dims = (*gate_up_proj.shape[1:], *((adapters.rank,) if adapters is not None else ()))
+    covered = _grouped_mm is not None and kernels.grouped_mm_covers(x_ND, *dims)
+    if adapters is not None:  # the grouped GEMM takes rows whose stride is a multiple of 16 bytes only
+        covered = covered and adapters.rank * x_ND.element_size() % 16 == 0
     if x_ND.shape[0] and covered:
         grouped_mm = _grouped_mm
         assert grouped_mm is not None  # covered says so
 
         def swiglu(x, counts):
             offs = counts.cumsum(0).to(torch.int32)
-            gate, up = _ContiguousGrad.apply(grouped_mm(x, gate_up_proj.transpose(-2, -1), offs=offs)).chunk(
-                2, -1
-            )
-            return _ContiguousGrad.apply(
-                grouped_mm(F.silu(gate) * up, down_proj.transpose(-2, -1), offs=offs)
-            )
+
+            def mm(a, w):  # a @ w^T per expert group
+                return _ContiguousGrad.apply(grouped_mm(a, w.transpose(-2, -1), offs=offs))
+
+            return _swiglu_with(mm, x, gate_up_proj, down_proj, adapters)
 
         if kernels.expert_row_multiple > 1:
             return run_padded_groups(swiglu, x_ND, counts_E, kernels.expert_row_multiple)
         return swiglu(x_ND, counts_E)
-    return _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj)
+    return _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj, adapters)
 
 
-def _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj) -> torch.Tensor:
+def _swiglu_with(mm, x, gate_up_proj, down_proj, adapters: ExpertAdapters | None) -> torch.Tensor:
+    """The experts' SwiGLU with every product ``mm(x, w)`` (``x @ w^T`` per expert), adapters included."""
+    gate_up = mm(x, gate_up_proj)
+    if adapters is not None:
+        gate_up = gate_up + adapters.delta("gate_up", x, mm)
+    gate, up = gate_up.chunk(2, -1)
+    h = F.silu(gate) * up
+    out = mm(h, down_proj)
+    if adapters is not None:
+        out = out + adapters.delta("down", h, mm)
+    return out
+
+
+def _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj, adapters=None) -> torch.Tensor:
     n_experts = counts_E.shape[0]
     capacity = int(counts_E.max()) if x_ND.shape[0] else 0
     expert_of = torch.repeat_interleave(torch.arange(n_experts, device=x_ND.device), counts_E)
@@ -159,8 +180,9 @@ def _padded_bmm_swiglu(x_ND, counts_E, gate_up_proj, down_proj) -> torch.Tensor:
     slot = torch.arange(x_ND.shape[0], device=x_ND.device) - starts[expert_of]
     padded = x_ND.new_zeros(n_experts, capacity, x_ND.shape[-1])
     padded[expert_of, slot] = x_ND
-    gate, up = torch.bmm(padded, gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
-    out = torch.bmm(F.silu(gate) * up, down_proj.transpose(1, 2))
+    out = _swiglu_with(
+        lambda a, w: torch.bmm(a, w.transpose(1, 2)), padded, gate_up_proj, down_proj, adapters
+    )
     return out[expert_of, slot]
 
 
@@ -192,7 +214,9 @@ class GroupedExperts(nn.Module):
 
     def run_sorted(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """The experts over token slots sorted by expert, ``counts_E`` slots each."""
-        return grouped_swiglu(x_ND, counts_E, self.gate_up_proj, self.down_proj, self.kernels)
+        return grouped_swiglu(
+            x_ND, counts_E, self.gate_up_proj, self.down_proj, self.kernels, expert_adapters(self)
+        )
 
 
 class MoE(nn.Module):

@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
+from seektrain.models.lora import expert_adapters
 from seektrain.models.moe import GroupedExperts, MoE, count_slots, grouped_swiglu
 from seektrain.parallel.tp_styles import SumGrad
 
@@ -41,15 +42,18 @@ def all_to_all_calls() -> int:
 def shard_expert_weights(module: nn.Module, experts: GroupedExperts, mesh: DeviceMesh) -> None:
     """Register on ``module`` this rank's ``E / R`` experts of ``experts`` as DTensor ``Shard(0)`` over the
     1-D ``mesh`` (full ``[E, ...]`` shapes, so names, checkpoints and the layout-independent init stay as
-    in the plain model). Meta tensors stay meta; real values are kept."""
+    in the plain model). Meta tensors stay meta; real values are kept. Every parameter of ``experts`` is
+    ``[E, ...]``: the LoRA adapters (``models/lora.py``) go with their experts, and their settings too."""
     ranks, rank = mesh.size(), mesh.get_local_rank()
-    for name in ("gate_up_proj", "down_proj"):
-        full = getattr(experts, name)
+    for name, full in list(experts.named_parameters(recurse=False)):
         local = full.detach().chunk(ranks, dim=0)[rank].clone()
         dt = DTensor.from_local(
             local, mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride()
         )
         module.register_parameter(name, nn.Parameter(dt, requires_grad=full.requires_grad))
+    for setting in ("lora_scaling", "lora_dropout"):
+        if hasattr(experts, setting):
+            setattr(module, setting, getattr(experts, setting))
 
 
 def _all_to_all(x_ND: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
@@ -143,9 +147,6 @@ class ExpertParallelExperts(GroupedExperts):
             torch.arange(E, device=x_ND.device) % L, recv_RL.flatten(), output_size=sum(recv_splits)
         )  # known: no second read
         order = local_of_slot.argsort(stable=True)
-        w1, w2 = self.gate_up_proj, self.down_proj
-        w1 = w1.to_local() if isinstance(w1, DTensor) else w1
-        w2 = w2.to_local() if isinstance(w2, DTensor) else w2
         # Gradient scale. The single-process gradient is that of the mean loss over every data-parallel
         # rank's tokens, (1/dp) Σ_r ∂L_r/∂w (equal token counts per rank). Each rank backpropagates its
         # own L_r; the all-to-all backward brings every ep-rank's ∂L_r/∂y for my experts here, so the
@@ -155,9 +156,16 @@ class ExpertParallelExperts(GroupedExperts):
         # giving (B/dp) Σ_r ∂L_r/∂w: dividing by B here yields exactly (1/dp) Σ_r ∂L_r/∂w, as FSDP's
         # average over all dp ranks does for every non-expert parameter. (Only the weights' gradient is
         # scaled, not the one flowing back to the tokens.)
+        # The adapters are weights of my experts like any other.
         scale = self.tp / R
-        w1, w2 = _ScaleGrad.apply(w1, scale), _ScaleGrad.apply(w2, scale)
-        y_local = grouped_swiglu(x_recv[order], recv_RL.sum(0), w1, w2, self.kernels)
+
+        def local(w: torch.Tensor) -> torch.Tensor:
+            return _ScaleGrad.apply(w.to_local() if isinstance(w, DTensor) else w, scale)
+
+        w1, w2 = local(self.gate_up_proj), local(self.down_proj)
+        y_local = grouped_swiglu(
+            x_recv[order], recv_RL.sum(0), w1, w2, self.kernels, expert_adapters(self, local)
+        )
         # 4. Back to arrival order, then back to the senders.
         y_recv = y_local[order.argsort()]
         return _AllToAll.apply(y_recv, send_splits, recv_splits, group)

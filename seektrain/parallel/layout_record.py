@@ -13,7 +13,10 @@ or ``replicate``: FSDP2's replicate mode under tensor parallelism), ``fsdp_units
 sharded / replicated over), ``tp`` (size of the ``tp`` mesh dimension parameters are sharded on, 1 if
 none) and ``tp_sharded_params``, ``ep``, ``experts_per_rank`` (experts each rank computes; absent for a dense
 model), ``moe_layers`` and ``ep_layers`` (MoE layers on this rank, and how many are expert-parallel),
-``pp_stages`` (this rank's pipeline stages) and ``pp_schedule`` (the schedule's class).
+``pp_stages`` (this rank's pipeline stages) and ``pp_schedule`` (the schedule's class), ``lora`` (None
+for a full fine-tune; else what this rank trains: its adapter tensors, the modules and routed-expert
+groups they sit on, their placements, trainable and frozen elements, and whether every base parameter
+is frozen).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from seektrain.models.lora import is_adapter, trainable_counts
 from seektrain.models.moe import GroupedExperts
 
 # "dp": every data-parallel rank, flattened (FSDP over it shards over all of them)
@@ -91,6 +95,29 @@ def _experts(model: nn.Module) -> dict:
     }
 
 
+def _lora(model: nn.Module) -> dict | None:
+    """The adapters this rank holds (``models/lora.py``), read from the parameters themselves: a LoRA run
+    whose adapters were never added, or whose base still trains, shows here."""
+    adapters = [(name, p) for name, p in model.named_parameters() if is_adapter(name)]
+    if not adapters:
+        return None
+    trainable, frozen = trainable_counts(model)
+    placements = sorted({str(tuple(map(str, p.placements))) for _, p in adapters if isinstance(p, DTensor)})
+    holders = {name.rsplit(".", 1)[0] for name, _ in adapters}
+    return {
+        "adapters": len(adapters),
+        "adapted_modules": len(holders),
+        "expert_adapter_groups": sum(h.endswith(".experts") for h in holders),
+        "adapter_placements": placements,
+        "trainable_elements": trainable,
+        "frozen_elements": frozen,
+        "base_frozen": not any(
+            p.requires_grad for name, p in model.named_parameters() if not is_adapter(name)
+        ),
+        "adapters_trainable": all(p.requires_grad for _, p in adapters),
+    }
+
+
 def _data_parallel_kind(model: nn.Module, units: list[nn.Module], replicate: int) -> str:
     from torch.distributed._composable.replicate_with_fsdp import ReplicateModule
 
@@ -124,4 +151,5 @@ def layout_ran(parallel, world_mesh) -> dict:
         **_experts(model),
         "pp_stages": list(parallel.stage_ids),
         "pp_schedule": type(parallel.schedule).__name__ if parallel.schedule is not None else None,
+        "lora": _lora(model),
     }

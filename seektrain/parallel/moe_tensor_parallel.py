@@ -30,6 +30,7 @@ from torch.distributed.tensor import Partial, Placement, Replicate
 from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
+from seektrain.models.lora import expert_adapters
 from seektrain.models.moe import GroupedExperts, MoE, grouped_swiglu
 from seektrain.parallel.expert_parallel import ExpertParallelExperts, shard_expert_weights
 from seektrain.parallel.tp_styles import SumGrad
@@ -62,7 +63,8 @@ class TensorParallelExperts(GroupedExperts):
         lo, mine = torch.stack([counts_E[:e0].sum(), counts_E[e0 : e0 + L].sum()]).tolist()
         order = order[lo : lo + mine]  # slots routed to my experts
         token = order // top_k
-        y = grouped_swiglu(x_ND[token], counts_E[e0 : e0 + L], w1, w2, self.kernels)
+        adapters = expert_adapters(self, lambda w: w.to_local())
+        y = grouped_swiglu(x_ND[token], counts_E[e0 : e0 + L], w1, w2, self.kernels, adapters)
         y = y * weights_NK.flatten()[order].unsqueeze(-1).to(y.dtype)
         return torch.zeros_like(x_ND).index_add_(0, token, y.to(x_ND.dtype))
 

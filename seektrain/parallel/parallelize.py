@@ -1,7 +1,8 @@
 """Turn a plain model into the parallelised, initialised parts this rank trains, as the run plan says
 (torchtitan's recipe): cut out this rank's pipeline stages, convert their matmuls to FP8
 (``precision.fp8``; before anything else, since torchao swaps plain ``nn.Linear`` modules and FSDP must
-shard the converted ones), apply expert and tensor parallelism (experts
+shard the converted ones), add LoRA adapters and freeze the base in the compute dtype (``[lora]``),
+apply expert and tensor parallelism (experts
 first: the tensor-parallel plan of an MoE block leaves expert-parallel experts alone), activation
 checkpointing, regional ``torch.compile`` (``train.compile``) and FSDP/HSDP (with CPU offload when the plan
 says so), materialise only this rank's shards, then initialise them. DDP wraps the
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from seektrain.models.init import init_adapters
+from seektrain.models.lora import add_adapters, freeze_base, is_adapter
 from seektrain.models.registry import family_of, is_family_model, model_blocks
 from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
 from seektrain.parallel.data_parallel import apply_ddp, apply_fsdp, fsdp_mixed_precision
@@ -55,6 +58,9 @@ def _parallelize_part(part: nn.Module, plan, device: torch.device) -> None:
 
         choice = apply_float8(part, plan.job.precision.fp8, experts=fp8_grouped_gemm_supported(device))
         log.info(choice.describe(plan.job.precision.fp8))
+    if plan.lora is not None:  # after FP8 (which swaps the linears), before anything shards them
+        add_adapters(part, plan.lora)
+        freeze_base(part, plan.compute_dtype)
     if plan.ep > 1:
         from seektrain.parallel.expert_parallel import apply_expert_parallel
 
@@ -123,6 +129,7 @@ def parallelize_model(
             part.init_weights(plan.job.train.seed)
         else:
             load_full_state_dict(part, state_dict)
+            init_adapters(part, plan.job.train.seed)  # a base from Hugging Face: new adapters
         if plan.cpu_offload:
             _buffers_to(part, device)
     if plan.uses_ddp:
@@ -164,7 +171,12 @@ def load_full_state_dict(model: nn.Module, state_dict: dict) -> None:
 
     wanted = set(model.state_dict().keys())
     subset = {k: v for k, v in state_dict.items() if k in wanted}
-    set_model_state_dict(model, subset, options=StateDictOptions(full_state_dict=True, strict=True))
+    adapters = {k for k in wanted if is_adapter(k)}
+    if adapters and not wanted - adapters <= subset.keys():  # strict for the base, adapters are new
+        missing = sorted(wanted - adapters - subset.keys())
+        raise RuntimeError(f"the weights lack {len(missing)} parameters of the model, e.g. {missing[0]}")
+    options = StateDictOptions(full_state_dict=True, strict=not adapters)
+    set_model_state_dict(model, subset, options=options)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

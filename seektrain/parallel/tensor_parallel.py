@@ -48,7 +48,7 @@ from seektrain.models.shapes import (
     weights_by_path,
 )
 from seektrain.parallel.moe_tensor_parallel import MoETensorParallel
-from seektrain.parallel.tp_styles import LocalParams, SumGrad
+from seektrain.parallel.tp_styles import AdaptedColwise, AdaptedRowwise, LocalParams, SumGrad
 
 
 def _reduce_partial_grads(model: nn.Module) -> None:
@@ -73,10 +73,12 @@ def _norm_style(sp: bool) -> ParallelStyle:
 
 # The ParallelStyle of each TP style of the shape description (models/shapes.py), given (seq, sp).
 # Routed experts (``expert``) have none: the MoE block's style replaces them (moe_tensor_parallel.py).
+# Column- and row-wise linears may carry LoRA adapters (models/lora.py): their styles place A and B to
+# match (tp_styles.py); replicated ones (``LocalParams``) replicate them with the weight.
 _LEAF_STYLES = {
-    COLWISE: lambda seq, sp: ColwiseParallel(),
-    ROWWISE: lambda seq, sp: RowwiseParallel(output_layouts=seq, use_local_output=not sp),
-    ROWWISE_PARTIAL: lambda seq, sp: RowwiseParallel(output_layouts=Partial()),
+    COLWISE: lambda seq, sp: AdaptedColwise(),
+    ROWWISE: lambda seq, sp: AdaptedRowwise(output_layouts=seq, use_local_output=not sp),
+    ROWWISE_PARTIAL: lambda seq, sp: AdaptedRowwise(output_layouts=Partial()),
     REPLICATED: lambda seq, sp: LocalParams(),
     SEQUENCE: lambda seq, sp: _norm_style(sp),
     VOCAB_EMBEDDING: lambda seq, sp: RowwiseParallel(

@@ -1,5 +1,6 @@
-"""Building blocks shared by tensor and expert parallelism: a gradient sum over a group, and a
-``ParallelStyle`` that keeps DTensor parameters but computes on their local shards.
+"""Building blocks shared by tensor and expert parallelism: a gradient sum over a group, a
+``ParallelStyle`` that keeps DTensor parameters but computes on their local shards, and torch's column-
+and row-wise styles extended to a linear's LoRA adapters.
 
 They live apart from the plans that use them so tensor_parallel.py, moe_tensor_parallel.py and
 expert_parallel.py can each import them without importing one another.
@@ -11,7 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 
@@ -63,3 +65,37 @@ class LocalParams(ParallelStyle):
         module.register_forward_pre_hook(to_local)
         module.register_forward_hook(restore, always_call=True)
         return module
+
+
+def _place_adapters(module: nn.Module, mesh: DeviceMesh, a: Placement, b: Placement) -> None:
+    """A linear's LoRA adapters (``lora_A [r, in]``, ``lora_B [out, r]``; models/lora.py), if it has them,
+    as DTensors placed ``a`` and ``b``, keeping ``requires_grad``."""
+    for name, placement in (("lora_A", a), ("lora_B", b)):
+        param = getattr(module, name, None)
+        if param is not None:
+            dt = distribute_tensor(param.data, mesh, [placement])
+            module.register_parameter(name, nn.Parameter(dt, requires_grad=param.requires_grad))
+
+
+class AdaptedColwise(ColwiseParallel):
+    """``ColwiseParallel`` (output features sharded) whose adapters follow: ``B @ A @ x`` must give this
+    rank's output features, so A is replicated (it reads the whole, gathered input) and B sharded by
+    rows like the weight. (torch's own style would shard A by its rank rows: a wrong product.)"""
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        for p_name in ("weight", "bias"):
+            param = getattr(module, p_name, None)
+            if param is not None:
+                dt = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=self.src_data_rank)
+                module.register_parameter(p_name, nn.Parameter(dt, requires_grad=param.requires_grad))
+        _place_adapters(module, device_mesh, Replicate(), Shard(0))
+
+
+class AdaptedRowwise(RowwiseParallel):
+    """``RowwiseParallel`` (input features sharded, partial output) whose adapters follow: A sharded by
+    its input columns like the weight, so ``A @ x`` is a partial sum over ranks; B replicated keeps
+    ``B @ A @ x`` partial, reduced with the base output."""
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        super()._partition_linear_fn(name, module, device_mesh)
+        _place_adapters(module, device_mesh, Shard(1), Replicate())

@@ -25,6 +25,7 @@ import torch
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
+from seektrain.models.lora import LoraSpec, adapter_weights
 from seektrain.observe.trackers import check_installed
 from seektrain.plan import layout_checks
 from seektrain.platform.compute_dtype import DtypeChoice, choose_dtype
@@ -34,6 +35,12 @@ if TYPE_CHECKING:
     from seektrain.parallel.mesh import Meshes
 
 MESHES_ATTR = "_meshes"  # where seektrain.parallel.mesh.build_meshes leaves a plan's meshes
+
+
+def lora_spec(job: JobConfig) -> LoraSpec | None:
+    """The model side's view of ``[lora]`` (``models/lora.py``); None when ``lora.enabled`` is false."""
+    lo = job.lora
+    return LoraSpec.from_values(lo.rank, lo.alpha, lo.dropout, lo.target_modules) if lo.enabled else None
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,9 @@ class RunPlan:
             )
         accum = t.global_batch_size // per_step
         layout_checks.check_model(model, p.tp, p.ep, dp_shard)
+        spec = lora_spec(job)
+        if spec is not None:
+            adapter_weights(model, spec)  # one line for a target that selects nothing or a rank too large
         n_micro = 1
         stages: tuple[tuple[int, ...], ...] = ()
         if p.pp > 1:
@@ -170,9 +180,17 @@ class RunPlan:
         return self.model.num_nextn_predict_layers > 0 and self.job.train.mtp_loss_weight > 0
 
     @property
+    def lora(self) -> LoraSpec | None:
+        """The adapters to train on a frozen base (``[lora]``), None for a full fine-tune."""
+        return lora_spec(self.job)
+
+    @property
     def bias_update_speed(self) -> float:
-        """DeepSeek-V3's auxiliary-loss-free balancing step; 0 for models that route without a bias."""
-        return self.job.train.bias_update_speed if self.model.topk_method == "noaux_tc" else 0.0
+        """DeepSeek-V3's auxiliary-loss-free balancing step; 0 for models that route without a bias, and
+        under LoRA, whose base (routing included) is frozen."""
+        if self.model.topk_method != "noaux_tc" or self.job.lora.enabled:
+            return 0.0
+        return self.job.train.bias_update_speed
 
     @property
     def aux_loss_grad_scale(self) -> float:

@@ -24,6 +24,7 @@ from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
 from seektrain.data.tokenizer_files import copy_to_run
 from seektrain.errors import user_path
+from seektrain.models.lora import trainable_counts
 from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.layout_record import layout_ran
@@ -223,13 +224,18 @@ def build_step_context(
 
 
 def log_layout(plan: RunPlan, ctx: StepContext, data: TrainingData, env: DistEnv) -> None:
+    trainable, frozen = trainable_counts(ctx.model)
     log.info(
-        "model %s: %s; layout %s; grad accumulation %d; %d local parameter elements on rank 0",
+        "model %s: %s; layout %s; grad accumulation %d; %d local parameter elements on rank 0 "
+        "(%d trainable, %d frozen%s)",
         plan.model.name,
         data.describe(),
         plan.describe(),
         plan.accum_steps,
         _local_numel(ctx.model),
+        trainable,
+        frozen,
+        f": LoRA rank {plan.lora.rank} on {', '.join(plan.lora.targets)}" if plan.lora else "",
     )
     per_rank = [None] * env.world_size
     dist.all_gather_object(per_rank, _local_bytes(ctx.model))
