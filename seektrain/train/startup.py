@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from seektrain.checkpoint.lora_checkpoint import check_lora_resume
 from seektrain.checkpoint.resume import ResumeChoice, resolve_resume
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
@@ -44,6 +45,8 @@ def resolve_start(
     ``UserError`` that refuses it. ``choose_resume`` defaults to the read-only choice."""
     choose = choose_resume or (lambda spec, configured: resolve_resume(job.run.dir, spec, configured))
     resume = choose(job.checkpoint.resume, configured_model_config(job))
+    if resume.checkpoint is not None:  # [lora] the same settings and base, or one line naming both
+        check_lora_resume(resume.checkpoint, job, resume.model)
     job, why = auto_layout(job, resume.model, world_size, device_type, ranks_per_node)
     plan = RunPlan.resolve(job, resume.model, world_size, device_type, this_machine=True)
     return Start(plan, resume, why)
