@@ -270,7 +270,7 @@ class CheckpointManager:
             )
         self.last_step = step
         if optimizer is None:  # weights only (seektrain convert --to-checkpoint)
-            state = {"model": get_model_state_dict(model)}
+            state = {"model": self._saved_part(get_model_state_dict(model))}
         else:
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": self._saved_part(model_sd), "optim": optim_sd}
