@@ -33,7 +33,7 @@ def randomize(model: torch.nn.Module, seed: int, adapters: bool) -> None:
             if not p.is_floating_point() or is_adapter(name) != adapters:
                 continue
             noise = torch.randn(p.shape, generator=gen)
-            if adapters:  # A [.., r, in] ~ 1/sqrt(in); B [.., out, r] ~ 1/sqrt(r), scaled by alpha/r below
+            if adapters:  # A [.., r, in] ~ 1/sqrt(in), B [.., out, r] ~ 1/sqrt(r)
                 p.copy_(noise / math.sqrt(p.shape[-1]))
             elif "norm" in name:
                 p.copy_(1.0 + 0.1 * noise)
@@ -49,7 +49,7 @@ def make_lora_run(
     run_dir: Path,
     preset: str,
     base_dir: Path | None,
-    overrides: tuple[str, ...] = ("lora.rank=4", "lora.alpha=4", "lora.dropout=0.1"),
+    overrides: tuple[str, ...] = ("lora.rank=4", "lora.alpha=8", "lora.dropout=0.1"),
     step: int = 1,
 ) -> torch.nn.Module:
     """A run dir with one LoRA checkpoint of ``preset``: its base is a new Hugging Face folder

@@ -76,7 +76,7 @@ def test_peft_and_merged_exports_have_our_logits(preset, tmp_path, capsys):
     assert (logits(adapted, vocab) - want).abs().max().item() < TOL
     config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str((tmp_path / "base").resolve())
-    assert config["r"] == 4 and config["lora_alpha"] == 4
+    assert config["r"] == 4 and config["lora_alpha"] == 8  # scaling 2: a lost scaling shows
 
 
 def test_a_preset_base_and_a_moved_base(tmp_path, capsys):
