@@ -305,6 +305,30 @@ CONFIG_ROWS = [
         ],
         ["precision.fp8=blockwise", "parallel.tp=2"],
     ),
+    # [lora]: refused by the run plan before any worker starts (models/lora.py)
+    Case(
+        "lora-rank-too-large",
+        ["train", "--set", "lora.enabled=true", "--set", "lora.rank=4096", "--set", "model.preset=tiny-v3"],
+        ["lora.rank=4096", "smallest dimension", "lora.target_modules"],
+    ),
+    Case(
+        "lora-pattern-matches-nothing",
+        ["train", "--set", "lora.enabled=true", "--set", "lora.target_modules=['*.no_such_proj']"],
+        ["lora.target_modules", "'*.no_such_proj'", "matches no adaptable module"],
+    ),
+    Case(
+        "lora-target-model-lacks",
+        [
+            "train",
+            "--set",
+            "lora.enabled=true",
+            "--set",
+            "lora.target_modules=[attention, experts]",
+            "--set",
+            "model.preset=tiny-dense",
+        ],
+        ["lora.target_modules", "tiny-dense", "routed experts", "'experts'"],
+    ),
 ]
 
 # --------------------------------------------------------------------------------- CLI flags

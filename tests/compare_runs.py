@@ -87,15 +87,27 @@ class Run:
 
     @property
     def weights(self) -> dict[str, torch.Tensor]:
-        """Parameters and buffers of the final checkpoint, as one unsharded fp32 state dict."""
+        """Parameters and buffers of the final checkpoint, as one unsharded fp32 state dict (a LoRA run's
+        adapters included)."""
         if "weights" not in self._cache:
             from seektrain.checkpoint.export import load_run_checkpoint
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                model, _ = load_run_checkpoint(self.dir)
+                if self.lora is None:
+                    model, _ = load_run_checkpoint(self.dir)
+                else:
+                    model = _load_lora_checkpoint(self.dir, self.lora)
             self._cache["weights"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return self._cache["weights"]
+
+    @property
+    def lora(self):
+        """The run's ``LoraSpec`` (``[lora]``), None for a full fine-tune."""
+        from seektrain.config.loader import load_config
+        from seektrain.plan.run_plan import lora_spec
+
+        return lora_spec(load_config(self.dir / "config.toml"))
 
     @property
     def config(self) -> dict:
@@ -106,15 +118,47 @@ class Run:
     def initial(self) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
         """(state dict before step 1, names of the parameters): the model of the run's
         ``model_config.json`` initialised with its ``train.seed``, as the trainer does on every layout."""
-        return initial_weights((self.dir / "model_config.json").read_text(), self.config["train"]["seed"])
+        model_json = (self.dir / "model_config.json").read_text()
+        return initial_weights(model_json, self.config["train"]["seed"], self.lora)
+
+
+def _lora_model(model_config_json: str, lora):
+    """A plain fp32 model of the run's ``model_config.json`` with the adapters of ``lora`` (on meta)."""
+    from seektrain.models.config import ModelConfig
+    from seektrain.models.lora import add_adapters
+    from seektrain.models.transformer import build_model
+
+    model = build_model(ModelConfig.from_dict(json.loads(model_config_json)), device="meta")
+    add_adapters(model, lora)
+    return model.to_empty(device="cpu")
+
+
+def _load_lora_checkpoint(run_dir: Path, lora):
+    """The final checkpoint of a LoRA run, base and adapters, into one plain model (DCP, no process
+    group)."""
+    import torch.distributed.checkpoint as dcp
+
+    from seektrain.checkpoint.finder import resolve_checkpoint
+
+    model = _lora_model((run_dir / "model_config.json").read_text(), lora)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(resolve_checkpoint(run_dir)), no_dist=True)
+    model.load_state_dict(state["model"])
+    return model
 
 
 @functools.cache
-def initial_weights(model_config_json: str, seed: int) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
+def initial_weights(
+    model_config_json: str, seed: int, lora=None
+) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
     from seektrain.models.config import ModelConfig
     from seektrain.models.transformer import build_model
 
-    model = build_model(ModelConfig.from_dict(json.loads(model_config_json)), seed=seed)
+    if lora is None:
+        model = build_model(ModelConfig.from_dict(json.loads(model_config_json)), seed=seed)
+    else:
+        model = _lora_model(model_config_json, lora)
+        model.init_weights(seed)
     return (
         {k: v.detach().clone() for k, v in model.state_dict().items()},
         frozenset(name for name, _ in model.named_parameters()),
@@ -201,6 +245,23 @@ def assert_layout_ran(run: Run, nproc: int) -> None:
         assert ran["all_to_all_per_step"] >= 5 * ran["ep_layers"], ran
     else:
         assert ran["all_to_all_per_step"] == 0, ran
+    assert_lora_ran(run, ran)
+
+
+def assert_lora_ran(run: Run, ran: dict) -> None:
+    """A LoRA run trained adapters on a frozen base (``layout_ran["lora"]``), where its layout puts them:
+    every routed-expert group this rank holds has its adapters when the experts are targeted, and
+    tensor parallelism shards some of them; a full fine-tune has none."""
+    lora = ran.get("lora")
+    if run.lora is None:
+        assert lora is None, ran
+        return
+    assert lora is not None, f"lora.enabled=true but the run trained no adapters: {ran}"
+    assert lora["base_frozen"] and lora["adapters_trainable"] and lora["adapters"] > 0, lora
+    assert 0 < lora["trainable_elements"] < lora["frozen_elements"], lora
+    if "experts" in run.lora.targets:
+        assert lora["expert_adapter_groups"] == ran["moe_layers"], ran
+    assert (lora["tp_sharded_adapters"] > 0) == (ran["tp"] > 1), lora
 
 
 def groups(name: str, tensor: torch.Tensor, per_expert: bool = True) -> list[tuple[str, torch.Tensor]]:

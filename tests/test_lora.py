@@ -235,3 +235,137 @@ def test_linear_adapter_math():
     lin.lora_scaling, lin.lora_dropout = 1.5, 0.0
     lin.register_forward_hook(_linear_adapter)
     torch.testing.assert_close(lin(x), base + 1.5 * x @ lin.lora_A.T @ lin.lora_B.T)
+
+
+def test_the_config_knows_the_same_groups():
+    """config/ and models/ are independent layers: the config's check of ``lora.target_modules`` keeps
+    its own copy of the group names."""
+    from seektrain.config.loader import LORA_GROUPS
+
+    assert LORA_GROUPS == GROUPS
+
+
+def test_fp8_base_keeps_its_adapters():
+    """``precision.fp8`` converts the base first (torchao swaps the linears), the adapters go on the
+    converted modules: an FP8 base matmul plus a bf16 adapter. FP8 cannot run on CPU; the conversion
+    and the placement can (as tests/test_float8.py tests them)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    from seektrain.parallel.float8 import apply_float8
+
+    model = build_model(get_preset("tiny-v3"), device="meta")
+    choice = apply_float8(model, "rowwise", experts=True)
+    adapted = add_adapters(model, LoraSpec(4, 8.0))
+    freeze_base(model, torch.bfloat16)
+    fp8_adapted = [n for n in adapted if n in choice.linears]
+    assert fp8_adapted and set(choice.linears) <= set(adapted)  # every FP8 linear is a target here
+    for name in fp8_adapted:
+        module = model.get_submodule(name)
+        assert type(module) is Float8Linear and module.lora_A.dtype == torch.float32
+        assert module.lora_A.requires_grad and not module.weight.requires_grad
+        assert module.weight.dtype == torch.bfloat16
+    assert set(choice.experts) <= set(adapted)  # the FP8 routed experts carry grouped adapters
+
+
+@pytest.fixture
+def fake_tp_mesh():
+    """A 2-rank ``tp`` mesh on torch's fake process group (no peers, no communication): enough to
+    apply the TP plan to a meta model and read the placements."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("preset", ["tiny-v3", "tiny-dense"])
+def test_tp_places_each_adapter_by_its_base_style(fake_tp_mesh, preset):
+    """Column-wise base: A replicated, B Shard(0); row-wise: A Shard(1), B replicated; replicated:
+    both replicated; routed experts: split by expert. (DTensor would compute a wrongly placed adapter
+    correctly, at the price of extra collectives, so only the placements show it.) The frozen base
+    stays frozen through torch's styles."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from seektrain.models.shapes import COLWISE, EXPERT, REPLICATED, ROWWISE, ROWWISE_PARTIAL
+    from seektrain.parallel.tensor_parallel import apply_tensor_parallel
+
+    want = {
+        COLWISE: (Replicate(), Shard(0)),
+        ROWWISE: (Shard(1), Replicate()),
+        ROWWISE_PARTIAL: (Shard(1), Replicate()),
+        REPLICATED: (Replicate(), Replicate()),
+        EXPERT: (Shard(0), Shard(0)),
+    }
+    cfg = get_preset(preset)
+    model = build_model(cfg, device="meta")
+    add_adapters(model, LoraSpec(4, 8.0))
+    freeze_base(model, torch.float32)
+    apply_tensor_parallel(model, fake_tp_mesh)
+    params = dict(model.named_parameters())
+    for shapes in adapter_weights(cfg, LoraSpec(4, 8.0)).values():
+        a, b = params[shapes.a_name], params[shapes.b_name]
+        assert (a.placements[0], b.placements[0]) == want[shapes.weight.tp], shapes.weight.path
+        assert a.requires_grad and b.requires_grad
+    assert not [n for n, p in params.items() if p.requires_grad and not is_adapter(n)]
+
+
+def _adapter_grads(model, tokens) -> dict[str, torch.Tensor]:
+    model.zero_grad()
+    torch.manual_seed(5)  # the adapters' dropout masks
+    out = model(tokens, labels=tokens)
+    out.loss_sum.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_gives_the_adapters_the_same_gradients(mode):
+    """Recomputed layers (with the adapters' dropout on, whose masks the recomputation must redraw
+    equal) give the adapters the gradients of no checkpointing; the base gets none either way."""
+    from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
+
+    cfg = get_preset("tiny-v3").replace(num_nextn_predict_layers=0)
+    model = build_model(cfg, device="meta")
+    add_adapters(model, LoraSpec(4, 8.0, dropout=0.1))
+    freeze_base(model, torch.float32)
+    model.to_empty(device="cpu")
+    model.init_weights(0)
+    for name, p in model.named_parameters():  # B = 0 would leave A without gradient
+        if "lora_B" in name:
+            p.data.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(name)))
+    model.train()
+    tokens = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
+    want = _adapter_grads(model, tokens)
+    checkpointed = copy.deepcopy(model)
+    assert apply_activation_checkpointing(checkpointed, mode, preserve_rng_state=True) > 0
+    got = _adapter_grads(checkpointed, tokens)
+    assert {n.replace("._checkpoint_wrapped_module", "") for n in got} == set(want)
+    assert all(is_adapter(n) for n in want)
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, want[name.replace("._checkpoint_wrapped_module", "")])
+
+
+@pytest.mark.slow  # compiling on CPU takes a minute; the hook is plain module code torch.compile traces
+def test_compiled_blocks_give_the_adapters_the_same_gradients():
+    from seektrain.parallel.compile import apply_compile
+
+    cfg = get_preset("tiny-dense")
+    model = build_model(cfg, device="meta")
+    add_adapters(model, LoraSpec(4, 8.0))
+    freeze_base(model, torch.float32)
+    model.to_empty(device="cpu")
+    model.init_weights(0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(name)))
+    tokens = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
+    want = _adapter_grads(model, tokens)
+    compiled = copy.deepcopy(model)
+    assert apply_compile(compiled) > 0
+    got = {n.replace("._orig_mod", ""): g for n, g in _adapter_grads(compiled, tokens).items()}
+    assert set(got) == set(want) and all(is_adapter(n) for n in want)
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, want[name], rtol=1e-4, atol=1e-6)

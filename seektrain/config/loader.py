@@ -167,7 +167,22 @@ def validate(cfg: JobConfig) -> JobConfig:
     _check_resume(cfg.checkpoint.resume)
     _check_dist(cfg.dist)
     _check_trackers(cfg)
+    _check_lora_targets(cfg.lora.target_modules)
     return cfg
+
+
+LORA_GROUPS = ("attention", "mlp", "shared_experts", "experts")  # models/lora.py's target groups
+
+
+def _check_lora_targets(targets: list[str]) -> None:
+    """Each ``lora.target_modules`` entry is a group or a module-path pattern (module paths have dots:
+    ``*.self_attn.o_proj``); whether a pattern matches the model is asked where the model is known."""
+    for t in targets:
+        _check(
+            t in LORA_GROUPS or "." in t or any(c in t for c in "*?["),
+            f"lora.target_modules: {t!r} is neither a group ({', '.join(LORA_GROUPS)}) nor a module-path "
+            "pattern like '*.self_attn.o_proj'; fix the entry",
+        )
 
 
 def _finite_problem(value) -> str | None:

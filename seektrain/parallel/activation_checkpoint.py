@@ -19,7 +19,9 @@ checkpoint hands its kept tensors to one recomputation only, so the run plan ref
 (seektrain/plan/layout_checks.py).
 
 No RNG state is kept for recomputation (``preserve_rng_state=False``): the models have no dropout or other
-random operation in a layer, so a recomputed layer is the same computation without it.
+random operation in a layer, so a recomputed layer is the same computation without it. The one
+exception is LoRA's adapter dropout (``lora.dropout > 0``): then the RNG state is kept, so the
+recomputed layer draws the masks of its forward.
 """
 
 from __future__ import annotations
@@ -110,8 +112,9 @@ def ignore_profiler_ops() -> None:
             torch_checkpoint.SAC_IGNORED_OPS.add(getattr(packet, overload))
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:
-    """Wrap layers in place; returns how many were wrapped."""
+def apply_activation_checkpointing(model: nn.Module, mode: str, preserve_rng_state: bool = False) -> int:
+    """Wrap layers in place; returns how many were wrapped. ``preserve_rng_state``: the layers draw random
+    numbers (LoRA's adapter dropout)."""
     every = checkpoint_every(mode)
     if not every:
         return 0
@@ -122,6 +125,6 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> int:
     wrapped = 0
     for key, layer in list(model.layers.items()):
         if int(key) % every == 0:
-            model.layers[key] = checkpoint_wrapper(layer, preserve_rng_state=False, **extra)
+            model.layers[key] = checkpoint_wrapper(layer, preserve_rng_state=preserve_rng_state, **extra)
             wrapped += 1
     return wrapped

@@ -15,8 +15,8 @@ none) and ``tp_sharded_params``, ``ep``, ``experts_per_rank`` (experts each rank
 model), ``moe_layers`` and ``ep_layers`` (MoE layers on this rank, and how many are expert-parallel),
 ``pp_stages`` (this rank's pipeline stages) and ``pp_schedule`` (the schedule's class), ``lora`` (None
 for a full fine-tune; else what this rank trains: its adapter tensors, the modules and routed-expert
-groups they sit on, their placements, trainable and frozen elements, and whether every base parameter
-is frozen).
+groups they sit on, how many tensor parallelism shards, trainable and frozen elements, whether every base parameter
+is frozen, and the dtypes the base and the adapters are stored in).
 """
 
 from __future__ import annotations
@@ -102,19 +102,24 @@ def _lora(model: nn.Module) -> dict | None:
     if not adapters:
         return None
     trainable, frozen = trainable_counts(model)
-    placements = sorted({str(tuple(map(str, p.placements))) for _, p in adapters if isinstance(p, DTensor)})
+    tp_sharded = 0
+    for _, p in adapters:
+        names = (p.device_mesh.mesh_dim_names or ()) if isinstance(p, DTensor) else ()
+        tp_sharded += "tp" in names and _shards(p.placements[names.index("tp")])
     holders = {name.rsplit(".", 1)[0] for name, _ in adapters}
     return {
         "adapters": len(adapters),
         "adapted_modules": len(holders),
         "expert_adapter_groups": sum(h.endswith(".experts") for h in holders),
-        "adapter_placements": placements,
+        "tp_sharded_adapters": tp_sharded,
         "trainable_elements": trainable,
         "frozen_elements": frozen,
         "base_frozen": not any(
             p.requires_grad for name, p in model.named_parameters() if not is_adapter(name)
         ),
         "adapters_trainable": all(p.requires_grad for _, p in adapters),
+        "base_dtypes": sorted({str(p.dtype) for n, p in model.named_parameters() if not is_adapter(n)}),
+        "adapter_dtypes": sorted({str(p.dtype) for _, p in adapters}),
     }
 
 

@@ -69,7 +69,8 @@ def _parallelize_part(part: nn.Module, plan, device: torch.device) -> None:
         from seektrain.parallel.tensor_parallel import apply_tensor_parallel
 
         apply_tensor_parallel(part, meshes.tp, sequence_parallel=True)
-    apply_activation_checkpointing(part, plan.job.train.activation_checkpoint)
+    random_layers = plan.lora is not None and plan.lora.dropout > 0  # the adapters' dropout
+    apply_activation_checkpointing(part, plan.job.train.activation_checkpoint, random_layers)
     if plan.job.train.compile:
         from seektrain.parallel.compile import apply_compile
 

@@ -148,7 +148,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
         return
     module, _, function = family_of(model).tp_plan.partition(":")
     build_plan = getattr(importlib.import_module(module), function)
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}  # a LoRA base
     parallelize_module(model, tp_mesh, build_plan(model, tp_mesh, sequence_parallel))
+    for name, param in model.named_parameters():  # torch's SequenceParallel drops requires_grad
+        if name in frozen:
+            param.requires_grad_(False)
     if model.cfg.tie_word_embeddings and model.embed_tokens is not None and model.norm is not None:
         model.lm_head.weight = model.embed_tokens.weight  # both vocabulary-sharded: Shard(0)
     _reduce_partial_grads(model)
