@@ -1068,7 +1068,6 @@ HF_ROWS = [
 def _lora_run(ws: Path, fx: dict) -> None:
     """A LoRA checkpoint of tiny-dense on the Hugging Face base {ws}/base, and another model in {ws}/other."""
     from lora_checkpoints import make_lora_run
-
     from seektrain.models import build_model, get_preset
     from seektrain.models.hf_io import save_pretrained
 
