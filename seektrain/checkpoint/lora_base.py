@@ -15,11 +15,12 @@ is the same base, and the path is there to tell the user where it was.
 
 What a Hugging Face folder's fingerprint covers, and why not everything: a full hash of V3's 1.3 TB
 reads for hours, on every resume. ``hf_fingerprint`` hashes the model config that ``config.json``
-builds, the index, and for every ``.safetensors`` file its name, size and header (every tensor's name,
-dtype, shape and offsets) plus 16 samples of 4 KiB spread evenly over its data: ~10 MB for V3, read in
-seconds. Headers catch another architecture, dtype or sharding; the samples catch another release or
-fine-tune of the same architecture, since training changes essentially every byte of every tensor. A
-change confined to a few bytes between the samples goes unseen: the price of not reading 1.3 TB.
+builds (not its bytes: a re-save that only reformats it is the same model), the index, and for every
+``.safetensors`` file its name, size and header (every tensor's name, dtype, shape and offsets) plus
+16 samples of 4 KiB spread evenly over its data: 10.2 MiB of samples for V3's 163 files. Headers
+catch another architecture, dtype or sharding; the samples catch another release or fine-tune of the
+same architecture, since training changes essentially every byte of every tensor. A change confined
+to a few bytes between the samples goes unseen: the price of not reading 1.3 TB.
 
 A preset base (random init) is a function of the model config and ``train.seed`` (models/init.py's
 seeding is layout-independent), so those two are its fingerprint.
@@ -58,16 +59,22 @@ def _safetensors_digest(path: Path, h) -> None:
             h.update(fh.read(SAMPLE_BYTES))
 
 
-def hf_fingerprint(folder: str | os.PathLike, cfg: ModelConfig) -> str:
-    """sha256 over ``cfg`` (the model config.json builds), the index and every safetensors file's name,
-    size, header and 16 sampled 4 KiB blocks (module doc: why not the whole file)."""
+def hf_fingerprint(folder: str | os.PathLike, what: str = "model.hf_path") -> str:
+    """sha256 over the model config.json builds, the index and every safetensors file's name, size,
+    header and 16 sampled 4 KiB blocks (module doc: why not the whole file)."""
+    from seektrain.models.hf_config import config_from_hf, read_config_json
+
     folder = Path(folder)
+    cfg = config_from_hf(read_config_json(folder, what), where=str(folder / "config.json"))
     h = hashlib.sha256(_config_digest(cfg))
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        h.update(json.dumps(json.loads(index.read_text()).get("weight_map", {}), sort_keys=True).encode())
-    for path in sorted(folder.glob("*.safetensors")):
-        _safetensors_digest(path, h)
+    try:
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            h.update(json.dumps(json.loads(index.read_text()).get("weight_map"), sort_keys=True).encode())
+        for path in sorted(folder.glob("*.safetensors")):
+            _safetensors_digest(path, h)
+    except (OSError, ValueError, AttributeError) as err:
+        raise UserError(f"{folder}: cannot read its weight files ({err}); check the model folder") from None
     return h.hexdigest()
 
 
@@ -82,7 +89,7 @@ def base_reference(hf_path: str, preset: str, seed: int, cfg: ModelConfig) -> di
         from seektrain.models.hub import resolve_local_path
 
         folder = resolve_local_path(hf_path, "model.hf_path").resolve()
-        return {"kind": "hf", "path": str(folder), "fingerprint": hf_fingerprint(folder, cfg)}
+        return {"kind": "hf", "path": str(folder), "fingerprint": hf_fingerprint(folder)}
     return {"kind": "preset", "preset": preset, "seed": seed, "fingerprint": preset_fingerprint(cfg, seed)}
 
 
@@ -102,7 +109,7 @@ def check_same_base(ckpt: Path, saved: dict, current: dict, fix: str) -> None:
         )
 
 
-def saved_base_folder(ckpt: Path, base: dict, override: str | None, cfg: ModelConfig) -> Path:
+def saved_base_folder(ckpt: Path, base: dict, override: str | None) -> Path:
     """The Hugging Face folder to read the base of ``ckpt`` from for an export: ``override`` (a copy
     elsewhere) or the recorded path, once its fingerprint matches the recorded one."""
     folder = Path(override or base.get("path") or "").expanduser()
@@ -114,7 +121,7 @@ def saved_base_folder(ckpt: Path, base: dict, override: str | None, cfg: ModelCo
     check_same_base(
         ckpt,
         base,
-        {"kind": "hf", "path": str(folder), "fingerprint": hf_fingerprint(folder, cfg)},
+        {"kind": "hf", "path": str(folder), "fingerprint": hf_fingerprint(folder, "--base")},
         "pass --base HF_DIR with the folder it was trained on",
     )
     return folder

@@ -83,7 +83,7 @@ def check_lora_resume(ckpt: Path, job: JobConfig, model: ModelConfig) -> None:
             )
     check_same_base(
         ckpt,
-        saved.get("base") or {},
+        saved.get("base") if isinstance(saved.get("base"), dict) else {},
         base_reference(job.model.hf_path, job.model.preset, job.train.seed, model),
         "set model.hf_path (or model.preset and train.seed) to the base it was trained on, or "
         "checkpoint.resume=never to start fresh",
@@ -104,11 +104,11 @@ def load_lora_model(ckpt: Path, cfg: ModelConfig, saved: dict, base_dir: str | N
     """The model LoRA checkpoint ``ckpt`` trained: its base rebuilt (a Hugging Face folder, checked
     against the recorded fingerprint, or the preset's seeded init), held in the training dtype, with the
     checkpoint's adapters (fp32) attached. ``base_dir``: a copy of the base folder elsewhere."""
-    base = saved.get("base") or {}
+    base = saved.get("base") if isinstance(saved.get("base"), dict) else {}
     if base.get("kind") == "hf":
         from seektrain.models.hf_io import from_pretrained
 
-        folder = saved_base_folder(ckpt, base, base_dir, cfg)
+        folder = saved_base_folder(ckpt, base, base_dir)
         model = from_pretrained(folder, dtype=torch.float32, what="--base")
     else:
         model = build_model(cfg, seed=int(base.get("seed", 0)))
