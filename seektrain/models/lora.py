@@ -183,8 +183,21 @@ def _linear_adapter(module: nn.Module, args: tuple, output: torch.Tensor) -> tor
     """Forward hook of an adapted linear: its output plus ``scaling * B @ A @ dropout(x)``. Runs on
     whatever the module's forward saw: DTensors under tensor parallelism (registered before the TP
     style's own hooks), local tensors under ``LocalParams``."""
-    x = F.dropout(args[0], module.lora_dropout, module.training) if module.lora_dropout else args[0]
-    return output + module.lora_scaling * F.linear(F.linear(x, module.lora_A), module.lora_B)
+    dropout, scaling = _setting(module, "lora_dropout"), _setting(module, "lora_scaling")
+    x = F.dropout(args[0], dropout, module.training) if dropout else args[0]
+    a, b = _tensor(module, "lora_A"), _tensor(module, "lora_B")
+    return output + scaling * F.linear(F.linear(x, a), b)
+
+
+def _setting(module: nn.Module, name: str) -> float:
+    """An adapter setting ``add_adapters`` left on ``module`` (a plain attribute)."""
+    return float(getattr(module, name))
+
+
+def _tensor(module: nn.Module, name: str) -> torch.Tensor:
+    value = getattr(module, name)
+    assert isinstance(value, torch.Tensor)
+    return value
 
 
 def _holds(model: nn.Module, path: str) -> bool:
@@ -200,8 +213,10 @@ def add_adapters(model: nn.Module, spec: LoraSpec) -> list[str]:
     kaiming-uniform, B zeros) on the modules of ``model`` (a family model or a pipeline stage of one,
     any device, meta included) and return the adapted modules' paths. Call after FP8 conversion and
     before expert/tensor parallelism, FSDP, ``to_empty`` and ``init_weights``."""
-    adapted = []
-    for shapes in adapter_weights(model.cfg, spec).values():
+    adapted: list[str] = []
+    cfg = model.cfg
+    assert isinstance(cfg, ModelConfig)  # every family model carries its config
+    for shapes in adapter_weights(cfg, spec).values():
         path = module_path(shapes.weight)
         if not _holds(model, path):
             continue
@@ -210,7 +225,9 @@ def add_adapters(model: nn.Module, spec: LoraSpec) -> list[str]:
         for full, shape in ((shapes.a_name, shapes.a), (shapes.b_name, shapes.b)):
             param = nn.Parameter(torch.empty(shape, device=device, dtype=torch.float32))
             module.register_parameter(full.rpartition(".")[2], param)
-        module.lora_scaling, module.lora_dropout = spec.scaling, spec.dropout
+        # plain attributes, read by the adapter's forward (nn.Module's typing knows tensors and modules)
+        module.lora_scaling = spec.scaling  # type: ignore[assignment]
+        module.lora_dropout = spec.dropout  # type: ignore[assignment]
         if shapes.weight.kind == LINEAR:
             module.register_forward_hook(_linear_adapter)
         if path not in adapted:
@@ -279,5 +296,8 @@ def expert_adapters(
     if getattr(experts, "gate_up_proj_lora_A", None) is None:
         return None
     local = local or (lambda t: t)
-    tensors = [local(getattr(experts, f"{w}_lora_{ab}")) for w in EXPERT_WEIGHTS for ab in "AB"]
-    return ExpertAdapters(*tensors, experts.lora_scaling, experts.lora_dropout, experts.training)
+    gate_up_A, gate_up_B, down_A, down_B = (
+        local(getattr(experts, f"{w}_lora_{ab}")) for w in EXPERT_WEIGHTS for ab in "AB"
+    )
+    scaling, dropout = _setting(experts, "lora_scaling"), _setting(experts, "lora_dropout")
+    return ExpertAdapters(gate_up_A, gate_up_B, down_A, down_B, scaling, dropout, experts.training)
