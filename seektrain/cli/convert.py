@@ -67,7 +67,7 @@ def _save_hf(model, args: argparse.Namespace) -> str:
     from seektrain.models.hf_io import save_pretrained
 
     if args.merge_lora:
-        model = _merged(model)
+        model = _merged(model, _lora_source(args)[1])
 
     out = _check_hf_target(args, config_to_hf(model.cfg, "float32"))
     tokenizer = _tokenizer_source(args)
@@ -157,13 +157,14 @@ def _check_lora_flags(args: argparse.Namespace, sink: str) -> None:
         raise UserError("--base names the base folder of a LoRA checkpoint; this source has none, drop it")
 
 
-def _merged(model):
-    """A plain model holding ``W + scaling · B @ A`` wherever ``model`` has adapters."""
+def _merged(model, saved: dict):
+    """A plain model holding ``W + alpha/r · B @ A`` wherever ``model`` has adapters (``saved``: the
+    checkpoint's ``"lora"`` record)."""
+    from seektrain.checkpoint.lora_checkpoint import spec_of
     from seektrain.models.lora_export import merged_state_dict
     from seektrain.models.transformer import build_model
 
-    scaling = next(m.lora_scaling for m in model.modules() if hasattr(m, "lora_scaling"))
-    state = merged_state_dict(model.state_dict(), scaling)
+    state = merged_state_dict(model.state_dict(), spec_of(saved).scaling)
     plain = build_model(model.cfg, init=False, dtype=state["embed_tokens.weight"].dtype)
     plain.load_state_dict(state)
     return plain.eval()
