@@ -1219,3 +1219,87 @@ _plan_hf = Case(  # a config.json-only Hugging Face folder plans: users plan bef
 LAUNCH_ROWS.append(_plan_hf)
 
 ROWS: list[Case] = _schema_rows() + CONFIG_ROWS + CLI_ROWS + DATA_ROWS + CKPT_ROWS + HF_ROWS + LAUNCH_ROWS
+
+
+# ---------------------------------------------------------------------------------- LoRA checkpoints
+def _lora_run(ws: Path, fx: dict) -> None:
+    """A LoRA checkpoint of tiny-dense on the Hugging Face base {ws}/base, and another model in {ws}/other."""
+    from lora_checkpoints import make_lora_run
+    from seektrain.models import build_model, get_preset
+    from seektrain.models.hf_io import save_pretrained
+
+    make_lora_run(ws / "lrun", "tiny-dense", ws / "base")
+    save_pretrained(build_model(get_preset("tiny-dense"), seed=3), ws / "other")
+
+
+LORA_RESUME = [
+    "train",
+    "--set",
+    "run.dir={ws}/lrun",
+    "--set",
+    "data.path={data}",
+    "--set",
+    "lora.rank=4",
+    "--set",
+    "lora.alpha=8",
+    "--set",
+    "lora.dropout=0.1",
+]
+LORA_ROWS = [
+    Case(
+        "lora-resume-other-base",
+        [*LORA_RESUME, "--set", "lora.enabled=true", "--set", "model.hf_path={ws}/other"],
+        ["trained on the Hugging Face folder {ws}/base", "this base is the Hugging Face folder {ws}/other"],
+        _lora_run,
+    ),
+    Case(
+        "lora-resume-other-rank",
+        [
+            *LORA_RESUME,
+            "--set",
+            "lora.enabled=true",
+            "--set",
+            "model.hf_path={ws}/base",
+            "--set",
+            "lora.rank=8",
+        ],
+        ["lora.rank=4", "lora.rank=8"],
+        _lora_run,
+    ),
+    Case(
+        "lora-resume-without-lora",
+        [*LORA_RESUME, "--set", "model.hf_path={ws}/base"],
+        ["holds LoRA adapters", "lora.enabled=true"],
+        _lora_run,
+    ),
+    _ckpt_row(
+        "lora-on-a-full-checkpoint",
+        lambda ws, fx: None,
+        ["full training checkpoint", "lora.enabled=true"],
+        [*TRAIN_RESUME, "--set", "lora.enabled=true"],
+    ),
+    Case(
+        "to-peft-full-checkpoint",
+        ["convert", "--from-checkpoint", "{run}", "--to-peft", "{ws}/o"],
+        ["--to-peft", "not a LoRA checkpoint"],
+    ),
+    Case(
+        "merge-lora-full-checkpoint",
+        ["convert", "--from-checkpoint", "{run}", "--merge-lora", "--to-hf", "{ws}/o"],
+        ["--merge-lora", "holds no adapters"],
+    ),
+    Case(
+        "lora-checkpoint-to-hf-unmerged",
+        ["convert", "--from-checkpoint", "{ws}/lrun", "--to-hf", "{ws}/o"],
+        ["holds LoRA adapters", "--merge-lora", "--to-peft"],
+        _lora_run,
+    ),
+    Case(
+        "to-peft-over-other-files",
+        ["convert", "--from-checkpoint", "{ws}/lrun", "--to-peft", "{ws}/base"],
+        ["--to-peft", "config.json"],
+        _lora_run,
+    ),
+]
+
+ROWS: list[Case] = _schema_rows() + CONFIG_ROWS + CLI_ROWS + DATA_ROWS + CKPT_ROWS + HF_ROWS + LORA_ROWS

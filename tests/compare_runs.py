@@ -88,16 +88,13 @@ class Run:
     @property
     def weights(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers of the final checkpoint, as one unsharded fp32 state dict (a LoRA run's
-        adapters included)."""
+        adapters on its base, which its checkpoints do not hold: rebuilt from where the run read it)."""
         if "weights" not in self._cache:
             from seektrain.checkpoint.export import load_run_checkpoint
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                if self.lora is None:
-                    model, _ = load_run_checkpoint(self.dir)
-                else:
-                    model = _load_lora_checkpoint(self.dir, self.lora)
+                model, _ = load_run_checkpoint(self.dir)
             self._cache["weights"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return self._cache["weights"]
 
@@ -131,20 +128,6 @@ def _lora_model(model_config_json: str, lora):
     model = build_model(ModelConfig.from_dict(json.loads(model_config_json)), device="meta")
     add_adapters(model, lora)
     return model.to_empty(device="cpu")
-
-
-def _load_lora_checkpoint(run_dir: Path, lora):
-    """The final checkpoint of a LoRA run, base and adapters, into one plain model (DCP, no process
-    group)."""
-    import torch.distributed.checkpoint as dcp
-
-    from seektrain.checkpoint.finder import resolve_checkpoint
-
-    model = _lora_model((run_dir / "model_config.json").read_text(), lora)
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(resolve_checkpoint(run_dir)), no_dist=True)
-    model.load_state_dict(state["model"])
-    return model
 
 
 @functools.cache

@@ -21,6 +21,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from seektrain.checkpoint.finder import CHECKPOINTS, complete_checkpoints, resolve_checkpoint, step_dir_name
+from seektrain.checkpoint.lora_checkpoint import load_lora_model, lora_settings
 from seektrain.checkpoint.manager import CheckpointError, CheckpointManager, describe_error
 from seektrain.checkpoint.run_files import MODEL_CONFIG, checkpoint_model_config, write_model_source
 from seektrain.errors import UserError
@@ -46,11 +47,16 @@ def load_checkpoint_model(ckpt: Path, model_cfg: ModelConfig) -> Transformer:
     return model.eval()
 
 
-def load_run_checkpoint(path: str | Path) -> tuple[Transformer, Path]:
+def load_run_checkpoint(path: str | Path, base_dir: str | None = None) -> tuple[Transformer, Path]:
     """(model, checkpoint folder) for ``seektrain convert --from-checkpoint``: ``path`` is a checkpoint
-    folder or a run dir (its newest valid checkpoint). Only reads."""
+    folder or a run dir (its newest valid checkpoint). A LoRA checkpoint comes back as its base with the
+    adapters attached (``base_dir``: where its base folder is now, if it moved). Only reads."""
     ckpt = resolve_checkpoint(path)
-    return load_checkpoint_model(ckpt, checkpoint_model_config(ckpt)), ckpt
+    cfg = checkpoint_model_config(ckpt)
+    saved = lora_settings(ckpt)
+    if saved is not None:
+        return load_lora_model(ckpt, cfg, saved, base_dir), ckpt
+    return load_checkpoint_model(ckpt, cfg), ckpt
 
 
 def write_initial_checkpoint(model: Transformer, run_dir: str | Path, source: str = "") -> Path:

@@ -28,6 +28,10 @@ background thread; the commit (marker, rename, pruning) is left to the training 
 step once every rank has finished. The time the training thread spends in ``save()`` and in the commit
 is the checkpoint's *stall*, reported per step by ``take_stall_s()`` (``checkpoint_stall_s``).
 
+A LoRA run (``adapters_only``) writes and reads only the adapters, their optimizer state and the
+trainer state: its frozen base comes from where it always comes from (``model.hf_path`` or the preset's
+seeded init), recorded and checked by lora_checkpoint.py.
+
 Finding checkpoints is read-only and lives in finder.py (``seektrain sample`` and ``convert`` use it
 too); this class alone changes a run dir, and only on rank 0: it removes a ``.tmp`` whose writer's lock
 is free, moves corrupt checkpoints aside, and sets aside checkpoints that ``checkpoint.resume`` leaves
@@ -52,6 +56,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -73,6 +78,7 @@ from seektrain.checkpoint.staging import run_in_background, snapshot_stager
 from seektrain.checkpoint.storage import Writer, describe_error, fsync_dir, is_disk_full, sha256_file
 from seektrain.errors import RunFailure, UserError
 from seektrain.models.config import ModelConfig
+from seektrain.models.lora import is_adapter
 
 __all__ = ["COMPLETE", "CheckpointError", "CheckpointManager", "describe_error", "step_dir_name"]
 
@@ -107,12 +113,15 @@ class CheckpointManager:
         timeout_s: float = 1800.0,
         pin_memory: bool = False,
         on_write_error: str = "stop",
+        adapters_only: bool = False,
     ):
         """``pin_memory``: stage async saves in pinned host memory (the platform's ``pin_host_memory()``).
-        ``on_write_error`` (``checkpoint.on_write_error``): ``continue`` skips a failed interval save."""
+        ``on_write_error`` (``checkpoint.on_write_error``): ``continue`` skips a failed interval save.
+        ``adapters_only``: a LoRA run, whose checkpoints hold the adapters and not the frozen base."""
         self.root = Path(run_dir) / "checkpoints"
         self.keep, self.async_save, self.rank = keep, async_save, rank
         self.on_write_error = on_write_error
+        self.adapters_only = adapters_only
         self.pin_memory = pin_memory
         self._stager = None  # created by the first async save, kept for the run: its buffers are reused
         self._pruning = None  # rank 0: the deletion of checkpoints beyond `keep`, in the background
@@ -300,10 +309,10 @@ class CheckpointManager:
             )
         self.last_step = step
         if optimizer is None:  # weights only (seektrain convert --to-checkpoint)
-            state = {"model": get_model_state_dict(model)}
+            state = {"model": self._saved_part(get_model_state_dict(model))}
         else:
             model_sd, optim_sd = get_state_dict(model, optimizer)
-            state = {"model": model_sd, "optim": optim_sd}
+            state = {"model": self._saved_part(model_sd), "optim": optim_sd}
         background = self.async_save and not blocking
         error = None
         try:  # the RNG files come first, so that rank 0 finds every rank's when it hashes the folder
@@ -349,6 +358,10 @@ class CheckpointManager:
             }
             (job.tmp / CHECKSUMS).write_text(json.dumps(sums, indent=1))
         return time.perf_counter()
+
+    def _saved_part(self, model_sd: dict) -> dict:
+        """What a checkpoint holds of the model: all of it, or a LoRA run's adapters only."""
+        return {k: v for k, v in model_sd.items() if is_adapter(k)} if self.adapters_only else model_sd
 
     def in_flight(self) -> bool:
         """An async save is still writing on this rank."""
@@ -478,10 +491,14 @@ class CheckpointManager:
                 set_model_state_dict(model, state["model"])
             else:
                 model_sd, optim_sd = get_state_dict(model, optimizer)
-                state = {"model": model_sd, "optim": optim_sd}
+                state = {"model": self._saved_part(model_sd), "optim": optim_sd}
                 dcp.load(state, checkpoint_id=str(path), process_group=self.group)
                 set_state_dict(
-                    model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+                    model,
+                    optimizer,
+                    model_state_dict=state["model"],
+                    optim_state_dict=state["optim"],
+                    options=StateDictOptions(strict=not self.adapters_only),
                 )
         except (Exception, CheckpointException) as err:
             raise CheckpointError(

@@ -10,6 +10,8 @@ itself does not change. Today:
     seektrain convert --from-checkpoint RUN_DIR[/checkpoints/step-N] --to-hf OUT_DIR   # export a run
     seektrain convert --preset tiny-v3 --to-hf OUT_DIR --tokenizer TOKENIZER_DIR       # ... with a tokenizer
     seektrain convert --from-hf HF_DIR --to-checkpoint RUN_DIR              # start a run from released weights
+    seektrain convert --from-checkpoint LORA_RUN --to-peft OUT_DIR          # a LoRA run's adapters for peft
+    seektrain convert --from-checkpoint LORA_RUN --merge-lora --to-hf OUT_DIR   # base + adapters, merged
 
 User errors (a missing file, a wrong shape...) print one line on stderr and exit with status 2,
 without a traceback.
@@ -18,6 +20,7 @@ without a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -31,6 +34,7 @@ from seektrain.data.hf_tokenizer import write_hf_tokenizer
 from seektrain.errors import UserError, user_path
 
 EXIT_USER_ERROR = 2
+PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 
 
 def _load_hf(args: argparse.Namespace):
@@ -61,6 +65,9 @@ def _save_hf(model, args: argparse.Namespace) -> str:
     from seektrain.checkpoint.atomic import write_swapped
     from seektrain.models.hf_config import config_to_hf
     from seektrain.models.hf_io import save_pretrained
+
+    if args.merge_lora:
+        model = _merged(model, _lora_source(args)[1])
 
     out = _check_hf_target(args, config_to_hf(model.cfg, "float32"))
     tokenizer = _tokenizer_source(args)
@@ -111,8 +118,116 @@ def _check_hf_target(args: argparse.Namespace, new_config: dict | None) -> Path:
 def _load_checkpoint(args: argparse.Namespace):
     from seektrain.checkpoint.export import load_run_checkpoint
 
-    model, _ckpt = load_run_checkpoint(args.from_checkpoint)
+    model, _ckpt = load_run_checkpoint(args.from_checkpoint, base_dir=args.base)
     return model
+
+
+def _lora_source(args: argparse.Namespace) -> tuple[Path, dict] | None:
+    """(checkpoint, its ``"lora"`` record) when the source is a LoRA checkpoint, else None."""
+    from seektrain.checkpoint.finder import resolve_checkpoint
+    from seektrain.checkpoint.lora_checkpoint import lora_settings
+
+    if not args.from_checkpoint:
+        return None
+    ckpt = resolve_checkpoint(args.from_checkpoint)
+    saved = lora_settings(ckpt)
+    return (ckpt, saved) if saved is not None else None
+
+
+def _check_lora_flags(args: argparse.Namespace, sink: str) -> None:
+    """Before loading anything: adapters go out only as PEFT or merged, and only adapters go to PEFT."""
+    lora = _lora_source(args)
+    source = args.from_checkpoint or args.from_hf or args.preset
+    if sink == "to_peft" and lora is None:
+        raise UserError(
+            f"--to-peft: {source} is not a LoRA checkpoint (it holds no adapters); export a full "
+            "model with --to-hf"
+        )
+    if args.merge_lora and (sink != "to_hf" or lora is None):
+        raise UserError(
+            "--merge-lora merges a LoRA checkpoint's adapters into its base for --to-hf; "
+            + (f"{source} holds no adapters, drop --merge-lora" if lora is None else "use it with --to-hf")
+        )
+    if sink in ("to_hf", "to_checkpoint") and lora is not None and not args.merge_lora:
+        raise UserError(
+            f"--from-checkpoint {args.from_checkpoint} holds LoRA adapters, not a full model: add "
+            "--merge-lora to write the merged model with --to-hf, or write the adapters with --to-peft"
+        )
+    if args.base and lora is None:
+        raise UserError("--base names the base folder of a LoRA checkpoint; this source has none, drop it")
+
+
+def _merged(model, saved: dict):
+    """A plain model holding ``W + alpha/r · B @ A`` wherever ``model`` has adapters (``saved``: the
+    checkpoint's ``"lora"`` record)."""
+    from seektrain.checkpoint.lora_checkpoint import spec_of
+    from seektrain.models.lora_export import merged_state_dict
+    from seektrain.models.transformer import build_model
+
+    state = merged_state_dict(model.state_dict(), spec_of(saved).scaling)
+    plain = build_model(model.cfg, init=False, dtype=state["embed_tokens.weight"].dtype)
+    plain.load_state_dict(state)
+    return plain.eval()
+
+
+def _save_peft(model, args: argparse.Namespace) -> str:
+    from safetensors.torch import save_file
+
+    from seektrain.checkpoint.atomic import write_swapped
+    from seektrain.checkpoint.lora_base import describe_base
+    from seektrain.models.lora import is_adapter
+    from seektrain.models.lora_export import peft_config, peft_tensors
+
+    _ckpt, saved = _lora_source(args)
+    out = _check_peft_target(args)
+    state = model.state_dict()
+    base = saved.get("base") or {}
+    config = peft_config(
+        state,
+        saved["rank"],
+        saved["alpha"],
+        saved["dropout"],
+        base.get("path") if base.get("kind") == "hf" else None,
+    )
+    tensors = peft_tensors(state)
+
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
+        (tmp / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+
+    write_swapped(out, write)
+    notes = [f"for {describe_base(base)}"]
+    if base.get("kind") != "hf":
+        dtype = saved.get("base_dtype", "float32")
+        notes.append(
+            f"write that base with: seektrain convert --preset {base.get('preset')} --seed "
+            f"{base.get('seed')}{'' if dtype == 'float32' else f' --dtype {dtype}'} --to-hf DIR"
+        )
+    if any(k.startswith("mtp.") and is_adapter(k) for k in state):
+        notes.append("MTP adapters left out (transformers builds no MTP layer; --merge-lora keeps them)")
+    if config["lora_dropout"] != saved["dropout"]:
+        notes.append(
+            f"lora_dropout written as 0 (peft's target_parameters refuse dropout), was {saved['dropout']}"
+        )
+    return f"wrote {args.to_peft} ({len(tensors)} adapter tensors, rank {saved['rank']}; {'; '.join(notes)})"
+
+
+def _check_peft_target(args: argparse.Namespace) -> Path:
+    """The --to-peft folder: new, empty, or an earlier adapter export (replaced); never anything else."""
+    out = Path(args.to_peft).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--to-peft {out}: is a file; choose a folder")
+    foreign = (
+        sorted(p.name for p in out.iterdir() if p.name not in (PEFT_CONFIG, PEFT_WEIGHTS))
+        if out.is_dir()
+        else []
+    )
+    if foreign:
+        raise UserError(
+            f"--to-peft {out}: holds {foreign[0]!r}, which convert does not write, so it will not replace "
+            "this folder; choose a new folder"
+        )
+    return out
 
 
 def _save_checkpoint(model, args: argparse.Namespace) -> str:
@@ -133,6 +248,7 @@ SOURCES: dict[str, Callable[[argparse.Namespace], torch.nn.Module]] = {
 SINKS: dict[str, Callable[[torch.nn.Module, argparse.Namespace], str]] = {
     "to_hf": _save_hf,
     "to_checkpoint": _save_checkpoint,
+    "to_peft": _save_peft,
 }
 
 
@@ -178,6 +294,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RUN_DIR",
         help="write a weights-only step-0 training checkpoint into a new run dir (fp32)",
     )
+    dst.add_argument(
+        "--to-peft",
+        metavar="OUT_DIR",
+        help="write a LoRA checkpoint's adapters as a PEFT adapter folder (adapter_config.json + "
+        "adapter_model.safetensors) for transformers' model of its base",
+    )
     opts = parser.add_argument_group("conversion options")
     opts.add_argument(
         "--dtype",
@@ -185,6 +307,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="weight dtype of the output: bf16, fp16 or fp32 (default: the torch_dtype of "
         "--from-hf's config.json, fp32 for --preset)",
+    )
+    opts.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="--to-hf from a LoRA checkpoint: write its base with the adapters merged in (W + alpha/r * B @ A)",
+    )
+    opts.add_argument(
+        "--base",
+        metavar="HF_DIR",
+        help="a LoRA checkpoint's base folder, when it is no longer where training read it (checked "
+        "against the fingerprint the checkpoint recorded)",
     )
     opts.add_argument("--seed", type=SEED, default=0, help="seed of the random initialisation (--preset)")
     opts.add_argument(
@@ -233,8 +366,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         source = _pick(args, SOURCES, "source")
         sink = _pick(args, SINKS, "destination")
+        _check_lora_flags(args, sink)
         if sink == "to_hf":  # refuse a folder we may not replace before a long load of the source
             _check_hf_target(args, None)
+        if sink == "to_peft":
+            _check_peft_target(args)
         model = SOURCES[source](args)
         with user_path(f"--{sink.replace('_', '-')} {getattr(args, sink)}"):  # a folder we cannot write
             message = SINKS[sink](model, args)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from seektrain.checkpoint.finder import read_trainer_state
+from seektrain.checkpoint.lora_checkpoint import check_lora_resume
 from seektrain.checkpoint.resume import ResumeChoice, resolve_resume, rope_text
 from seektrain.config.schema import JobConfig
 from seektrain.errors import UserError
@@ -48,6 +49,8 @@ def resolve_start(
     ``UserError`` that refuses it. ``choose_resume`` defaults to the read-only choice."""
     choose = choose_resume or (lambda spec, configured: resolve_resume(job.run.dir, spec, configured))
     resume = _rope_on_converted(choose(job.checkpoint.resume, configured_model_config(job)), job)
+    if resume.checkpoint is not None:  # [lora] the same settings and base, or one line naming both
+        check_lora_resume(resume.checkpoint, job, resume.model)
     job, why = auto_layout(job, resume.model, world_size, device_type, ranks_per_node)
     plan = RunPlan.resolve(job, resume.model, world_size, device_type, this_machine=True)
     return Start(plan, resume, why)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from seektrain.checkpoint.atomic import write_text_atomic
+from seektrain.checkpoint.lora_checkpoint import LORA, lora_record
 from seektrain.checkpoint.manager import CheckpointManager, step_dir_name
 from seektrain.checkpoint.resume import restore_trainer_state
 from seektrain.checkpoint.run_files import MODEL_CONFIG
@@ -69,6 +70,7 @@ def _train(cfg: JobConfig, env: DistEnv) -> dict:
         env.rank,
         pin_memory=policy_for(env.device).pin_host_memory(),
         on_write_error=cfg.checkpoint.on_write_error,
+        adapters_only=cfg.lora.enabled,  # [lora] the frozen base is never written into checkpoints
     )
     install_startup_hooks(env.rank)  # [faults] the tests' unshared run.dir; nothing otherwise
     check_shared_run_dir(run_dir, env.rank, ckpt.group)  # before any work: every rank sees rank 0's run.dir
@@ -106,7 +108,8 @@ def _train(cfg: JobConfig, env: DistEnv) -> dict:
         cfg.dist.collective_timeout_s,
     )
     install_from_env(guard, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
-    weights = initial_weights(cfg) if start.checkpoint is None else None
+    # [lora] a LoRA checkpoint holds no base: it is read again from model.hf_path (or re-initialised)
+    weights = initial_weights(cfg) if start.checkpoint is None or plan.lora else None
     ctx = build_step_context(plan, env.device, data, guard, weights)
     start_step = 0
     if start.checkpoint is not None:
@@ -119,7 +122,9 @@ def _train(cfg: JobConfig, env: DistEnv) -> dict:
     monitor = RunMonitor(
         plan, run_dir, env.rank, env.local_rank, env.device, start_step, resumed=start.checkpoint is not None
     )
-    trainer_state = _trainer_state_fn(plan, ctx, data, guard, env)
+    trainer_state = _trainer_state_fn(
+        plan, ctx, data, guard, env, lora_record(cfg, plan.model, plan.compute_dtype)
+    )
     # per-step values stay on the device until a flush step reads them (step_log.py)
     steps_log = StepLog(
         monitor, ctx.loss_guard, env.device, cfg.run.log_interval, start_step + 1, cfg.train.steps
@@ -246,11 +251,16 @@ def log_layout(plan: RunPlan, ctx: StepContext, data: TrainingData, env: DistEnv
     log.info("parameter bytes per rank (MiB): %s", " ".join(f"{b / 2**20:.1f}" for b in per_rank))
 
 
-def _trainer_state_fn(plan: RunPlan, ctx: StepContext, data: TrainingData, guard: FaultGuard, env: DistEnv):
-    """``trainer_state.json`` of a checkpoint at a step: what DCP's shards do not hold."""
+def _trainer_state_fn(
+    plan: RunPlan, ctx: StepContext, data: TrainingData, guard: FaultGuard, env: DistEnv, lora: dict | None
+):
+    """``trainer_state.json`` of a checkpoint at a step: what DCP's shards do not hold (under LoRA also
+    the reference to the base, ``checkpoint/lora_checkpoint.py``)."""
 
     def state(step: int) -> dict:
+        extra = {LORA: lora} if lora else {}
         return {
+            **extra,
             "step": step,
             "scheduler": ctx.scheduler.state_dict(),
             "scaler": ctx.scaler.state_dict(),
