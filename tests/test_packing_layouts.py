@@ -75,6 +75,33 @@ LAYOUTS = {
     "cp2-fsdp2-ep2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.dp_shard=2", "parallel.ep=2"]),
     "cp2-tp2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.tp=2", "parallel.dp_shard=1"]),
     "cp2-pp2-1f1b": ("tiny-v3", 4, ["parallel.cp=2", "parallel.pp=2", "parallel.dp_shard=1"]),
+    "cp2-pp2-gpipe-selective": (
+        "tiny-v3",
+        4,
+        [
+            "parallel.cp=2",
+            "parallel.pp=2",
+            "parallel.dp_shard=1",
+            "parallel.pp_schedule=gpipe",
+            "train.activation_checkpoint=selective",
+        ],
+    ),
+    "cp2-pp2-interleaved-full": (
+        "tiny-v3",
+        4,
+        [
+            "parallel.cp=2",
+            "parallel.pp=2",
+            "parallel.dp_shard=1",
+            "parallel.pp_schedule=interleaved-1f1b",
+            "train.activation_checkpoint=full",
+        ],
+    ),
+    "cp2-pp2-zbv": (
+        "tiny-v3",
+        4,
+        ["parallel.cp=2", "parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=zbv"],
+    ),
 }
 
 
