@@ -8,12 +8,14 @@ runs ``train_step`` on a context built as the trainer builds it, 3 steps over th
 4 packed rows (positions, document ids and masks), and is compared with one process accumulating 4
 micro-batches: losses, gradient norms, and every parameter's change (``compare_runs.weight_mismatches``,
 with the layout tests' optimiser settings). Four ranks (no accumulation) and two ranks accumulating 2
-are the normalisation's cases; TP/SP, HSDP, EP, every pipeline schedule (with MTP) and selective
-checkpointing carry the positions and document ids through their paths. One spawn per world size; the
-layouts share it."""
+are the normalisation's cases; TP/SP, HSDP, EP, every pipeline schedule (with MTP), selective
+checkpointing and context parallelism (alone and composed) carry the positions and document ids
+through their paths, and each layout's ``layout_ran`` is the one asked for (``expected_layout``). One
+spawn per world size; the layouts share it."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -23,7 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from compare_runs import FP32, LAYOUT_SETTINGS, initial_weights, weight_mismatches
+from compare_runs import FP32, LAYOUT_SETTINGS, expected_layout, initial_weights, weight_mismatches
 from packed_batches import cat_rows, uneven_rows
 from spawn_ranks import spawn_ranks
 
@@ -156,11 +158,12 @@ def _run_layout(name: str, world: int, rank: int, out_dir: str) -> None:
     weights = _full_parameters(ctx.model)
     torch.save(weights, os.path.join(out_dir, f"{name}-rank{rank}.pt"))
     if rank == 0:
-        from seektrain.parallel.context_parallel import cp_degree
+        from seektrain.parallel.layout_record import layout_ran
 
         facts = {
-            "cp_ran": cp_degree(ctx.model),  # (ring size, attention layers running it)
-            "cp_asked": plan.cp,
+            "layout_ran": layout_ran(ctx.parallel, plan.meshes.world),
+            "parallel": dataclasses.asdict(plan.job.parallel),
+            "world": world,
             "losses": losses,
             "grad_norms": norms,
             "accum": plan.accum_steps,
@@ -204,8 +207,9 @@ def results(tmp_path_factory) -> dict:
 
 def _assert_same(got, want) -> None:
     (g, g_weights), (w, w_weights) = got, want
-    ring, layers = g["cp_ran"]
-    assert ring == g["cp_asked"] and (layers > 0) == (g["cp_asked"] > 1), g["cp_ran"]
+    ran, want = g["layout_ran"], expected_layout(g["parallel"], g["world"])  # the layout asked for ran
+    assert {k: ran[k] for k in want} == want, ran
+    assert (ran["cp_attention_layers"] > 0) == (want["cp"] > 1), ran
     assert g["losses"] == pytest.approx(w["losses"], rel=FP32.loss_rel, abs=FP32.loss_abs)
     assert g["grad_norms"] == pytest.approx(w["grad_norms"], rel=FP32.grad_norm_rel)
     initial, params = initial_weights(w["model_config"], w["seed"])
