@@ -73,6 +73,8 @@ LAYOUTS = {
     "pp2-zbv": ("tiny-v3", 2, ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=zbv"]),
     # context parallelism: documents cross the chunk boundaries, MTP targets cross them too
     "cp2": ("tiny-v3", 2, ["parallel.cp=2"]),
+    "cp2-dense": ("tiny-dense", 2, ["parallel.cp=2"]),  # GQA attention (rotate-half RoPE)
+    "cp2-ddp": ("tiny-v3", 2, ["parallel.cp=2", "parallel.data_parallel=ddp", "parallel.dp_shard=1"]),
     "cp2-fsdp2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.dp_shard=2"]),
     "cp2-fsdp2-ep2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.dp_shard=2", "parallel.ep=2"]),
     "cp2-tp2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.tp=2", "parallel.dp_shard=1"]),

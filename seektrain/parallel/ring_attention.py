@@ -92,10 +92,10 @@ def _merge(out, lse, o_b, lse_b):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, docs, group: ProcessGroup):
+    def forward(ctx, q_in, k_in, v_in, scale: float, docs, group: ProcessGroup):
         cp, rank = group.size(), group.rank()
-        ctx.dtypes = (q.dtype, k.dtype, v.dtype)  # bf16 under autocast: the gradients go back in them
-        q, k, v = q.float(), k.float(), v.float()
+        ctx.dtypes = (q_in.dtype, k_in.dtype, v_in.dtype)  # bf16 under autocast: gradients go back in them
+        q, k, v = q_in.float(), k_in.float(), v_in.float()
         B, H, T, _ = q.shape
         c, kd = T // 2, k.shape[-1]
         out = torch.zeros(B, H, T, v.shape[-1], device=q.device)
@@ -116,13 +116,17 @@ class _RingAttention(torch.autograd.Function):
                 _merge(out[:, :, qs], lse[:, :, qs], o_b, m + torch.log(total))
             if pending is not None:
                 kv = _finish_hop(pending, kv)
-        ctx.save_for_backward(q, k, v, out, lse)
+        result = out.to(ctx.dtypes[0])
+        # the inputs and the output themselves: a cast of an fp32 tensor is that tensor, and torch.compile
+        # refuses to save an intermediate that aliases an input or output
+        ctx.save_for_backward(q_in, k_in, v_in, result, lse)
         ctx.scale, ctx.docs, ctx.group = scale, docs, group
-        return out.to(ctx.dtypes[0])
+        return result
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out = q.float(), k.float(), v.float(), out.float()
         scale, docs, group = ctx.scale, ctx.docs, ctx.group
         cp, rank = group.size(), group.rank()
         dout = dout.float()
