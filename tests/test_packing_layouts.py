@@ -129,6 +129,9 @@ def _context(plan):
 def _full_parameters(model) -> dict[str, torch.Tensor]:
     from torch.distributed.tensor import DTensor
 
+    from seektrain.parallel.parallelize import unwrap
+
+    model = unwrap(model)  # DDP's wrapper (its names start with "module.")
     out = {}
     for name, p in model.named_parameters():
         full = p.full_tensor() if isinstance(p, DTensor) else p
