@@ -8,12 +8,14 @@ runs ``train_step`` on a context built as the trainer builds it, 3 steps over th
 4 packed rows (positions, document ids and masks), and is compared with one process accumulating 4
 micro-batches: losses, gradient norms, and every parameter's change (``compare_runs.weight_mismatches``,
 with the layout tests' optimiser settings). Four ranks (no accumulation) and two ranks accumulating 2
-are the normalisation's cases; TP/SP, HSDP, EP, every pipeline schedule (with MTP) and selective
-checkpointing carry the positions and document ids through their paths. One spawn per world size; the
-layouts share it."""
+are the normalisation's cases; TP/SP, HSDP, EP, every pipeline schedule (with MTP), selective
+checkpointing and context parallelism (alone and composed) carry the positions and document ids
+through their paths, and each layout's ``layout_ran`` is the one asked for (``expected_layout``). One
+spawn per world size; the layouts share it."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -23,7 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from compare_runs import FP32, LAYOUT_SETTINGS, initial_weights, weight_mismatches
+from compare_runs import FP32, LAYOUT_SETTINGS, expected_layout, initial_weights, weight_mismatches
 from packed_batches import cat_rows, uneven_rows
 from spawn_ranks import spawn_ranks
 
@@ -69,6 +71,41 @@ LAYOUTS = {
         ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=interleaved-1f1b"],
     ),
     "pp2-zbv": ("tiny-v3", 2, ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=zbv"]),
+    # context parallelism: documents cross the chunk boundaries, MTP targets cross them too
+    "cp2": ("tiny-v3", 2, ["parallel.cp=2"]),
+    "cp2-dense": ("tiny-dense", 2, ["parallel.cp=2"]),  # GQA attention (rotate-half RoPE)
+    "cp2-ddp": ("tiny-v3", 2, ["parallel.cp=2", "parallel.data_parallel=ddp", "parallel.dp_shard=1"]),
+    "cp2-fsdp2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.dp_shard=2"]),
+    "cp2-fsdp2-ep2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.dp_shard=2", "parallel.ep=2"]),
+    "cp2-tp2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.tp=2", "parallel.dp_shard=1"]),
+    "cp2-pp2-1f1b": ("tiny-v3", 4, ["parallel.cp=2", "parallel.pp=2", "parallel.dp_shard=1"]),
+    "cp2-pp2-gpipe-selective": (
+        "tiny-v3",
+        4,
+        [
+            "parallel.cp=2",
+            "parallel.pp=2",
+            "parallel.dp_shard=1",
+            "parallel.pp_schedule=gpipe",
+            "train.activation_checkpoint=selective",
+        ],
+    ),
+    "cp2-pp2-interleaved-full": (
+        "tiny-v3",
+        4,
+        [
+            "parallel.cp=2",
+            "parallel.pp=2",
+            "parallel.dp_shard=1",
+            "parallel.pp_schedule=interleaved-1f1b",
+            "train.activation_checkpoint=full",
+        ],
+    ),
+    "cp2-pp2-zbv": (
+        "tiny-v3",
+        4,
+        ["parallel.cp=2", "parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=zbv"],
+    ),
 }
 
 
@@ -92,6 +129,9 @@ def _context(plan):
 def _full_parameters(model) -> dict[str, torch.Tensor]:
     from torch.distributed.tensor import DTensor
 
+    from seektrain.parallel.parallelize import unwrap
+
+    model = unwrap(model)  # DDP's wrapper (its names start with "module.")
     out = {}
     for name, p in model.named_parameters():
         full = p.full_tensor() if isinstance(p, DTensor) else p
@@ -123,7 +163,12 @@ def _run_layout(name: str, world: int, rank: int, out_dir: str) -> None:
     weights = _full_parameters(ctx.model)
     torch.save(weights, os.path.join(out_dir, f"{name}-rank{rank}.pt"))
     if rank == 0:
+        from seektrain.parallel.layout_record import layout_ran
+
         facts = {
+            "layout_ran": layout_ran(ctx.parallel, plan.meshes.world),
+            "parallel": dataclasses.asdict(plan.job.parallel),
+            "world": world,
             "losses": losses,
             "grad_norms": norms,
             "accum": plan.accum_steps,
@@ -167,6 +212,9 @@ def results(tmp_path_factory) -> dict:
 
 def _assert_same(got, want) -> None:
     (g, g_weights), (w, w_weights) = got, want
+    ran, want = g["layout_ran"], expected_layout(g["parallel"], g["world"])  # the layout asked for ran
+    assert {k: ran[k] for k in want} == want, ran
+    assert (ran["cp_attention_layers"] > 0) == (want["cp"] > 1), ran
     assert g["losses"] == pytest.approx(w["losses"], rel=FP32.loss_rel, abs=FP32.loss_abs)
     assert g["grad_norms"] == pytest.approx(w["grad_norms"], rel=FP32.grad_norm_rel)
     initial, params = initial_weights(w["model_config"], w["seed"])
