@@ -310,6 +310,28 @@ CONFIG_ROWS = [
         ],
         ["precision.fp8=blockwise", "parallel.tp=2"],
     ),
+    Case(
+        "cp-seq-len-not-in-chunks",
+        ["train", "--nproc-per-node", "2", "--set", "parallel.cp=2", "--set", "train.seq_len=30"],
+        ["train.seq_len=30", "parallel.cp", "multiple of 4"],
+    ),
+    Case(
+        "cp-with-tp-and-ep",
+        [
+            "train",
+            "--nproc-per-node",
+            "8",
+            "--set",
+            "parallel.cp=2",
+            "--set",
+            "parallel.tp=2",
+            "--set",
+            "parallel.ep=4",
+            "--set",
+            "model.preset=tiny-v3",
+        ],
+        ["parallel.cp", "parallel.tp", "parallel.ep"],
+    ),
     # [lora]: refused by the run plan before any worker starts (models/lora.py)
     Case(
         "lora-rank-too-large",
@@ -363,27 +385,6 @@ CONFIG_ROWS += [
         ["config", "from-deepspeed", "{ws}/ds.json", "--set", "optim.lr=0"],
         ["optim.lr"],
         write("ds.json", json.dumps(_DS_DECAY)),
-    Case(
-        "cp-seq-len-not-in-chunks",
-        ["train", "--nproc-per-node", "2", "--set", "parallel.cp=2", "--set", "train.seq_len=30"],
-        ["train.seq_len=30", "parallel.cp", "multiple of 4"],
-    ),
-    Case(
-        "cp-with-tp-and-ep",
-        [
-            "train",
-            "--nproc-per-node",
-            "8",
-            "--set",
-            "parallel.cp=2",
-            "--set",
-            "parallel.tp=2",
-            "--set",
-            "parallel.ep=4",
-            "--set",
-            "model.preset=tiny-v3",
-        ],
-        ["parallel.cp", "parallel.tp", "parallel.ep"],
     ),
 ]
 
