@@ -46,16 +46,24 @@ def ep_layout_error(ep: int, dp_shard: int, tp: int) -> str | None:
 
 
 def check_degrees(
-    world_size: int, pp: int, dp_replicate: int, dp_shard: int, tp: int, ep: int, data_parallel: str
+    world_size: int,
+    pp: int,
+    dp_replicate: int,
+    dp_shard: int,
+    tp: int,
+    ep: int,
+    data_parallel: str,
+    cp: int = 1,
 ) -> None:
-    """The degrees multiply to the world size and compose (model-independent)."""
-    product = pp * dp_replicate * dp_shard * tp
+    """The degrees multiply to the world size and compose (model-independent). Expert parallelism draws
+    its ranks from ``dp_shard × cp`` (the FSDP ranks), so that product stands for ``dp_shard`` in its check."""
+    product = pp * dp_replicate * dp_shard * cp * tp
     if product != world_size:
         raise ConfigError(
-            f"parallel.pp × dp_replicate × dp_shard × tp = {pp}×{dp_replicate}×{dp_shard}×{tp} = {product} but the "
-            f"world size is {world_size}; set parallel.dp_shard=-1 or fix the degrees"
+            f"parallel.pp × dp_replicate × dp_shard × cp × tp = {pp}×{dp_replicate}×{dp_shard}×{cp}×{tp} = "
+            f"{product} but the world size is {world_size}; set parallel.dp_shard=-1 or fix the degrees"
         )
-    error = ep_layout_error(ep, dp_shard, tp)
+    error = ep_layout_error(ep, dp_shard * cp, tp)
     if error:
         raise ConfigError(error)
     dp = dp_replicate * dp_shard
@@ -70,6 +78,15 @@ def check_degrees(
         )
     if pp > 1 and data_parallel == "ddp" and dp > 1:
         raise ConfigError("parallel.pp > 1 composes with data_parallel=fsdp; set parallel.data_parallel=fsdp")
+
+
+def check_context_parallel(cp: int, seq_len: int) -> None:
+    """Each sequence is cut into ``2·cp`` equal chunks (rank i holds chunk i and chunk 2·cp−1−i)."""
+    if cp < 1 or seq_len % (2 * cp):
+        raise ConfigError(
+            f"parallel.cp={cp} needs train.seq_len={seq_len} to split into 2·cp = {2 * cp} equal chunks; "
+            "choose a cp with 2·cp dividing the sequence length"
+        )
 
 
 def check_cpu_offload(cpu_offload: bool, data_parallel: str) -> None:
@@ -92,16 +109,27 @@ def check_float8(recipe: str, tp: int) -> None:
         )
 
 
+_TP_UNITS: dict[str, list[tuple[str, int]]] = {}
+
+
+def _tp_units(cfg: ModelConfig) -> list[tuple[str, int]]:
+    """Every (unit, count) TP splits, heads first; cached per config (its ``repr``) for the planner."""
+    key = repr(cfg)
+    if key not in _TP_UNITS:
+        units = [w.tp_unit for w in weights_by_path(cfg).values() if w.tp_unit]
+        # the heads first: a tp that splits no whole head is the mistake users make (and the one to name)
+        units.sort(key=lambda unit: not unit[0].endswith("heads"))
+        _TP_UNITS[key] = units
+    return _TP_UNITS[key]
+
+
 def tp_error(cfg: ModelConfig, tp: int) -> str | None:
     """Why the model's sharded dimensions do not divide by ``tp`` (one line), or None: each weight TP
     splits (``models/shapes.py``) is cut into whole pieces of its ``tp_unit`` (heads, the vocabulary, MLP
     features, experts), so ``tp`` must divide every unit count."""
     if tp == 1:
         return None
-    units = [w.tp_unit for w in weights_by_path(cfg).values() if w.tp_unit]
-    # the heads first: a tp that splits no whole head is the mistake users make (and the one to name)
-    units.sort(key=lambda unit: not unit[0].endswith("heads"))
-    for what, size in units:
+    for what, size in _tp_units(cfg):
         if size % tp:
             return f"parallel.tp={tp} does not divide {what}={size} of model {cfg.name!r}: choose a tp that divides it"
     return None

@@ -9,11 +9,14 @@ Two kinds of items:
   layers (embedding on the first stage, norm/head/MTP on the last); tensor parallelism shards
   column-wise weights on dim 0 and row-wise ones on dim 1, routed experts by expert; expert parallelism
   splits experts over ``ep``; FSDP2 then cuts dim 0 of each local tensor into ``torch.chunk`` pieces
-  (ceil-sized, the last ones shorter) over ``dp_shard`` (experts: over the expert-FSDP ranks). Parameters
+  (ceil-sized, the last ones shorter) over ``dp_shard × cp`` (experts: over the expert-FSDP ranks, what is
+  left of ``dp_shard × cp`` after expert parallelism took its share). Parameters
   are fp32 master weights whatever the compute dtype, gradients likewise, and fused AdamW keeps two fp32
   moments per element plus a 4-byte step per parameter tensor.
 - **Transients** (activations, logits, MoE dispatch, gathered parameters) are an analytic model of the
-  tensors our modules save for backward, counted per layer; ``tests/test_plan_accuracy.py`` compares it
+  tensors our modules save for backward, counted per layer and per token of this rank (context
+  parallelism gives each cp rank ``seq_len / cp`` of every sequence, so every per-token term shrinks by
+  ``cp``; the ring adds its travelling key/value chunks); ``tests/test_plan_accuracy.py`` compares it
   with ``MemTracker`` on CPU. Allocator fragmentation and the CUDA context are an allowance, stated here.
 """
 
@@ -72,16 +75,29 @@ class RankCoords:
     dp_replicate: int
     dp_shard: int
     tp: int
+    cp: int = 0
+
+    def fsdp_index(self, plan) -> int:
+        """This rank's place in the FSDP group, ``dp_shard × cp`` flattened (cp innermost)."""
+        return self.dp_shard * plan.cp + self.cp
 
 
 def rank_coords(plan, rank: int) -> RankCoords:
-    """Coordinates of ``rank`` on the world mesh (pp, dp_replicate, dp_shard, tp), row-major as
+    """Coordinates of ``rank`` on the world mesh (pp, dp_replicate, dp_shard, cp, tp), row-major as
     ``seektrain.parallel.mesh.build_meshes`` lays it out."""
     tp = rank % plan.tp
     rest = rank // plan.tp
+    cp = rest % plan.cp
+    rest //= plan.cp
     shard = rest % plan.dp_shard
     rest //= plan.dp_shard
-    return RankCoords(rest // plan.dp_replicate, rest % plan.dp_replicate, shard, tp)
+    return RankCoords(rest // plan.dp_replicate, rest % plan.dp_replicate, shard, tp, cp)
+
+
+def fsdp_ranks(plan) -> int:
+    """Ranks FSDP shards a parameter over: the data-parallel shard ranks and the cp ranks together (a
+    cp group holds one replica between them, as torchtitan does)."""
+    return plan.dp_shard * plan.cp
 
 
 def _local_numel(
@@ -97,11 +113,10 @@ def _local_numel(
     elif spec.tp_dim is not None and plan.tp > 1:
         shape[spec.tp_dim] //= plan.tp
     if plan.uses_fsdp:
-        if spec.expert and plan.ep > 1:
+        parts, index = fsdp_ranks(plan), at.fsdp_index(plan)
+        if spec.expert and plan.ep > 1:  # expert parallelism took ep/tp of the FSDP ranks
             in_ep = plan.ep // plan.tp if plan.tp > 1 else plan.ep
-            parts, index = plan.dp_shard // in_ep, at.dp_shard // in_ep
-        else:
-            parts, index = plan.dp_shard, at.dp_shard
+            parts, index = parts // in_ep, index // in_ep
         shape[0] = _chunk_rows(shape[0], parts, index)
     return _numel(tuple(shape))
 
@@ -145,7 +160,7 @@ def _held(spec: ParamSpec, keep: set[int], first: bool, last: bool) -> bool:
 
 def max_state_bytes(plan) -> StateBytes:
     """The rank with the most state: FSDP's first shard is the largest; every pipeline rank differs."""
-    ranks = range(0, plan.world_size, plan.tp * plan.dp_shard * plan.dp_replicate)
+    ranks = range(0, plan.world_size, plan.world_size // plan.pp)
     return max((state_bytes(plan, r) for r in ranks), key=lambda s: s.params + s.optimizer)
 
 
@@ -284,13 +299,15 @@ class Activations:
     head: float  # final norm, logits/loss buffer (fused or not), MTP
     moe_dispatch: float  # all-to-all send buffer of one MoE layer (EP)
     in_flight: int  # micro-batches whose activations a pipeline rank holds at once
+    cp_ring: float = 0.0  # context parallelism: the key/value chunks (and their gradients) in the ring
 
     def phases(self, root_buffer: float = 0.0, layer_buffer: float = 0.0) -> tuple[float, float]:
         """Peak bytes in the two moments backward can peak: the head's backward (every saved tensor, the
         head's, the root FSDP unit gathered; plus the working set unless layers are recomputed later)
-        and a decoder layer's backward (its recomputed tensors, the working set, its unit gathered)."""
+        and a decoder layer's backward (its recomputed tensors, the working set, its unit gathered, and
+        under context parallelism the ring's chunks)."""
         head = self.layers + self.head + root_buffer + (0.0 if self.recompute else self.backward)
-        layer = self.layers + self.recompute + self.backward + layer_buffer
+        layer = self.layers + self.recompute + self.backward + layer_buffer + self.cp_ring
         return head + self.moe_dispatch, layer + self.moe_dispatch
 
     @property
@@ -311,9 +328,28 @@ def in_flight_microbatches(schedule: str, pp: int, n_micro: int) -> int:
     return min(n_micro, pp)
 
 
+def ring_chunk_bytes(cfg: ModelConfig, a: int, tp: int, pad_values: bool) -> float:
+    """Bytes per token of the key/value chunk context parallelism passes around its ring: the keys and
+    values the attention kernel takes (MLA: per head the 192-wide key and the value, after the
+    up-projection; GQA: expanded to every query head), of this tensor-parallel rank's heads."""
+    h = cfg.num_attention_heads / tp
+    if not cfg.is_mla:
+        return a * h * 2 * cfg.head_dim
+    qk, v = cfg.qk_head_dim, cfg.v_head_dim
+    return a * h * (qk + (qk if pad_values and v < qk else v))
+
+
+# the ring holds 4 chunks: in forward the one attended and the one arriving; in backward the same two and
+# the key/value gradients travelling with them (the chunk's accumulated gradient leaving and arriving)
+RING_CHUNKS = 4
+
+
 def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> Activations:
     """Peak activation bytes of pipeline rank ``pp_rank`` of ``plan`` (the first, the busiest under 1F1B,
-    by default) for one step."""
+    by default) for one step. Every term is per token of this rank: under context parallelism a rank
+    holds ``seq_len / cp`` tokens of each sequence (its two load-balanced chunks), so the layers' saved
+    tensors, the logits and loss, the MoE buffers and the working sets all shrink by ``cp``; the ring's
+    key/value chunks are added to a layer's backward."""
     cfg, job = plan.model, plan.job
     a = plan.compute_dtype.itemsize
     if pad_values is None:
@@ -333,7 +369,7 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
             True,
             1,
         )
-    tokens = local_seqs * job.train.seq_len
+    tokens = local_seqs * job.train.seq_len / plan.cp
     mode = job.train.activation_checkpoint
     every = checkpoint_every(mode)
     per_layer = [layer_activation_bytes(cfg, i, a, tp, ep, pad_values) for i in layers]
@@ -362,6 +398,7 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
                 block = layer_activation_bytes(cfg, cfg.num_hidden_layers + k, a, tp, ep, pad_values)
                 head += 2 * _norm(d, a, tp) + 2 * a * d + block + _norm(d, a, tp) + logits
     dispatch = cfg.num_experts_per_tok * a * d / tp if cfg.is_moe and ep > 1 else 0.0
+    ring = RING_CHUNKS * ring_chunk_bytes(cfg, a, tp, pad_values) if plan.cp > 1 else 0.0
     return Activations(
         kept * tokens * in_flight,
         0.5 * largest * tokens,
@@ -369,6 +406,7 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
         head * tokens,
         dispatch * tokens,
         in_flight,
+        ring * tokens,
     )
 
 
@@ -395,7 +433,7 @@ def comm_buffer_bytes(plan) -> CommBuffers:
     a = plan.compute_dtype.itemsize
     if not plan.uses_fsdp:
         return CommBuffers(0.0, 0.0, 0.0 if a == 4 else state_bytes(plan, 0).params / FP32 * a)
-    if plan.dp_shard == 1 and not plan.job.parallel.cpu_offload:
+    if fsdp_ranks(plan) == 1 and not plan.job.parallel.cpu_offload:
         return CommBuffers(0.0, 0.0, 0.0)  # HSDP/replicate only: nothing is gathered
     units: dict[str, int] = {}
     for spec in param_specs(plan.model):

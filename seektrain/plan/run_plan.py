@@ -81,7 +81,10 @@ class RunPlan:
                     "change the degrees or the number of processes"
                 )
             dp_shard = world_size // others
-        layout_checks.check_degrees(world_size, p.pp, p.dp_replicate, dp_shard, p.tp, p.ep, p.data_parallel)
+        layout_checks.check_degrees(
+            world_size, p.pp, p.dp_replicate, dp_shard, p.tp, p.ep, p.data_parallel, p.cp
+        )
+        layout_checks.check_context_parallel(p.cp, t.seq_len)
         layout_checks.check_cpu_offload(p.cpu_offload, p.data_parallel)
         layout_checks.check_float8(job.precision.fp8, p.tp)
         if this_machine:
@@ -96,7 +99,7 @@ class RunPlan:
                 f"data-parallel size = {t.micro_batch_size}×{dp} = {per_step}; adjust one of them"
             )
         accum = t.global_batch_size // per_step
-        layout_checks.check_model(model, p.tp, p.ep, dp_shard)
+        layout_checks.check_model(model, p.tp, p.ep, dp_shard * p.cp)  # EP draws from dp_shard × cp
         n_micro = 1
         stages: tuple[tuple[int, ...], ...] = ()
         if p.pp > 1:
@@ -141,8 +144,9 @@ class RunPlan:
     @property
     def uses_fsdp(self) -> bool:
         """FSDP only where there is something to shard over; one data-parallel rank trains the plain model,
-        unless it offloads to the CPU (offloading is FSDP's, so FSDP then runs over a mesh of one rank)."""
-        return self.data_parallel == "fsdp" and (self.dp > 1 or self.cpu_offload)
+        unless it offloads to the CPU (offloading is FSDP's, so FSDP then runs over a mesh of one rank).
+        The cp ranks of one sequence hold one replica between them, so FSDP shards over them too."""
+        return self.data_parallel == "fsdp" and (self.dp > 1 or self.cp > 1 or self.cpu_offload)
 
     @property
     def uses_ddp(self) -> bool:

@@ -19,6 +19,12 @@ Assumptions (each a number here, so they can be argued with):
   memory (``HOST_BYTES_PER_S``), not overlapped.
 - Pipeline: the bubble is ``(pp-1)/micro-batches`` (1F1B, GPipe), divided by the stages per rank
   (interleaved), halved for zero-bubble V; activations sent between stages are added.
+- Context parallelism: per layer, the ring takes ``cp-1`` steps forward, each sending this rank's
+  key/value chunk to its neighbour while attending to the chunk it holds, and ``cp-1`` backward, each
+  sending the chunk and its accumulated gradients (twice the bytes) while computing the block's
+  backward (twice the forward's FLOPs). A step shows only what its transfer takes beyond its attention
+  compute (``max(0, comm - compute)``); load-balanced chunks give every step the same work, ``1/cp`` of
+  the rank's attention. The FSDP group grows to ``dp_shard × cp``.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ class StepTime:
     model_flops: float  # per step, all ranks (what MFU counts)
     offload_s: float = 0.0  # parallel.cpu_offload: host transfers and the host optimizer step
     recompute_s: float = 0.0  # selective checkpointing's memory-bound recomputation (inside compute_s)
+    cp_s: float = 0.0  # context parallelism: the ring's transfers not hidden behind attention
 
 
 def _ring(bytes_: float, n: int, bandwidth: float) -> float:
@@ -83,23 +90,24 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     compute = compute_time * (1 + recompute) / plan.world_size + recompute_s
 
     # parameters of one pipeline rank's share, per tensor-parallel rank (what FSDP moves)
-    from seektrain.plan.memory import max_state_bytes
+    from seektrain.plan.memory import fsdp_ranks, max_state_bytes
 
     state = state or max_state_bytes(plan)
-    local_params = state.params / 4 * plan.dp_shard if plan.uses_fsdp else state.params / 4
+    shards = fsdp_ranks(plan)  # dp_shard × cp
+    local_params = state.params / 4 * shards if plan.uses_fsdp else state.params / 4
     micro = plan.accum_steps if plan.pp == 1 else 1
     fsdp = 0.0
-    if plan.uses_fsdp and plan.dp_shard > 1:
+    if plan.uses_fsdp and shards > 1:
         gathers = 2 if plan.reshard_after_forward else 1
         reduce_bytes = 2 if job.precision.reduce_dtype == "bf16" else 4
         per_micro = local_params * (gathers * a + reduce_bytes)
-        fsdp = micro * _ring(per_micro, plan.dp_shard, _link(hw, plan.tp * plan.dp_shard))
+        fsdp = micro * _ring(per_micro, shards, _link(hw, plan.tp * shards))
     if plan.dp_replicate > 1:  # HSDP/DDP: gradients all-reduced across replicas (twice a ring's bytes)
-        shard = plan.dp_shard if plan.uses_fsdp else 1
+        shard = shards if plan.uses_fsdp else 1
         fsdp += 2 * _ring(local_params / shard * 4, plan.dp_replicate, _link(hw, plan.world_size // plan.pp))
     exposed_fsdp = max(0.0, fsdp - compute)
 
-    local_tokens = tokens / plan.dp  # per data-parallel rank per step (all micro-batches)
+    local_tokens = tokens / plan.dp / plan.cp  # per rank per step (all micro-batches)
     d = cfg.hidden_size
     n_layers = cfg.num_hidden_layers / plan.pp
     tp = 0.0
@@ -119,20 +127,49 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
             bubble /= plan.pp_stages_per_rank
         elif schedule == "zbv":
             bubble /= 2
+    cp = ring_exposed_s(plan, hw, peak, 3 * recompute)  # 3 × recompute: the recomputed layers' share
     offload = 0.0
     if plan.cpu_offload and plan.uses_fsdp:
         # parameters up and gradients down over PCIe each step, AdamW on the host reading and writing
         # parameters, gradients and both moments
         offload = (state.params + state.grads) / PCIE_BYTES_PER_S + 2 * (state.params * 4) / HOST_BYTES_PER_S
-    total = (compute + exposed_fsdp + tp + ep + pp) * (1 + bubble) + offload
-    return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops, offload, recompute_s)
+    total = (compute + exposed_fsdp + tp + ep + pp + cp) * (1 + bubble) + offload
+    return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops, offload, recompute_s, cp)
+
+
+def ring_exposed_s(plan, hw: Hardware, peak: float, recomputed: float = 0.0) -> float:
+    """Seconds per step one rank waits on the context-parallel ring: per layer and sequence, ``cp-1``
+    forward steps each sending one key/value chunk, and ``cp-1`` backward steps each sending the chunk
+    and its gradients, less the attention compute each step overlaps (the block's FLOPs at ``peak``);
+    ``recomputed``: the share of layers whose forward (ring included) full checkpointing runs twice.
+    Both sides grow with the sequences of a micro-batch alike, so the sum is per sequence. The cp ranks
+    are ``tp`` ranks apart: NVLink while ``cp × tp`` fits in a node, else the network."""
+    if plan.cp <= 1:
+        return 0.0
+    from seektrain.observe.flops import attention_flops_per_token
+    from seektrain.plan.memory import ring_chunk_bytes
+
+    cfg, job = plan.model, plan.job
+    seq, a = job.train.seq_len, plan.compute_dtype.itemsize
+    layers = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if plan.use_mtp else 0)
+    tokens = seq / plan.cp  # this rank's share of one sequence
+    chunk = ring_chunk_bytes(cfg, a, plan.tp, hw.name == "cpu") * tokens
+    # training attention FLOPs (forward + backward = 3 × forward) of one layer on this rank, per ring step
+    train_flops = attention_flops_per_token(cfg, seq, plan.use_mtp) / layers * tokens / plan.tp / plan.cp
+    forward, backward = train_flops / 3 / peak, 2 * train_flops / 3 / peak
+    link = _link(hw, plan.cp * plan.tp)
+    per_layer = (plan.cp - 1) * (
+        (1 + recomputed) * max(0.0, chunk / link - forward) + max(0.0, 2 * chunk / link - backward)
+    )
+    sequences = job.train.micro_batch_size * plan.accum_steps  # this rank's per step
+    return per_layer * layers / plan.pp * sequences
 
 
 def selective_recompute_s(plan, hw: Hardware) -> float:
     """Seconds per step one rank spends recomputing its selectively checkpointed layers: the bytes the
     recomputation writes (every layer of the model per token, divided over the pipeline stages; per
     tensor-parallel rank as the memory model counts them) times ``RECOMPUTE_TRAFFIC``, for the tokens of
-    one data-parallel rank, at the device's memory bandwidth."""
+    one rank (a data-parallel rank's, split over its cp ranks), at the device's memory bandwidth."""
     from seektrain.plan.memory import selective_rebuilt_bytes
 
     cfg = plan.model
@@ -144,4 +181,5 @@ def selective_recompute_s(plan, hw: Hardware) -> float:
         )
         / plan.pp
     )
-    return RECOMPUTE_TRAFFIC * per_token * plan.tokens_per_step / plan.dp / (hw.memory_gbs * 1e9)
+    local_tokens = plan.tokens_per_step / plan.dp / plan.cp
+    return RECOMPUTE_TRAFFIC * per_token * local_tokens / (hw.memory_gbs * 1e9)
