@@ -146,21 +146,24 @@ def expected_layout(parallel: dict, nproc: int) -> dict:
     """What ``summary.json``'s ``layout_ran`` must hold on rank 0 for the run's ``[parallel]`` config
     section on ``nproc`` ranks (seektrain/parallel/layout_record.py describes the keys)."""
     pp, rep, tp, ep = parallel["pp"], parallel["dp_replicate"], parallel["tp"], parallel["ep"]
-    shard = parallel["dp_shard"] if parallel["dp_shard"] != -1 else nproc // (pp * rep * tp)
+    cp = parallel["cp"]
+    shard = parallel["dp_shard"] if parallel["dp_shard"] != -1 else nproc // (pp * rep * cp * tp)
     dp = rep * shard
-    if parallel["data_parallel"] == "fsdp" and (dp > 1 or parallel["cpu_offload"]):
+    if parallel["data_parallel"] == "fsdp" and (dp * cp > 1 or parallel["cpu_offload"]):
         kind = "hsdp" if rep > 1 else "fsdp"
-    elif parallel["data_parallel"] == "ddp" and dp > 1:
+    elif parallel["data_parallel"] == "ddp" and dp * cp > 1:
         kind = "replicate" if tp > 1 else "ddp"
     else:
         kind = "none"
     want = {
-        "mesh": {"pp": pp, "dp_replicate": rep, "dp_shard": shard, "tp": tp},
+        "mesh": {"pp": pp, "dp_replicate": rep, "dp_shard": shard, "cp": cp, "tp": tp},
         "data_parallel": kind,
-        "shard_group_size": shard if kind in ("fsdp", "hsdp") else 1,
-        "replicate_group_size": {"hsdp": rep, "replicate": rep, "ddp": dp}.get(kind, 1),
+        # FSDP shards over dp_shard × cp; DDP and replicate mode average over dp_replicate × cp
+        "shard_group_size": shard * cp if kind in ("fsdp", "hsdp") else 1,
+        "replicate_group_size": {"hsdp": rep, "replicate": rep * cp, "ddp": dp * cp}.get(kind, 1),
         "tp": tp,
         "ep": ep,
+        "cp": cp,
     }
     if pp > 1:
         from seektrain.parallel.pipeline import SCHEDULES
@@ -183,6 +186,7 @@ def assert_layout_ran(run: Run, nproc: int) -> None:
     parallel = run.config["parallel"]
     n_experts = json.loads((run.dir / "model_config.json").read_text())["n_routed_experts"]
     want = expected_layout(parallel, nproc)
+    cp = parallel["cp"]
     wrong = [f"{k} ran {ran[k]!r}, asked {v!r}" for k, v in want.items() if ran[k] != v]
     assert not wrong, (
         f"the run trained another layout than it asked for: {'; '.join(wrong)} (recorded: {ran})"
@@ -201,6 +205,12 @@ def assert_layout_ran(run: Run, nproc: int) -> None:
         assert ran["all_to_all_per_step"] >= 5 * ran["ep_layers"], ran
     else:
         assert ran["all_to_all_per_step"] == 0, ran
+    # every attention layer (MTP's too) runs the ring: cp - 1 hops forward, cp backward
+    assert (ran["cp_attention_layers"] > 0) == (cp > 1), ran
+    if cp > 1:
+        assert ran["cp_hops_per_step"] >= (2 * cp - 1) * ran["cp_attention_layers"], ran
+    else:
+        assert ran["cp_hops_per_step"] == 0, ran
 
 
 def groups(name: str, tensor: torch.Tensor, per_expert: bool = True) -> list[tuple[str, torch.Tensor]]:

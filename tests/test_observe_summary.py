@@ -136,6 +136,7 @@ def test_monitor_samples_the_gpu_every_interval_steps(monkeypatch):
     monitor = object.__new__(RunMonitor)
     monitor.profiler, monitor.device, monitor._ended = None, torch.device("cpu"), {}
     monitor._all_to_all_at_start, monitor.all_to_all_per_step = 0, []
+    monitor._hops_at_start, monitor.cp_hops_per_step = 0, []
     monitor.progress = SimpleNamespace(advance=lambda step: None)
     monitor.gpu, monitor.gpu_interval = (
         SimpleNamespace(sample=lambda: calls.update(["sample"]) or {"gpu_util_pct": 1.0}),

@@ -69,6 +69,12 @@ LAYOUTS = {
         ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=interleaved-1f1b"],
     ),
     "pp2-zbv": ("tiny-v3", 2, ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=zbv"]),
+    # context parallelism: documents cross the chunk boundaries, MTP targets cross them too
+    "cp2": ("tiny-v3", 2, ["parallel.cp=2"]),
+    "cp2-fsdp2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.dp_shard=2"]),
+    "cp2-fsdp2-ep2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.dp_shard=2", "parallel.ep=2"]),
+    "cp2-tp2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.tp=2", "parallel.dp_shard=1"]),
+    "cp2-pp2-1f1b": ("tiny-v3", 4, ["parallel.cp=2", "parallel.pp=2", "parallel.dp_shard=1"]),
 }
 
 
@@ -123,7 +129,11 @@ def _run_layout(name: str, world: int, rank: int, out_dir: str) -> None:
     weights = _full_parameters(ctx.model)
     torch.save(weights, os.path.join(out_dir, f"{name}-rank{rank}.pt"))
     if rank == 0:
+        from seektrain.parallel.context_parallel import cp_degree
+
         facts = {
+            "cp_ran": cp_degree(ctx.model),  # (ring size, attention layers running it)
+            "cp_asked": plan.cp,
             "losses": losses,
             "grad_norms": norms,
             "accum": plan.accum_steps,
@@ -167,6 +177,8 @@ def results(tmp_path_factory) -> dict:
 
 def _assert_same(got, want) -> None:
     (g, g_weights), (w, w_weights) = got, want
+    ring, layers = g["cp_ran"]
+    assert ring == g["cp_asked"] and (layers > 0) == (g["cp_asked"] > 1), g["cp_ran"]
     assert g["losses"] == pytest.approx(w["losses"], rel=FP32.loss_rel, abs=FP32.loss_abs)
     assert g["grad_norms"] == pytest.approx(w["grad_norms"], rel=FP32.grad_norm_rel)
     initial, params = initial_weights(w["model_config"], w["seed"])

@@ -17,6 +17,11 @@ Shapes are ``[B, T]`` (micro_batch_size, seq_len), all int64:
   attention is causal *within* a document only, and MTP never predicts across a change of id.
   Padding at the end of a row is a document of its own. ``None`` means one document per row (plain
   causal attention, the fast path).
+
+Context parallelism (``seektrain/parallel/context_parallel.py``) hands the model a rank's chunks of a
+row, which are not contiguous, so what reads neighbouring tokens is decided on the whole row before the
+split: with MTP its ``labels`` are each head's targets ``[B, T, 1 + depths]`` and ``mtp_tokens`` each
+depth's input tokens ``[B, T, depths]`` (``None``: the model shifts ``tokens`` itself).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class Batch:
     labels: torch.Tensor
     positions: torch.Tensor | None = None
     document_ids: torch.Tensor | None = None
+    mtp_tokens: torch.Tensor | None = None
 
     @property
     def packed(self) -> bool:

@@ -71,6 +71,17 @@ def linear_cross_entropy(h_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: 
         return _LinearCrossEntropy.apply(h_ND, weight_VD, labels_N)
 
 
+def head_target(
+    labels: torch.Tensor, depth: int, document_ids_BT: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Targets of head ``depth`` (0: the next token, k: MTP depth k) from ``labels``: the next-token
+    labels [B, T], shifted here (``shift_labels``), or every head's targets already [B, T, 1 + depths]
+    (context parallelism shifts the whole row before it splits it into chunks)."""
+    if labels.dim() == 3:
+        return labels[..., depth]
+    return labels if depth == 0 else shift_labels(labels, depth, document_ids_BT)
+
+
 def shift_labels(
     labels_BT: torch.Tensor, depth: int, document_ids_BT: torch.Tensor | None = None
 ) -> torch.Tensor:

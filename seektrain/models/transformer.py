@@ -20,7 +20,7 @@ from seektrain.models.config import ModelConfig
 from seektrain.models.init import init_weights
 from seektrain.models.kernels import Kernels
 from seektrain.models.layers import RMSNorm, SwiGLU, rope_cos_sin
-from seektrain.models.linear_cross_entropy import linear_cross_entropy, shift_labels
+from seektrain.models.linear_cross_entropy import head_target, linear_cross_entropy
 from seektrain.models.moe import MoE, Router
 
 
@@ -85,6 +85,10 @@ class Transformer(nn.Module):
     logits. MTP depth k at position i reads token i+k (``mtp_tokens`` shifted by k) and predicts token
     i+k+1.
 
+    ``mtp_tokens`` may also be each depth's input tokens already [B, T, depths], and ``labels`` each
+    head's targets [B, T, 1 + depths] (``data/batch.py``: context parallelism's chunks are not
+    contiguous, so it shifts whole rows before splitting them).
+
     ``model(tokens, labels=labels[, mtp_tokens=tokens])`` -> ``ModelOutput(loss_sum=..., mtp=...)``: the
     training path. The head and its cross-entropy run fused (models/linear_cross_entropy.py), so the
     [B, T, V] logits are never returned; it needs the plain (not vocabulary-sharded) head.
@@ -137,7 +141,7 @@ class Transformer(nn.Module):
         mtp = self._mtp(h, mtp_emb, cos, sin, mask, labels, document_ids) if mtp_emb is not None else ()
         if labels is None:
             return ModelOutput(logits=self.lm_head(self.norm(h)), mtp=mtp)
-        return ModelOutput(loss_sum=self._head_loss(self.norm(h), labels), mtp=mtp)
+        return ModelOutput(loss_sum=self._head_loss(self.norm(h), head_target(labels, 0)), mtp=mtp)
 
     def _head_loss(self, h_BTD: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
         return linear_cross_entropy(h_BTD.flatten(0, 1), self.lm_head.weight, labels_BT.flatten())
@@ -153,18 +157,20 @@ class Transformer(nn.Module):
         document_ids_BT: torch.Tensor | None,
     ) -> tuple[torch.Tensor, ...]:
         """Each MTP depth's logits from the main model's last hidden state and the embeddings of the MTP
-        tokens (computed once; depth k reads them shifted left by k); with ``labels_BT`` its summed
-        cross-entropy instead."""
+        tokens (computed once; depth k reads them shifted left by k, or its own [B, T, depths, D] slice);
+        with ``labels_BT`` its summed cross-entropy instead."""
         out = []
         for depth, module in enumerate(typing.cast(list[MTPModule], self.mtp), start=1):
-            # positions past the end repeat the last token; their targets are past the end: ignored
-            shifted = torch.cat([emb_BTD[:, depth:], emb_BTD[:, -1:].expand(-1, depth, -1)], dim=1)
+            if emb_BTD.dim() == 4:  # each depth's tokens, shifted on the whole row (context parallelism)
+                shifted = emb_BTD[:, :, depth - 1]
+            else:  # positions past the end repeat the last token; their targets are past the end: ignored
+                shifted = torch.cat([emb_BTD[:, depth:], emb_BTD[:, -1:].expand(-1, depth, -1)], dim=1)
             h_BTD = module(h_BTD, shifted, cos, sin, mask)
             if labels_BT is None:
                 out.append(self.lm_head(module.norm(h_BTD)))
             else:
                 out.append(
-                    self._head_loss(module.norm(h_BTD), shift_labels(labels_BT, depth, document_ids_BT))
+                    self._head_loss(module.norm(h_BTD), head_target(labels_BT, depth, document_ids_BT))
                 )
         return tuple(out)
 

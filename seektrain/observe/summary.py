@@ -169,5 +169,7 @@ def _describe_layout_ran(ran: dict) -> str:
             f" ({ran['experts_per_rank']} experts per rank, "
             f"{ran.get('all_to_all_per_step', 0)} all-to-alls per step)"
         )
+    if ran.get("cp", 1) > 1:
+        text += f", cp {ran['cp']} ({ran.get('cp_hops_per_step', 0)} ring hops per step)"
     text += f", pp stages {ran['pp_stages']}"
     return text + (f" ({ran['pp_schedule']})" if ran.get("pp_schedule") else "")

@@ -13,7 +13,10 @@ or ``replicate``: FSDP2's replicate mode under tensor parallelism), ``fsdp_units
 sharded / replicated over), ``tp`` (size of the ``tp`` mesh dimension parameters are sharded on, 1 if
 none) and ``tp_sharded_params``, ``ep``, ``experts_per_rank`` (experts each rank computes; absent for a dense
 model), ``moe_layers`` and ``ep_layers`` (MoE layers on this rank, and how many are expert-parallel),
-``pp_stages`` (this rank's pipeline stages) and ``pp_schedule`` (the schedule's class).
+``pp_stages`` (this rank's pipeline stages) and ``pp_schedule`` (the schedule's class), ``cp`` (the ring
+size of the context-parallel attention the attention modules run, 1 for the plain kernel) and
+``cp_attention_layers`` (how many run it); the run monitor adds ``cp_hops_per_step`` (key/value hops
+of the ring, forward and backward).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from seektrain.models.moe import GroupedExperts
+from seektrain.parallel.context_parallel import cp_degree
 
-# "dp": every data-parallel rank, flattened (FSDP over it shards over all of them)
-DATA_PARALLEL_DIMS = ("dp", "dp_shard", "dp_shard_mod_ep", "dp_replicate")
+# "dp": every data-parallel rank, flattened (FSDP over it shards over all of them); "dp_shard_cp" and
+# "dp_cp": the same with the context-parallel ranks (FSDP and DDP average gradients over them too)
+DATA_PARALLEL_DIMS = ("dp", "dp_shard", "dp_shard_mod_ep", "dp_replicate", "dp_shard_cp", "dp_cp")
 
 
 def _shards(placement) -> bool:
@@ -113,6 +118,7 @@ def layout_ran(parallel, world_mesh) -> dict:
     if kind == "ddp":
         replicate = model.process_group.size()
     tp, tp_params = _tensor_parallel(model)
+    cp, cp_layers = cp_degree(model)
     return {
         "mesh": dict(zip(world_mesh.mesh_dim_names, world_mesh.shape)),
         "data_parallel": kind,
@@ -124,4 +130,6 @@ def layout_ran(parallel, world_mesh) -> dict:
         **_experts(model),
         "pp_stages": list(parallel.stage_ids),
         "pp_schedule": type(parallel.schedule).__name__ if parallel.schedule is not None else None,
+        "cp": cp,
+        "cp_attention_layers": cp_layers,
     }

@@ -1,7 +1,8 @@
 """Turn a plain model into the parallelised, initialised parts this rank trains, as the run plan says
 (torchtitan's recipe): cut out this rank's pipeline stages, convert their matmuls to FP8
 (``precision.fp8``; before anything else, since torchao swaps plain ``nn.Linear`` modules and FSDP must
-shard the converted ones), apply expert and tensor parallelism (experts
+shard the converted ones), give attention the context-parallel ring (``parallel.cp``), apply expert and
+tensor parallelism (experts
 first: the tensor-parallel plan of an MoE block leaves expert-parallel experts alone), activation
 checkpointing, regional ``torch.compile`` (``train.compile``) and FSDP/HSDP (with CPU offload when the plan
 says so), materialise only this rank's shards, then initialise them. DDP wraps the
@@ -55,6 +56,10 @@ def _parallelize_part(part: nn.Module, plan, device: torch.device) -> None:
 
         choice = apply_float8(part, plan.job.precision.fp8, experts=fp8_grouped_gemm_supported(device))
         log.info(choice.describe(plan.job.precision.fp8))
+    if plan.cp > 1:
+        from seektrain.parallel.context_parallel import apply_context_parallel
+
+        apply_context_parallel(part, meshes.cp)
     if plan.ep > 1:
         from seektrain.parallel.expert_parallel import apply_expert_parallel
 
@@ -77,8 +82,8 @@ def _parallelize_part(part: nn.Module, plan, device: torch.device) -> None:
             shard_experts(part, meshes.efsdp, mp, plan.reshard_after_forward, offload)
         apply_fsdp(part, meshes.fsdp, mp, plan.reshard_after_forward, offload)
         plan.platform.configure_fsdp(part, mp)
-    elif plan.tp > 1 and plan.dp > 1:  # data_parallel=ddp
-        _replicate_tensor_parallel(part, meshes.dp_replicate)
+    elif plan.tp > 1 and plan.dp_cp > 1:  # data_parallel=ddp
+        _replicate_tensor_parallel(part, meshes.grad_replicate)
 
 
 def _buffers_to(module: nn.Module, device: torch.device) -> None:
@@ -126,7 +131,7 @@ def parallelize_model(
         if plan.cpu_offload:
             _buffers_to(part, device)
     if plan.uses_ddp:
-        parts = [apply_ddp(parts[0], plan.meshes.dp)]
+        parts = [apply_ddp(parts[0], plan.meshes.dp_cp)]
     if plan.pp == 1:
         return ParallelModel(parts[0], parts, ids)
     schedule = pipeline.build_schedule(parts, ids, plan, device, loss_fn)

@@ -14,16 +14,26 @@ from seektrain.models.shapes import weights_by_path
 from seektrain.plan.pipeline_split import MULTI_STAGE, split_layers, stages_per_rank
 
 
-def ep_layout_error(ep: int, dp_shard: int, tp: int) -> str | None:
+def ep_layout_error(ep: int, dp_shard: int, tp: int, cp: int = 1) -> str | None:
     """Why ``ep`` expert-parallel ranks do not fit the layout (one line), or None.
 
     Without tensor parallelism the ep ranks are data-parallel shard ranks, so ``ep`` must divide
     ``dp_shard``. With it, an ep group takes whole tensor-parallel groups (each tp rank dispatches its
     own share of the tokens, torchtitan's "ETP=1"): ``ep = tp × k`` with ``k`` dividing ``dp_shard``.
+    With context parallelism an ep group takes whole context-parallel groups too, as torchtitan's
+    does (each cp rank routes its own chunks): ``ep = cp × tp × k``.
     """
     if ep < 1:
         return f"parallel.ep={ep} must be >= 1"
     if ep == 1:
+        return None
+    if cp > 1:
+        unit = cp * tp
+        if ep % unit or dp_shard % (ep // unit):
+            return (
+                f"parallel.ep={ep} must be parallel.cp × tp = {cp}×{tp} = {unit} times a divisor of "
+                f"parallel.dp_shard={dp_shard}: expert parallelism borrows whole context-parallel groups"
+            )
         return None
     if tp == 1:
         if dp_shard % ep:
@@ -55,15 +65,16 @@ def check_degrees(
     data_parallel: str,
     cp: int = 1,
 ) -> None:
-    """The degrees multiply to the world size and compose (model-independent). Expert parallelism draws
-    its ranks from ``dp_shard × cp`` (the FSDP ranks), so that product stands for ``dp_shard`` in its check."""
+    """The degrees multiply to the world size and compose (model-independent)."""
     product = pp * dp_replicate * dp_shard * cp * tp
     if product != world_size:
+        named = "dp_shard × cp × tp" if cp > 1 else "dp_shard × tp"
+        sizes = f"{dp_shard}×{cp}×{tp}" if cp > 1 else f"{dp_shard}×{tp}"
         raise ConfigError(
-            f"parallel.pp × dp_replicate × dp_shard × cp × tp = {pp}×{dp_replicate}×{dp_shard}×{cp}×{tp} = "
-            f"{product} but the world size is {world_size}; set parallel.dp_shard=-1 or fix the degrees"
+            f"parallel.pp × dp_replicate × {named} = {pp}×{dp_replicate}×{sizes} = {product} but the "
+            f"world size is {world_size}; set parallel.dp_shard=-1 or fix the degrees"
         )
-    error = ep_layout_error(ep, dp_shard * cp, tp)
+    error = ep_layout_error(ep, dp_shard, tp, cp)
     if error:
         raise ConfigError(error)
     dp = dp_replicate * dp_shard
@@ -80,12 +91,29 @@ def check_degrees(
         raise ConfigError("parallel.pp > 1 composes with data_parallel=fsdp; set parallel.data_parallel=fsdp")
 
 
-def check_context_parallel(cp: int, seq_len: int) -> None:
-    """Each sequence is cut into ``2·cp`` equal chunks (rank i holds chunk i and chunk 2·cp−1−i)."""
-    if cp < 1 or seq_len % (2 * cp):
+def check_context_parallel(job, cfg: ModelConfig, cp: int) -> None:
+    """``parallel.cp`` splits each sequence into ``2·cp`` equal chunks (two per rank, load-balanced) and
+    runs attention as a ring over them (seektrain/parallel/context_parallel.py); the combinations it
+    is not tested with are refused rather than run unchecked."""
+    if cp == 1:
+        return
+    p, seq = job.parallel, job.train.seq_len
+    if cp < 1:
+        raise ConfigError(f"parallel.cp={cp} must be >= 1")
+    if seq % (2 * cp):
         raise ConfigError(
-            f"parallel.cp={cp} needs train.seq_len={seq_len} to split into 2·cp = {2 * cp} equal chunks; "
-            "choose a cp with 2·cp dividing the sequence length"
+            f"train.seq_len={seq} does not split into 2 × parallel.cp = {2 * cp} equal chunks (each "
+            f"context-parallel rank holds two); set train.seq_len to a multiple of {2 * cp}"
+        )
+    if p.tp > 1 and seq // cp % p.tp:
+        raise ConfigError(
+            f"train.seq_len / parallel.cp = {seq // cp} tokens per rank do not split over parallel.tp="
+            f"{p.tp} sequence shards; set train.seq_len to a multiple of {2 * cp * p.tp}"
+        )
+    if p.tp > 1 and p.ep > 1:
+        raise ConfigError(
+            "parallel.cp with parallel.tp and parallel.ep together is not supported; combine cp with "
+            "one of them (set parallel.tp=1 or parallel.ep=1)"
         )
 
 
@@ -149,8 +177,8 @@ def ep_model_error(cfg: ModelConfig, ep: int) -> str | None:
     return None
 
 
-def check_model(cfg: ModelConfig, tp: int, ep: int, dp_shard: int) -> None:
-    error = tp_error(cfg, tp) or ep_layout_error(ep, dp_shard, tp) or ep_model_error(cfg, ep)
+def check_model(cfg: ModelConfig, tp: int, ep: int, dp_shard: int, cp: int = 1) -> None:
+    error = tp_error(cfg, tp) or ep_layout_error(ep, dp_shard, tp, cp) or ep_model_error(cfg, ep)
     if error:
         raise ConfigError(error)
 

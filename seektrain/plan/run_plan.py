@@ -84,7 +84,7 @@ class RunPlan:
         layout_checks.check_degrees(
             world_size, p.pp, p.dp_replicate, dp_shard, p.tp, p.ep, p.data_parallel, p.cp
         )
-        layout_checks.check_context_parallel(p.cp, t.seq_len)
+        layout_checks.check_context_parallel(job, model, p.cp)
         layout_checks.check_cpu_offload(p.cpu_offload, p.data_parallel)
         layout_checks.check_float8(job.precision.fp8, p.tp)
         if this_machine:
@@ -99,7 +99,7 @@ class RunPlan:
                 f"data-parallel size = {t.micro_batch_size}×{dp} = {per_step}; adjust one of them"
             )
         accum = t.global_batch_size // per_step
-        layout_checks.check_model(model, p.tp, p.ep, dp_shard * p.cp)  # EP draws from dp_shard × cp
+        layout_checks.check_model(model, p.tp, p.ep, dp_shard, p.cp)
         n_micro = 1
         stages: tuple[tuple[int, ...], ...] = ()
         if p.pp > 1:
@@ -136,6 +136,12 @@ class RunPlan:
         return self.dp_replicate * self.dp_shard
 
     @property
+    def dp_cp(self) -> int:
+        """Ranks whose tokens differ: data-parallel × context-parallel. The loss, its trained-token counts
+        and the expert loads are summed over them, and gradients averaged over them."""
+        return self.dp * self.cp
+
+    @property
     def cpu_offload(self) -> bool:
         """FSDP2's ``CPUOffloadPolicy``: sharded parameters, their gradients and the optimizer state live in
         host memory; each block's parameters are copied to the device for its forward and backward."""
@@ -144,14 +150,13 @@ class RunPlan:
     @property
     def uses_fsdp(self) -> bool:
         """FSDP only where there is something to shard over; one data-parallel rank trains the plain model,
-        unless it offloads to the CPU (offloading is FSDP's, so FSDP then runs over a mesh of one rank).
-        The cp ranks of one sequence hold one replica between them, so FSDP shards over them too."""
-        return self.data_parallel == "fsdp" and (self.dp > 1 or self.cp > 1 or self.cpu_offload)
+        unless it offloads to the CPU (offloading is FSDP's, so FSDP then runs over a mesh of one rank)."""
+        return self.data_parallel == "fsdp" and (self.dp_cp > 1 or self.cpu_offload)
 
     @property
     def uses_ddp(self) -> bool:
         """DistributedDataParallel proper (a tensor-parallel model replicates with FSDP2's replicate instead)."""
-        return self.data_parallel == "ddp" and self.dp > 1 and self.tp == 1
+        return self.data_parallel == "ddp" and self.dp_cp > 1 and self.tp == 1
 
     @property
     def reshard_after_forward(self) -> bool:
@@ -238,5 +243,6 @@ class RunPlan:
             f"world={self.world_size} pp={self.pp} dp_replicate={self.dp_replicate} "
             f"dp_shard={self.dp_shard} tp={self.tp} ep={self.ep} ({self.data_parallel})"
         )
+        text += f" cp={self.cp}" if self.cp > 1 else ""
         text += f" pp_schedule={self.job.parallel.pp_schedule}" if self.pp > 1 else ""
         return text + (" cpu_offload" if self.cpu_offload else "")

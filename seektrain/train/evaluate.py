@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from seektrain.data.dataset import TokenDataset
 from seektrain.data.loader import DistributedBatchLoader
+from seektrain.parallel.context_parallel import local_batch
 from seektrain.train.loss import model_loss, step_denominators
 from seektrain.train.pipeline_step import pipeline_inputs, pipeline_target
 
@@ -65,7 +66,9 @@ class Evaluator:
         plan = self.plan
         ctx.model.eval()
         try:
-            batches = [b.to(self.device) for b in itertools.islice(iter(self.loader), self.steps)]
+            batches = [
+                local_batch(plan, b.to(self.device)) for b in itertools.islice(iter(self.loader), self.steps)
+            ]
             denominators = step_denominators(plan, batches)
             total = torch.zeros((), device=self.device)
             if plan.pp > 1:
@@ -82,9 +85,9 @@ class Evaluator:
                     with plan.loss_context():
                         parts = model_loss(out, batch.labels, 0.0, batch.document_ids, denominators)[1]
                     total += parts["lm_loss"].float()
-            if plan.dp > 1:
-                dist.all_reduce(total, group=plan.meshes.dp.get_group())
-                total /= plan.dp
+            if plan.dp_cp > 1:
+                dist.all_reduce(total, group=plan.meshes.dp_cp.get_group())
+                total /= plan.dp_cp
             return float(total)
         finally:
             ctx.model.train()

@@ -5,10 +5,11 @@ Why not a mean per micro-batch: with loss masks (chat data, packing) micro-batch
 numbers of trained tokens, and a mean of per-micro-batch means weighs a token of a short one more than a
 token of a long one (the gradient-accumulation pitfall). So every micro-batch's cross-entropy *sum* is
 divided by ``denominators``: the step's trained-token count over all its micro-batches and all
-data-parallel ranks (``global_denominators``), divided by the data-parallel degree, because FSDP and DDP
-average gradients over the ranks. Summed over the micro-batches and averaged over the ranks, the losses
-are then the per-token mean of the step, and so are the gradients. MTP depths are normalised the same
-way, each by its own count (a depth has fewer targets: the row's tail and document boundaries).
+data-parallel and context-parallel ranks (``global_denominators``; a cp rank holds chunks of the rows its
+peers hold), divided by their number, because FSDP and DDP average gradients over those ranks. Summed
+over the micro-batches and averaged over the ranks, the losses are then the per-token mean of the step,
+and so are the gradients. MTP depths are normalised the same way, each by its own count (a depth has
+fewer targets: the row's tail and document boundaries).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from seektrain.models.linear_cross_entropy import IGNORE, shift_labels
+from seektrain.models.linear_cross_entropy import IGNORE, head_target
 from seektrain.models.transformer import ModelOutput
 
 
@@ -35,8 +36,8 @@ def token_ce_sum(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Ten
 def head_labels(
     labels_BT: torch.Tensor, mtp_depths: int, document_ids_BT: torch.Tensor | None = None
 ) -> list[torch.Tensor]:
-    """The targets of the next-token head, then of each MTP depth."""
-    return [labels_BT] + [shift_labels(labels_BT, d, document_ids_BT) for d in range(1, mtp_depths + 1)]
+    """The targets of the next-token head, then of each MTP depth (``labels_BT``: see ``head_target``)."""
+    return [head_target(labels_BT, d, document_ids_BT) for d in range(mtp_depths + 1)]
 
 
 def trained_counts(
@@ -66,7 +67,7 @@ def step_denominators(plan, batches) -> torch.Tensor:
     this rank under the run plan ``plan``."""
     depths = plan.model.num_nextn_predict_layers if plan.use_mtp else 0
     counts = sum(trained_counts(b.labels, depths, b.document_ids) for b in batches)
-    return global_denominators(counts, plan.dp, plan.meshes.dp.get_group() if plan.dp > 1 else None)
+    return global_denominators(counts, plan.dp_cp, plan.meshes.dp_cp.get_group() if plan.dp_cp > 1 else None)
 
 
 def model_loss(

@@ -18,6 +18,7 @@ from seektrain.observe.memory import GpuStats, memory_stats
 from seektrain.observe.sink import MetricsSink
 from seektrain.observe.summary import format_summary, write_summary
 from seektrain.parallel.expert_parallel import all_to_all_calls
+from seektrain.parallel.ring_attention import ring_hops
 from seektrain.train.progress import Progress
 
 log = logging.getLogger("seektrain.train")
@@ -72,9 +73,12 @@ class RunMonitor:
         self._ended: dict[int, float] = {}  # step -> wall-clock time it ended, until it is logged
         self._all_to_all_at_start = 0
         self.all_to_all_per_step: list[int] = []  # expert-parallel all-to-alls issued in each step
+        self._hops_at_start = 0
+        self.cp_hops_per_step: list[int] = []  # context-parallel ring hops issued in each step
 
     def before_step(self, step: int) -> None:
         self._all_to_all_at_start = all_to_all_calls()
+        self._hops_at_start = ring_hops()
         if self.profiler:
             self.profiler.before_step(step)
 
@@ -86,6 +90,7 @@ class RunMonitor:
             self.profiler.after_step(step)
         self._ended[step] = time.time()
         self.all_to_all_per_step.append(all_to_all_calls() - self._all_to_all_at_start)
+        self.cp_hops_per_step.append(ring_hops() - self._hops_at_start)
         values.update(memory_stats(self.device))
         if self.gpu is not None and step % self.gpu_interval == 0:
             values.update(self.gpu.sample())
@@ -114,7 +119,11 @@ class RunMonitor:
         an evaluation step its forward)."""
         if self.rank != 0 or not self.records:
             return {}
-        layout_ran = {**layout_ran, "all_to_all_per_step": min(self.all_to_all_per_step, default=0)}
+        layout_ran = {
+            **layout_ran,
+            "all_to_all_per_step": min(self.all_to_all_per_step, default=0),
+            "cp_hops_per_step": min(self.cp_hops_per_step, default=0),
+        }
         summary = write_summary(
             self.run_dir,
             self.records,

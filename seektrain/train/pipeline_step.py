@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from seektrain.data.batch import Batch
+from seektrain.parallel.context_parallel import local_batch
 from seektrain.parallel.pipeline import from_wire
 from seektrain.train.balance import moe_layers
 from seektrain.train.loss import model_loss, step_denominators
@@ -25,17 +26,20 @@ class PipelineLoss:
     """``loss_fn`` of the schedule (runs on the last stage): our loss of one micro-batch, scaled for
     fp16, with the unscaled parts recorded for logging. ``denominators`` are the step's (set before each
     step). The target is the labels [B, T], or for packed rows labels and document ids stacked [B, T, 2]
-    (``pipeline_target``): the schedule splits it like the inputs, and MTP needs the document ids."""
+    (``pipeline_target``): the schedule splits it like the inputs, and MTP needs the document ids.
+    ``head_targets``: the target is every head's targets already [B, T, 1 + depths] (context
+    parallelism with MTP, ``data/batch.py``), which need no document ids."""
 
-    def __init__(self, scaler: DynamicLossScaler, mtp_weight: float):
-        self.scaler, self.mtp_weight = scaler, mtp_weight
+    def __init__(self, scaler: DynamicLossScaler, mtp_weight: float, head_targets: bool = False):
+        self.scaler, self.mtp_weight, self.head_targets = scaler, mtp_weight, head_targets
         self.records: list[torch.Tensor] = []
         self.denominators: torch.Tensor | None = None
 
     def __call__(self, output, target: torch.Tensor) -> torch.Tensor:
-        labels, document_ids = (
-            (t.contiguous() for t in target.unbind(-1)) if target.dim() == 3 else (target, None)
-        )
+        if self.head_targets or target.dim() == 2:
+            labels, document_ids = target, None
+        else:
+            labels, document_ids = (t.contiguous() for t in target.unbind(-1))
         loss, parts = model_loss(from_wire(output), labels, self.mtp_weight, document_ids, self.denominators)
         mtp = parts.get("mtp_loss", torch.zeros((), device=loss.device))
         self.records.append(torch.stack([loss.detach().float(), parts["lm_loss"].float(), mtp.float()]))
@@ -44,7 +48,7 @@ class PipelineLoss:
 
 def pipeline_target(batch: Batch) -> torch.Tensor:
     """The schedule's target for ``batch`` (see ``PipelineLoss``)."""
-    if batch.document_ids is None:
+    if batch.document_ids is None or batch.labels.dim() == 3:
         return batch.labels
     return torch.stack([batch.labels, batch.document_ids], dim=-1)
 
@@ -56,12 +60,13 @@ def pipeline_inputs(plan, pm, batches: list[Batch], device: torch.device) -> tup
             name: None
             if getattr(batches[0], name) is None
             else torch.cat([getattr(b, name) for b in batches])
-            for name in ("tokens", "labels", "positions", "document_ids")
+            for name in ("tokens", "labels", "positions", "document_ids", "mtp_tokens")
         }
     )
     # non_blocking: a blocking copy to the device waits for the stream (the prefetched batches are pinned)
     cat = cat.to(device, non_blocking=True)
-    args = ((cat.tokens, cat.tokens) if plan.use_mtp else (cat.tokens,)) if pm.has_first_stage else ()
+    mtp_tokens = cat.tokens if cat.mtp_tokens is None else cat.mtp_tokens
+    args = ((cat.tokens, mtp_tokens) if plan.use_mtp else (cat.tokens,)) if pm.has_first_stage else ()
     kwargs = {
         name: t
         for name, t in (("positions", cat.positions), ("document_ids", cat.document_ids))
@@ -76,7 +81,7 @@ def pipeline_forward_backward(ctx, spans: dict) -> torch.Tensor:
     to ``spans``."""
     plan, pm, loss_fn = ctx.plan, ctx.parallel, ctx.pipeline_loss
     t0 = ctx.clock.mark()
-    batches = [next(ctx.batches) for _ in range(plan.accum_steps)]
+    batches = [local_batch(plan, next(ctx.batches)) for _ in range(plan.accum_steps)]
     args, kwargs, cat = pipeline_inputs(plan, pm, batches, ctx.device)
     n_micro = plan.pp_microbatches
     # the schedule divides the gradients by its micro-batch count: multiply it back into the loss

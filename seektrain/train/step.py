@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 
 from seektrain.data.batch import Batch
 from seektrain.observe.step_clock import Spans, StepClock
+from seektrain.parallel.context_parallel import local_batch
 from seektrain.parallel.parallelize import ParallelModel
 from seektrain.plan.run_plan import RunPlan
 from seektrain.train import faults
@@ -74,8 +75,9 @@ def _no_sync(model: nn.Module, last: bool):
 
 def model_inputs(plan: RunPlan, batch: Batch) -> dict:
     """The keyword arguments of the model's training forward for ``batch``."""
+    mtp_tokens = batch.tokens if batch.mtp_tokens is None else batch.mtp_tokens
     return {
-        "mtp_tokens": batch.tokens if plan.use_mtp else None,
+        "mtp_tokens": mtp_tokens if plan.use_mtp else None,
         "labels": batch.labels if plan.fused_loss else None,
         "positions": batch.positions,
         "document_ids": batch.document_ids,
@@ -90,7 +92,7 @@ def accumulate(ctx: StepContext, step: int, spans: dict[str, Spans]) -> torch.Te
     plan, accum, clock = ctx.plan, ctx.plan.accum_steps, ctx.clock
     loss_sum = torch.zeros(3, device=ctx.device)  # total, lm, mtp (summed over micro-batches)
     t0 = clock.mark()
-    batches = [next(ctx.batches).to(ctx.device, non_blocking=True) for _ in range(accum)]
+    batches = [local_batch(plan, next(ctx.batches).to(ctx.device, non_blocking=True)) for _ in range(accum)]
     denominators = step_denominators(plan, batches)
     spans["data_wait_s"].append((t0, clock.mark()))
     for micro, batch in enumerate(batches):
@@ -128,11 +130,11 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
     # device, as a mask of the update; the host hears of it at the next flush (LossGuard.settle).
     # Communication we can time: these step-level reductions, including the wait for the slowest rank
     # (FSDP's and TP's collectives overlap compute inside fwd_bwd and are not separable there).
-    dp_group = plan.meshes.dp.get_group()
+    dp_group = plan.meshes.dp_cp.get_group()  # every rank whose tokens differ (data- and context-parallel)
     t_comm = clock.mark()
-    if plan.dp > 1:  # each rank's sum is its share of the step's mean x dp (train/loss.py)
+    if plan.dp_cp > 1:  # each rank's sum is its share of the step's mean x dp_cp (train/loss.py)
         dist.all_reduce(loss_sum, group=dp_group)
-        loss_sum /= plan.dp
+        loss_sum /= plan.dp_cp
     t_opt = clock.mark()
     spans["comm_s"].append((t_comm, t_opt))
     verdict = ctx.loss_guard.judge(loss_sum[0])
@@ -152,7 +154,7 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
     ctx.scheduler.step()
 
     t_loads = clock.mark()
-    loads = collect_expert_load(ctx.model, dp_group if plan.dp > 1 else None)
+    loads = collect_expert_load(ctx.model, dp_group if plan.dp_cp > 1 else None)
     t_loads_end = clock.mark()
     spans["comm_s"].append((t_loads, t_loads_end))
     update_balance_bias(ctx.model, loads, plan.bias_update_speed, update)

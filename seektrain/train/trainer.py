@@ -202,7 +202,11 @@ def build_step_context(
         job.precision.loss_scale_growth_interval,
         device=device,
     )
-    pipeline_loss = PipelineLoss(scaler, job.train.mtp_loss_weight) if plan.pp > 1 else None
+    pipeline_loss = (
+        PipelineLoss(scaler, job.train.mtp_loss_weight, head_targets=plan.cp > 1 and plan.use_mtp)
+        if plan.pp > 1
+        else None
+    )
     model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels(plan.compute_dtype))
     parallel = parallelize_model(model, plan, device, state_dict=weights, loss_fn=pipeline_loss)
     configure_aux_loss(parallel.model, job.train.aux_loss_alpha, plan.aux_loss_grad_scale)
