@@ -173,21 +173,29 @@ def _norm(width: int, a: int, tp: int) -> float:
     return sharded + (a * width if tp > 1 else 0)
 
 
-def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool) -> float:
+def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool, ring: bool = False) -> float:
     """Bytes per token saved by attention (after its input norm): flash attention keeps q, k, v, the
-    output and the fp32 log-sum-exp; o_proj keeps its (re-laid-out) input."""
+    output and the fp32 log-sum-exp; o_proj keeps its (re-laid-out) input. ``ring``: context
+    parallelism's ring attention (``parallel/ring_attention.py``) keeps q, k, v and its output in fp32
+    (it computes in fp32, values unpadded) and the log-sum-exp; o_proj keeps the output cast back."""
     h = cfg.num_attention_heads / tp
     lse = FP32 * h
+    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    if ring:
+        kernel = FP32 * h * (2 * qk + 2 * v) + a * h * v + lse
+    elif not cfg.is_mla:
+        return a * h * qk * 5 + lse  # q, k and v (GQA expanded), output, o_proj input
+    else:
+        v_kernel = qk if pad_values and v < qk else v  # the CPU flash kernel gets values zero-padded to qk
+        kernel = a * h * (2 * qk + 2 * v_kernel + v) + lse
     if not cfg.is_mla:
-        hd = cfg.head_dim
-        return a * h * hd * 5 + lse  # q, k and v (GQA expanded), output, o_proj input
-    qk, v = cfg.qk_head_dim, cfg.v_head_dim
-    v_kernel = qk if pad_values and v < qk else v  # the CPU flash kernel gets values zero-padded to qk
+        return kernel
     assert cfg.kv_lora_rank is not None  # an MLA config (cfg.is_mla)
     low_rank = (FP32 + 2 * a) * cfg.kv_lora_rank + a * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
     if cfg.q_lora_rank is not None:
         low_rank += (FP32 + 2 * a) * cfg.q_lora_rank + a * cfg.q_lora_rank
-    return low_rank + a * h * (2 * qk + 2 * v_kernel + v) + lse
+    return low_rank + kernel
 
 
 def _swiglu(width: float, a: int) -> float:
@@ -207,12 +215,14 @@ def _moe(cfg: ModelConfig, a: int, tp: int, ep: int) -> float:
     return router + routed + shared
 
 
-def layer_activation_bytes(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool) -> float:
+def layer_activation_bytes(
+    cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool, ring: bool = False
+) -> float:
     """Bytes per token (of the micro-batch's sequence, before SP's split) one decoder layer keeps for
-    backward without checkpointing."""
+    backward without checkpointing; ``ring``: attention is context parallelism's ring."""
     d = cfg.hidden_size
     mlp = _moe(cfg, a, tp, ep) if cfg.is_moe_layer(layer) else _swiglu(cfg.intermediate_size / tp, a)
-    return 2 * _norm(d, a, tp) + _attention(cfg, a, tp, pad_values) + mlp
+    return 2 * _norm(d, a, tp) + _attention(cfg, a, tp, pad_values, ring) + mlp
 
 
 @dataclass(frozen=True)
@@ -283,12 +293,12 @@ def layer_selective_bytes(
 
 
 def selective_rebuilt_bytes(
-    cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool
+    cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool, ring: bool = False
 ) -> float:
     """Bytes per token recomputation writes in a selectively checkpointed layer's backward: what the layer
     saves without checkpointing, less what it kept (the tail aside, which stays beside the rebuilt tensors)."""
     s = layer_selective_bytes(cfg, layer, a, tp, ep, pad_values)
-    return max(0.0, layer_activation_bytes(cfg, layer, a, tp, ep, pad_values) + s.tail - s.kept)
+    return max(0.0, layer_activation_bytes(cfg, layer, a, tp, ep, pad_values, ring) + s.tail - s.kept)
 
 
 @dataclass(frozen=True)
@@ -328,28 +338,44 @@ def in_flight_microbatches(schedule: str, pp: int, n_micro: int) -> int:
     return min(n_micro, pp)
 
 
-def ring_chunk_bytes(cfg: ModelConfig, a: int, tp: int, pad_values: bool) -> float:
-    """Bytes per token of the key/value chunk context parallelism passes around its ring: the keys and
-    values the attention kernel takes (MLA: per head the 192-wide key and the value, after the
-    up-projection; GQA: expanded to every query head), of this tensor-parallel rank's heads."""
-    h = cfg.num_attention_heads / tp
-    if not cfg.is_mla:
-        return a * h * 2 * cfg.head_dim
-    qk, v = cfg.qk_head_dim, cfg.v_head_dim
-    return a * h * (qk + (qk if pad_values and v < qk else v))
-
-
-# the ring holds 4 chunks: in forward the one attended and the one arriving; in backward the same two and
-# the key/value gradients travelling with them (the chunk's accumulated gradient leaving and arriving)
+# ----------------------------------------------------------------------------- context parallelism
+# What the ring (seektrain/parallel/ring_attention.py) holds while one layer's attention runs, besides what
+# it saves: keys and values travel as one fp32 [k | v] chunk; in backward the chunk and its accumulated
+# gradient travel together, each beside the copy arriving (4 chunks), with the fp32 query gradient and
+# output gradient; and a block of (query chunk, key chunk) materialises [heads, c, c] fp32 buffers
+# (c = seq_len / (2·cp)): scores, probabilities, dO·Vᵀ and dS at once in its backward.
 RING_CHUNKS = 4
+RING_BLOCK_BUFFERS = 4
+
+
+def ring_chunk_bytes(cfg: ModelConfig, tp: int) -> float:
+    """Bytes per token of the key/value chunk the ring passes on: fp32 keys and values of this
+    tensor-parallel rank's heads (MLA: the 192-wide key and the 128-wide value of every head, after the
+    up-projection; GQA: repeated to every query head)."""
+    h = cfg.num_attention_heads / tp
+    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    return FP32 * h * (qk + v)
+
+
+def ring_working_bytes(cfg: ModelConfig, a: int, tp: int, seq_len: int, cp: int, sequences: float) -> float:
+    """The ring's transient bytes on one rank during a layer's attention backward, for ``sequences``
+    sequences of ``seq_len`` split over ``cp`` ranks (see ``RING_CHUNKS``, ``RING_BLOCK_BUFFERS``)."""
+    h = cfg.num_attention_heads / tp
+    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    tokens = sequences * seq_len / cp
+    per_token = RING_CHUNKS * ring_chunk_bytes(cfg, tp) + FP32 * h * qk + (FP32 * h * v if a != FP32 else 0)
+    c = seq_len / (2 * cp)
+    return per_token * tokens + RING_BLOCK_BUFFERS * FP32 * h * c * c * sequences
 
 
 def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> Activations:
     """Peak activation bytes of pipeline rank ``pp_rank`` of ``plan`` (the first, the busiest under 1F1B,
     by default) for one step. Every term is per token of this rank: under context parallelism a rank
     holds ``seq_len / cp`` tokens of each sequence (its two load-balanced chunks), so the layers' saved
-    tensors, the logits and loss, the MoE buffers and the working sets all shrink by ``cp``; the ring's
-    key/value chunks are added to a layer's backward."""
+    tensors, the logits and loss, the MoE buffers and the working sets all shrink by ``cp``; attention
+    saves the ring's fp32 tensors, and the ring's chunks and blocks are added to a layer's backward."""
     cfg, job = plan.model, plan.job
     a = plan.compute_dtype.itemsize
     if pad_values is None:
@@ -372,10 +398,11 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
     tokens = local_seqs * job.train.seq_len / plan.cp
     mode = job.train.activation_checkpoint
     every = checkpoint_every(mode)
-    per_layer = [layer_activation_bytes(cfg, i, a, tp, ep, pad_values) for i in layers]
+    ring = plan.cp > 1
+    per_layer = [layer_activation_bytes(cfg, i, a, tp, ep, pad_values, ring) for i in layers]
     if mode == SELECTIVE:  # each layer keeps its matmul/attention outputs; its backward rebuilds the rest
         kept = sum(layer_selective_bytes(cfg, i, a, tp, ep, pad_values).kept for i in layers)
-        rebuilt = [selective_rebuilt_bytes(cfg, i, a, tp, ep, pad_values) for i in layers]
+        rebuilt = [selective_rebuilt_bytes(cfg, i, a, tp, ep, pad_values, ring) for i in layers]
     else:
         kept = sum(a * d / tp if every and i % every == 0 else b for i, b in zip(layers, per_layer))
         rebuilt = per_layer
@@ -395,10 +422,10 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
         if use_mtp:  # per depth: enorm and hnorm, their concatenation (eh_proj's input), a block, its
             # final norm and another logits buffer
             for k in range(cfg.num_nextn_predict_layers):
-                block = layer_activation_bytes(cfg, cfg.num_hidden_layers + k, a, tp, ep, pad_values)
+                block = layer_activation_bytes(cfg, cfg.num_hidden_layers + k, a, tp, ep, pad_values, ring)
                 head += 2 * _norm(d, a, tp) + 2 * a * d + block + _norm(d, a, tp) + logits
     dispatch = cfg.num_experts_per_tok * a * d / tp if cfg.is_moe and ep > 1 else 0.0
-    ring = RING_CHUNKS * ring_chunk_bytes(cfg, a, tp, pad_values) if plan.cp > 1 else 0.0
+    ring_bytes = ring_working_bytes(cfg, a, tp, job.train.seq_len, plan.cp, local_seqs) if ring else 0.0
     return Activations(
         kept * tokens * in_flight,
         0.5 * largest * tokens,
@@ -406,7 +433,7 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
         head * tokens,
         dispatch * tokens,
         in_flight,
-        ring * tokens,
+        ring_bytes,
     )
 
 

@@ -181,8 +181,9 @@ def layouts(
     so the caller can tell that apart): tp within a node; cp over the sequence (``cp_degrees``);
     ``parallel.cpu_offload`` off and on (``offload_modes``: the values to try; ``(None,)`` leaves the key
     out); pp up to the layer count; dp_replicate so that a shard group (``dp_shard × cp × tp`` ranks)
-    spans 1, 2, 4, ... nodes (or everything); ep over the experts, from ``dp_shard × cp × tp``;
-    micro-batch; checkpointing."""
+    spans 1, 2, 4, ... nodes (or everything); ep over the experts, whole tp and cp groups times a
+    divisor of ``dp_shard`` (not cp, tp and ep together, which the run plan refuses); micro-batch;
+    checkpointing."""
     if offload_modes is None:
         offload_modes = (False, True)
     for tp in [t for t in _powers_of_two(min(gpus_per_node, 8)) if world % t == 0]:
@@ -193,11 +194,12 @@ def layouts(
                 shard_sizes = {dp} | {s for s in (per_node * k for k in _powers_of_two(dp)) if dp % s == 0}
                 for dp_shard in sorted(shard_sizes):
                     eps = [1]
-                    if model.is_moe:
+                    if model.is_moe and (cp == 1 or tp == 1):  # cp × tp × ep together is refused
+                        unit = tp * cp  # an ep group takes whole tp and cp groups
                         eps += [
-                            tp * k
-                            for k in _powers_of_two(dp_shard * cp)
-                            if tp * k > 1 and model.n_routed_experts % (tp * k) == 0
+                            unit * k
+                            for k in _powers_of_two(dp_shard)
+                            if unit * k > 1 and model.n_routed_experts % (unit * k) == 0
                         ]
                     for ep in eps:
                         for micro in micro_batches:

@@ -19,12 +19,12 @@ Assumptions (each a number here, so they can be argued with):
   memory (``HOST_BYTES_PER_S``), not overlapped.
 - Pipeline: the bubble is ``(pp-1)/micro-batches`` (1F1B, GPipe), divided by the stages per rank
   (interleaved), halved for zero-bubble V; activations sent between stages are added.
-- Context parallelism: per layer, the ring takes ``cp-1`` steps forward, each sending this rank's
-  key/value chunk to its neighbour while attending to the chunk it holds, and ``cp-1`` backward, each
-  sending the chunk and its accumulated gradients (twice the bytes) while computing the block's
-  backward (twice the forward's FLOPs). A step shows only what its transfer takes beyond its attention
-  compute (``max(0, comm - compute)``); load-balanced chunks give every step the same work, ``1/cp`` of
-  the rank's attention. The FSDP group grows to ``dp_shard × cp``.
+- Context parallelism, as ``parallel/ring_attention.py`` runs it: attention is fp32 matmuls (the fp32
+  rate, a quarter of the peak on GPUs), and the diagonal blocks are computed whole before masking
+  (``(2·cp+1)/(2·cp)`` of the causal FLOPs). Per layer, forward takes ``cp-1`` hops of this rank's fp32
+  key/value chunk, each issued before the step's blocks and waited for after them, so a hop shows only
+  ``max(0, comm - compute)``; backward waits for each hop (the chunk and its gradient) before its blocks,
+  ``cp-1`` of them plus the gradient's last hop home, all exposed. The FSDP group grows to ``dp_shard × cp``.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     peak = hw.bf16_tflops * 1e12 * efficiency
     if a == 4 and hw.name != "cpu":
         peak /= 4
-    compute_time = flops / peak
+    compute_time = flops / peak + ring_extra_flops(plan, hw, a) / peak
     if job.precision.fp8 != "none" and hw.fp8_tflops > 0:
         fp8_flops = 6.0 * fp8_matmul_params(cfg, job.precision.fp8, include_mtp=plan.use_mtp) * tokens
         compute_time = (flops - fp8_flops) / peak + fp8_flops / (hw.fp8_tflops * 1e12 * efficiency)
@@ -137,30 +137,52 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops, offload, recompute_s, cp)
 
 
-def ring_exposed_s(plan, hw: Hardware, peak: float, recomputed: float = 0.0) -> float:
-    """Seconds per step one rank waits on the context-parallel ring: per layer and sequence, ``cp-1``
-    forward steps each sending one key/value chunk, and ``cp-1`` backward steps each sending the chunk
-    and its gradients, less the attention compute each step overlaps (the block's FLOPs at ``peak``);
-    ``recomputed``: the share of layers whose forward (ring included) full checkpointing runs twice.
-    Both sides grow with the sequences of a micro-batch alike, so the sum is per sequence. The cp ranks
-    are ``tp`` ranks apart: NVLink while ``cp × tp`` fits in a node, else the network."""
+# the ring computes in fp32; on GPUs fp32 runs at a quarter of the compute-dtype rate (as for fp32 compute)
+RING_FP32_SLOWDOWN = 4
+
+
+def _ring_slowdown(hw: Hardware, a: int) -> float:
+    return 1.0 if hw.name == "cpu" or a == 4 else float(RING_FP32_SLOWDOWN)
+
+
+def ring_extra_flops(plan, hw: Hardware, a: int) -> float:
+    """FLOPs per step, all ranks, that context parallelism's ring adds at the compute-dtype rate: its
+    attention runs in fp32 (``_ring_slowdown`` times the time) and computes the diagonal blocks whole
+    (``(2·cp+1)/(2·cp)`` of the causal count). 0 without cp."""
     if plan.cp <= 1:
         return 0.0
     from seektrain.observe.flops import attention_flops_per_token
+
+    attention = attention_flops_per_token(plan.model, plan.job.train.seq_len, plan.use_mtp) * plan.tokens_per_step
+    done = (2 * plan.cp + 1) / (2 * plan.cp)
+    return attention * (done * _ring_slowdown(hw, a) - 1)
+
+
+def ring_exposed_s(plan, hw: Hardware, peak: float, recomputed: float = 0.0) -> float:
+    """Seconds per step one rank waits on the context-parallel ring. Per layer and sequence: forward,
+    ``cp-1`` hops of the fp32 key/value chunk, each overlapping one step's blocks (2 of ``c × c``, c =
+    seq_len / (2·cp)), showing ``max(0, comm - compute)``; backward, ``cp-1`` hops of the chunk and its
+    gradient and the gradient's last hop, each waited for before computing (all exposed).
+    ``recomputed``: the share of layers whose forward (ring included) full checkpointing runs twice. Both
+    sides grow with the sequences of a micro-batch alike, so the sum is per sequence. The cp ranks are
+    ``tp`` ranks apart: NVLink while ``cp × tp`` fits in a node, else the network."""
+    if plan.cp <= 1:
+        return 0.0
     from seektrain.plan.memory import ring_chunk_bytes
 
     cfg, job = plan.model, plan.job
-    seq, a = job.train.seq_len, plan.compute_dtype.itemsize
+    seq, cp = job.train.seq_len, plan.cp
     layers = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if plan.use_mtp else 0)
-    tokens = seq / plan.cp  # this rank's share of one sequence
-    chunk = ring_chunk_bytes(cfg, a, plan.tp, hw.name == "cpu") * tokens
-    # training attention FLOPs (forward + backward = 3 × forward) of one layer on this rank, per ring step
-    train_flops = attention_flops_per_token(cfg, seq, plan.use_mtp) / layers * tokens / plan.tp / plan.cp
-    forward, backward = train_flops / 3 / peak, 2 * train_flops / 3 / peak
-    link = _link(hw, plan.cp * plan.tp)
-    per_layer = (plan.cp - 1) * (
-        (1 + recomputed) * max(0.0, chunk / link - forward) + max(0.0, 2 * chunk / link - backward)
-    )
+    chunk = ring_chunk_bytes(cfg, plan.tp) * seq / cp  # this rank's share of one sequence
+    c = seq / (2 * cp)
+    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    # a forward step's two blocks: QKᵀ and PV, 2 FLOPs per multiply-add, of this rank's heads, in fp32
+    step_flops = 2 * 2 * c * c * cfg.num_attention_heads / plan.tp * (qk + v)
+    forward = step_flops * _ring_slowdown(hw, plan.compute_dtype.itemsize) / peak
+    link = _link(hw, cp * plan.tp)
+    per_layer = (1 + recomputed) * (cp - 1) * max(0.0, chunk / link - forward)
+    per_layer += (2 * (cp - 1) + 1) * chunk / link
     sequences = job.train.micro_batch_size * plan.accum_steps  # this rank's per step
     return per_layer * layers / plan.pp * sequences
 
@@ -176,7 +198,7 @@ def selective_recompute_s(plan, hw: Hardware) -> float:
     a = plan.compute_dtype.itemsize
     per_token = (
         sum(
-            selective_rebuilt_bytes(cfg, i, a, plan.tp, plan.ep, hw.name == "cpu")
+            selective_rebuilt_bytes(cfg, i, a, plan.tp, plan.ep, hw.name == "cpu", plan.cp > 1)
             for i in range(cfg.num_hidden_layers)
         )
         / plan.pp
