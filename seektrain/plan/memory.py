@@ -339,11 +339,12 @@ def in_flight_microbatches(schedule: str, pp: int, n_micro: int) -> int:
 
 
 # ----------------------------------------------------------------------------- context parallelism
-# What the ring (seektrain/parallel/ring_attention.py) holds while one layer's attention runs, besides what
-# it saves: keys and values travel as one fp32 [k | v] chunk; in backward the chunk and its accumulated
-# gradient travel together, each beside the copy arriving (4 chunks), with the fp32 query gradient and
-# output gradient; and a block of (query chunk, key chunk) materialises [heads, c, c] fp32 buffers
-# (c = seq_len / (2·cp)): scores, probabilities, dO·Vᵀ and dS at once in its backward.
+# What the ring (seektrain/parallel/ring_attention.py) holds while one layer's attention backward runs,
+# besides what attention saved and the backward working set (its query and output gradients): keys and
+# values travel as one fp32 [k | v] chunk, and in backward the chunk and its accumulated gradient travel
+# together, each beside the copy arriving (4 chunks); a block of (query chunk, key chunk) materialises
+# [heads, c, c] fp32 buffers (c = seq_len / (2·cp)): scores, probabilities, dO·Vᵀ and dS at once. By
+# then the layer's MLP backward has freed the MLP's saved tensors, which the ring's buffers reuse.
 RING_CHUNKS = 4
 RING_BLOCK_BUFFERS = 4
 
@@ -358,16 +359,21 @@ def ring_chunk_bytes(cfg: ModelConfig, tp: int) -> float:
     return FP32 * h * (qk + v)
 
 
-def ring_working_bytes(cfg: ModelConfig, a: int, tp: int, seq_len: int, cp: int, sequences: float) -> float:
-    """The ring's transient bytes on one rank during a layer's attention backward, for ``sequences``
-    sequences of ``seq_len`` split over ``cp`` ranks (see ``RING_CHUNKS``, ``RING_BLOCK_BUFFERS``)."""
+def ring_working_bytes(cfg: ModelConfig, tp: int, seq_len: int, cp: int, sequences: float) -> float:
+    """The ring's buffers on one rank during a layer's attention backward, for ``sequences`` sequences of
+    ``seq_len`` split over ``cp`` ranks (``RING_CHUNKS`` chunks, ``RING_BLOCK_BUFFERS`` block buffers)."""
     h = cfg.num_attention_heads / tp
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
-    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
-    tokens = sequences * seq_len / cp
-    per_token = RING_CHUNKS * ring_chunk_bytes(cfg, tp) + FP32 * h * qk + (FP32 * h * v if a != FP32 else 0)
     c = seq_len / (2 * cp)
-    return per_token * tokens + RING_BLOCK_BUFFERS * FP32 * h * c * c * sequences
+    chunks = RING_CHUNKS * ring_chunk_bytes(cfg, tp) * sequences * seq_len / cp
+    return chunks + RING_BLOCK_BUFFERS * FP32 * h * c * c * sequences
+
+
+def _mlp_saved(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int) -> float:
+    """Bytes per token layer ``layer``'s MLP (and its input norm) saves: freed by its backward before
+    the attention's backward begins."""
+    d = cfg.hidden_size
+    mlp = _moe(cfg, a, tp, ep) if cfg.is_moe_layer(layer) else _swiglu(cfg.intermediate_size / tp, a)
+    return _norm(d, a, tp) + mlp
 
 
 def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> Activations:
@@ -425,7 +431,10 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
                 block = layer_activation_bytes(cfg, cfg.num_hidden_layers + k, a, tp, ep, pad_values, ring)
                 head += 2 * _norm(d, a, tp) + 2 * a * d + block + _norm(d, a, tp) + logits
     dispatch = cfg.num_experts_per_tok * a * d / tp if cfg.is_moe and ep > 1 else 0.0
-    ring_bytes = ring_working_bytes(cfg, a, tp, job.train.seq_len, plan.cp, local_seqs) if ring else 0.0
+    ring_bytes = 0.0
+    if ring:  # at the first layer backward meets (this rank's last), beside what its MLP freed
+        freed = _mlp_saved(cfg, layers[-1], a, tp, ep) * tokens if layers else 0.0
+        ring_bytes = max(0.0, ring_working_bytes(cfg, tp, job.train.seq_len, plan.cp, local_seqs) - freed)
     return Activations(
         kept * tokens * in_flight,
         0.5 * largest * tokens,
