@@ -45,7 +45,7 @@ class MemoryBreakdown:
     def items(self) -> dict[str, float]:
         a = self.activations
         host = {"host memory (cpu_offload)": self.host_state} if self.host_state else {}
-        ring = {"context-parallel ring (K/V chunks)": a.cp_ring} if a.cp_ring else {}
+        ring = {"context-parallel ring (chunks, blocks)": a.cp_ring} if a.cp_ring else {}
         return {
             "parameters (fp32 master)": self.params,
             "gradients (fp32)": self.grads,
