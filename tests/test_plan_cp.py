@@ -30,7 +30,7 @@ LONG = ("train.seq_len=16384", "train.global_batch_size=8")
 def test_activations_are_the_cp_ranks_share_of_the_sequence(mode):
     """Every per-token term of cp=2 is half of cp=1's with the ring's attention (cp=4: a quarter), to the
     byte; the ring's transients are its fp32 chunks (4 of [k | v]: 192 + 128 per MLA head) and 4 fp32
-    [heads, c, c] block buffers, c = seq_len / (2·cp), less the MLP tensors freed before them."""
+    [heads, c, c] block buffers (5), c = seq_len / (2·cp), less the MLP tensors freed before them."""
     ckpt = f"train.activation_checkpoint={mode}"
     two_plan = _plan("deepseek-v2-lite", 8, *LONG, ckpt, "parallel.dp_shard=4", "parallel.cp=2")
     two = memory.activation_bytes(two_plan)
@@ -49,7 +49,7 @@ def test_activations_are_the_cp_ranks_share_of_the_sequence(mode):
     last = two_plan.model.num_hidden_layers - 1  # the first layer backward meets: its MLP freed first
     for cp, acts in ((2, two), (4, four)):
         tokens, c = seq / cp, seq / (2 * cp)
-        ring = 4 * 4 * heads * (qk + v) * tokens + 4 * 4 * heads * c * c
+        ring = 4 * 4 * heads * (qk + v) * tokens + 5 * 4 * heads * c * c
         freed = memory._mlp_saved(two_plan.model, last, 2, 1, 1) * tokens
         assert ring > freed > 0
         assert acts.cp_ring == pytest.approx(ring - freed), cp
@@ -169,7 +169,7 @@ def test_plans_without_cp_are_unchanged(model, world, gpu, overrides, total, ste
 def test_v3_at_128k_with_cp_fits_with_headroom_and_pays_for_the_fp32_ring():
     """Issue 21's point: without cp the best of 2048 H800s at 128K is tp=8 pp=8 with full recompute and
     CPU offload, 77.3 of 79.1 GiB (70.7 of it logits and loss). The best cp layout the search finds
-    (cp=8) fits with over 25% of the memory free and a logits/loss term of a cp rank's tokens, but today's
+    (cp=8) fits with over 15% of the memory free and a logits/loss term of a cp rank's tokens, but today's
     ring (parallel/ring_attention.py: fp32 matmul blocks, backward hops waited for) makes its step
     slower, so the search keeps cp=1 (docs/planning.md, "Context parallelism")."""
     from seektrain.plan.search import evaluate
@@ -189,7 +189,7 @@ def test_v3_at_128k_with_cp_fits_with_headroom_and_pays_for_the_fp32_ring():
     assert no_cp.feasible and with_cp.feasible
     assert no_cp.memory.total / GIB == pytest.approx(77.3, abs=0.05)
     assert no_cp.memory.activations.head / GIB == pytest.approx(70.7, abs=0.05)
-    assert with_cp.memory.total < 0.75 * hw.memory_gib * GIB
+    assert with_cp.memory.total < 0.85 * hw.memory_gib * GIB
     # a cp rank's eighth of the tokens, with tp=4's vocabulary shards twice tp=8's
     assert with_cp.memory.activations.head < no_cp.memory.activations.head * 2 / 8
     assert with_cp.time.cp_s > 0 and with_cp.time.compute_s > 3 * no_cp.time.compute_s

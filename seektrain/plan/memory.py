@@ -343,10 +343,12 @@ def in_flight_microbatches(schedule: str, pp: int, n_micro: int) -> int:
 # besides what attention saved and the backward working set (its query and output gradients): keys and
 # values travel as one fp32 [k | v] chunk, and in backward the chunk and its accumulated gradient travel
 # together, each beside the copy arriving (4 chunks); a block of (query chunk, key chunk) materialises
-# [heads, c, c] fp32 buffers (c = seq_len / (2·cp)): scores, probabilities, dO·Vᵀ and dS at once. By
-# then the layer's MLP backward has freed the MLP's saved tensors, which the ring's buffers reuse.
+# [heads, c, c] fp32 buffers (c = seq_len / (2·cp)): scores, probabilities, dO·Vᵀ − delta and dS at once,
+# and the previous block's dS until its name is reassigned (5; benchmarks/bench_context_parallel.py at
+# sequence 4096 measured the peak 16% above a count of 4). By then the layer's MLP backward has freed
+# the MLP's saved tensors, which the ring's buffers reuse.
 RING_CHUNKS = 4
-RING_BLOCK_BUFFERS = 4
+RING_BLOCK_BUFFERS = 5
 
 
 def ring_chunk_bytes(cfg: ModelConfig, tp: int) -> float:
