@@ -77,7 +77,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     kernels = plan.platform.model_kernels(plan.compute_dtype)
     model = parallelize_model(build_model(plan.model, device="meta", kernels=kernels), plan, device).model
     optimizer = build_optimizer(model, plan.job.optim)
-    tokens = torch.randint(0, plan.model.vocab_size, (1, args.seq), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0, plan.model.vocab_size, (1, args.seq), generator=torch.Generator().manual_seed(0)
+    )
     batch = local_batch(plan, Batch(tokens=tokens, labels=tokens))
     weight = plan.job.train.mtp_loss_weight
 
@@ -137,7 +139,9 @@ def main() -> int:
     from seektrain.plan.hardware import cpu_hardware
 
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
+    model_name = next(
+        (line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?"
+    )
     print(f"CPU: {model_name}, {os.cpu_count()} cores; load average {os.getloadavg()}")
     print(f"{args.preset}, one sequence of {args.seq} tokens, {args.dtype}, {args.steps} timed steps")
     rows = []
@@ -166,7 +170,9 @@ def main() -> int:
             flush=True,
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": model_name, "args": vars(args), "rows": rows}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"cpu": model_name, "args": vars(args), "rows": rows}, indent=1)
+        )
     return 0
 
 

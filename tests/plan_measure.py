@@ -55,8 +55,8 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
     from seektrain.train.loss import model_loss
     from seektrain.train.optim import build_optimizer
     from seektrain.train.pipeline_step import PipelineLoss
-    from seektrain.train.step import model_inputs
     from seektrain.train.precision import DynamicLossScaler
+    from seektrain.train.step import model_inputs
 
     plan = RunPlan.resolve(job, model_cfg, world, device.type)
     loss_fn = (

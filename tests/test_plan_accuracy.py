@@ -77,7 +77,10 @@ CASES = {
     # context parallelism at sequence 512 (256 tokens per rank), where the ring's fp32 chunks and blocks
     # are a visible share of the peak
     "cp2-v3": ("tiny-v3", CP_SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=1", "parallel.cp=2"]),
-    "cp2-dense": ("tiny-dense", CP_SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=1", "parallel.cp=2"]),
+    "cp2-dense": (
+        "tiny-dense",
+        CP_SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=1", "parallel.cp=2"],
+    ),
     "fsdp2-small-v3": (
         "small-v3",
         ["train.seq_len=128", "train.global_batch_size=2", "train.micro_batch_size=1", "parallel.dp_shard=2"],

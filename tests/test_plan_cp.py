@@ -12,7 +12,7 @@ from seektrain.models.presets import get_preset
 from seektrain.plan import memory
 from seektrain.plan.hardware import GPUS
 from seektrain.plan.run_plan import RunPlan
-from seektrain.plan.search import cp_degrees, search
+from seektrain.plan.search import cp_degrees
 from seektrain.plan.speed import step_time
 
 GIB = 2**30
@@ -34,13 +34,17 @@ def test_activations_are_the_cp_ranks_share_of_the_sequence(mode):
     ckpt = f"train.activation_checkpoint={mode}"
     two_plan = _plan("deepseek-v2-lite", 8, *LONG, ckpt, "parallel.dp_shard=4", "parallel.cp=2")
     two = memory.activation_bytes(two_plan)
-    four = memory.activation_bytes(_plan("deepseek-v2-lite", 8, *LONG, ckpt, "parallel.dp_shard=2", "parallel.cp=4"))
+    four = memory.activation_bytes(
+        _plan("deepseek-v2-lite", 8, *LONG, ckpt, "parallel.dp_shard=2", "parallel.cp=4")
+    )
     whole = memory.activation_bytes(_plan("deepseek-v2-lite", 8, *LONG, ckpt, "parallel.dp_shard=8"))
     plain = memory.layer_activation_bytes(two_plan.model, 5, 2, 1, 1, False)
     ringed = memory.layer_activation_bytes(two_plan.model, 5, 2, 1, 1, False, ring=True)
     heads, qk, v, seq = 16, 192, 128, 16384
     # ring attention saves fp32 q, k, v and output (plain: bf16 ones) and the bf16 output for o_proj
-    assert ringed - plain == pytest.approx(4 * heads * (2 * qk + 2 * v) + 2 * heads * v - 2 * heads * (2 * qk + 3 * v))
+    assert ringed - plain == pytest.approx(
+        4 * heads * (2 * qk + 2 * v) + 2 * heads * v - 2 * heads * (2 * qk + 3 * v)
+    )
     for name in ("head", "moe_dispatch"):
         assert getattr(two, name) == pytest.approx(getattr(whole, name) / 2), name
         assert getattr(four, name) == pytest.approx(getattr(whole, name) / 4), name
@@ -144,16 +148,65 @@ def test_search_tries_cp_for_long_sequences_only():
 # (model, world, gpu, overrides, memory total bytes, step seconds) of plans without cp, as the planner
 # gave them before it knew cp (main at 855f759)
 BEFORE_CP = [
-    ("deepseek-v3", 2048, "h800", ["train.seq_len=4096", "train.global_batch_size=8192", "parallel.tp=4",
-     "parallel.pp=16", "parallel.dp_shard=32"], 70519400495.2, 12.609932448729568),
-    ("deepseek-v3", 2048, "h800", ["train.seq_len=131072", "train.global_batch_size=2048", "parallel.tp=8",
-     "parallel.pp=8", "parallel.dp_shard=32", "train.activation_checkpoint=full", "parallel.cpu_offload=true"],
-     83019112038.4, 576.383368268309),
-    ("deepseek-v2-lite", 16, "h100-80g", ["train.seq_len=4096", "train.global_batch_size=64",
-     "parallel.dp_shard=8", "parallel.dp_replicate=2", "parallel.ep=8", "train.activation_checkpoint=selective"],
-     55863052687.0, 1.2157826156088887),
-    ("deepseek-llm-67b", 64, "a100-80g", ["train.seq_len=4096", "train.global_batch_size=256", "parallel.tp=4",
-     "parallel.pp=2", "parallel.dp_shard=8"], 74752640794.6, 52.66017071419077),
+    (
+        "deepseek-v3",
+        2048,
+        "h800",
+        [
+            "train.seq_len=4096",
+            "train.global_batch_size=8192",
+            "parallel.tp=4",
+            "parallel.pp=16",
+            "parallel.dp_shard=32",
+        ],
+        70519400495.2,
+        12.609932448729568,
+    ),
+    (
+        "deepseek-v3",
+        2048,
+        "h800",
+        [
+            "train.seq_len=131072",
+            "train.global_batch_size=2048",
+            "parallel.tp=8",
+            "parallel.pp=8",
+            "parallel.dp_shard=32",
+            "train.activation_checkpoint=full",
+            "parallel.cpu_offload=true",
+        ],
+        83019112038.4,
+        576.383368268309,
+    ),
+    (
+        "deepseek-v2-lite",
+        16,
+        "h100-80g",
+        [
+            "train.seq_len=4096",
+            "train.global_batch_size=64",
+            "parallel.dp_shard=8",
+            "parallel.dp_replicate=2",
+            "parallel.ep=8",
+            "train.activation_checkpoint=selective",
+        ],
+        55863052687.0,
+        1.2157826156088887,
+    ),
+    (
+        "deepseek-llm-67b",
+        64,
+        "a100-80g",
+        [
+            "train.seq_len=4096",
+            "train.global_batch_size=256",
+            "parallel.tp=4",
+            "parallel.pp=2",
+            "parallel.dp_shard=8",
+        ],
+        74752640794.6,
+        52.66017071419077,
+    ),
 ]
 
 
@@ -175,16 +228,31 @@ def test_v3_at_128k_with_cp_fits_with_headroom_and_pays_for_the_fp32_ring():
     from seektrain.plan.search import evaluate
 
     hw = GPUS["h800"]
-    job = load_config(None, ["train.seq_len=131072", "train.global_batch_size=2048", "train.micro_batch_size=1"])
+    job = load_config(
+        None, ["train.seq_len=131072", "train.global_batch_size=2048", "train.micro_batch_size=1"]
+    )
     model = get_preset("deepseek-v3")
-    common = {"train.micro_batch_size": 1, "train.activation_checkpoint": "full", "parallel.cpu_offload": True}
-    no_cp = evaluate(job, model, 2048, hw, {**common, "parallel.tp": 8, "parallel.pp": 8, "parallel.dp_shard": 32})
+    common = {
+        "train.micro_batch_size": 1,
+        "train.activation_checkpoint": "full",
+        "parallel.cpu_offload": True,
+    }
+    no_cp = evaluate(
+        job, model, 2048, hw, {**common, "parallel.tp": 8, "parallel.pp": 8, "parallel.dp_shard": 32}
+    )
     with_cp = evaluate(
         job,
         model,
         2048,
         hw,
-        {**common, "parallel.tp": 4, "parallel.pp": 1, "parallel.dp_replicate": 4, "parallel.dp_shard": 16, "parallel.cp": 8},
+        {
+            **common,
+            "parallel.tp": 4,
+            "parallel.pp": 1,
+            "parallel.dp_replicate": 4,
+            "parallel.dp_shard": 16,
+            "parallel.cp": 8,
+        },
     )
     assert no_cp.feasible and with_cp.feasible
     assert no_cp.memory.total / GIB == pytest.approx(77.3, abs=0.05)

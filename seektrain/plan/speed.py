@@ -153,7 +153,9 @@ def ring_extra_flops(plan, hw: Hardware, a: int) -> float:
         return 0.0
     from seektrain.observe.flops import attention_flops_per_token
 
-    attention = attention_flops_per_token(plan.model, plan.job.train.seq_len, plan.use_mtp) * plan.tokens_per_step
+    attention = (
+        attention_flops_per_token(plan.model, plan.job.train.seq_len, plan.use_mtp) * plan.tokens_per_step
+    )
     done = (2 * plan.cp + 1) / (2 * plan.cp)
     return attention * (done * _ring_slowdown(hw, a) - 1)
 
