@@ -65,13 +65,16 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
     """One training step of ``job`` on this rank: the measured numbers as a dict."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    from seektrain.data.batch import Batch
     from seektrain.models.transformer import build_model
+    from seektrain.parallel.context_parallel import local_batch
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.loss import model_loss
     from seektrain.train.optim import build_optimizer
     from seektrain.train.pipeline_step import PipelineLoss
     from seektrain.train.precision import DynamicLossScaler
+    from seektrain.train.step import model_inputs
 
     plan = RunPlan.resolve(job, model_cfg, world, device.type)
     loss_fn = (
@@ -103,10 +106,10 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
                 else:
                     pm.schedule.step(*args)
             else:
-                kwargs = {"labels": tokens} if plan.fused_loss else {}
-                if plan.use_mtp:
-                    kwargs["mtp_tokens"] = tokens
-                loss, _ = model_loss(model(tokens, **kwargs), tokens, job.train.mtp_loss_weight)
+                # this rank's context-parallel chunks (the batch itself without cp), as the step trains them
+                batch = local_batch(plan, Batch(tokens=tokens, labels=tokens))
+                out = model(batch.tokens, **model_inputs(plan, batch))
+                loss, _ = model_loss(out, batch.labels, job.train.mtp_loss_weight)
                 loss.backward()
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     acts = sum(v for k, v in peak.items() if str(k).endswith(("ACT", "TEMP")))

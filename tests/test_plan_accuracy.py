@@ -3,7 +3,8 @@ spawned gloo ranks on CPU): parameter, gradient and AdamW bytes per rank equal t
 and the peak activation bytes ``MemTracker`` sees in one forward + backward (its ACT + TEMP, which
 include FSDP's gathered parameters and unsharded gradients) are within ±15% of the prediction.
 
-Layouts: FSDP=2, TP=2, EP=2 (with FSDP=2) and PP=2 (1F1B), on tiny-dense, tiny-v3 and small-v3, with and
+Layouts: FSDP=2, TP=2, EP=2 (with FSDP=2), PP=2 (1F1B) and CP=2 (ring attention; FSDP over the two cp
+ranks), on tiny-dense, tiny-v3 and small-v3, with and
 without activation checkpointing (full, every:2, selective); and LoRA (``lora.enabled``: a frozen bf16
 base, whose bytes are measured with the adapters' as parameters) under FSDP, TP, EP and PP. Under PP,
 MemTracker runs without its module hooks (they fail inside the schedule's ``autograd.grad``) and cannot
@@ -30,6 +31,7 @@ WORLD = 2
 # where no bf16 weight copies exist and the measured peaks are 20-27% lower)
 SEQ = ["train.seq_len=128", "train.global_batch_size=4", "precision.dtype=bf16"]
 LORA = ["lora.enabled=true"]  # rank 16 on every target group (the defaults)
+CP_SEQ = ["train.seq_len=512", "train.global_batch_size=4", "precision.dtype=bf16"]
 CASES = {
     "fsdp2-dense": ("tiny-dense", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2"]),
     "fsdp2-v3": ("tiny-v3", SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=2"]),
@@ -110,6 +112,13 @@ CASES = {
         + LORA
         + ["train.micro_batch_size=4", "parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_microbatches=2"],
     ),
+    # context parallelism at sequence 512 (256 tokens per rank), where the ring's fp32 chunks and blocks
+    # are a visible share of the peak
+    "cp2-v3": ("tiny-v3", CP_SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=1", "parallel.cp=2"]),
+    "cp2-dense": (
+        "tiny-dense",
+        CP_SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=1", "parallel.cp=2"],
+    ),
     "fsdp2-small-v3": (
         "small-v3",
         ["train.seq_len=128", "train.global_batch_size=2", "train.micro_batch_size=1", "parallel.dp_shard=2"],
@@ -145,6 +154,8 @@ LABELS = {
     "tp2-v3-lora": "LoRA, TP=2",
     "ep2-v3-lora": "LoRA, FSDP=2 × EP=2",
     "pp2-v3-lora": "LoRA, PP=2",
+    "cp2-v3": "CP=2",
+    "cp2-dense": "CP=2",
     "fsdp2-small-v3": "FSDP=2",
     "fsdp2-small-v3-every2": "FSDP=2, checkpoint every:2",
 }

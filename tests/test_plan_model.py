@@ -212,7 +212,7 @@ def test_cpu_offload_moves_state_to_the_host_and_costs_time():
     assert step_time(plan, hw).offload_s > 0
     tried = {
         s.get("parallel.cpu_offload")
-        for s in layouts(get_preset("tiny-v3"), 2, 2, 4, offload_modes=(False, True))
+        for s in layouts(get_preset("tiny-v3"), 2, 2, 4, 64, offload_modes=(False, True))
         if s
     }
     assert tried == {False, True}

@@ -137,16 +137,27 @@ def check_float8(recipe: str, tp: int) -> None:
         )
 
 
+_TP_UNITS: dict[str, list[tuple[str, int]]] = {}
+
+
+def _tp_units(cfg: ModelConfig) -> list[tuple[str, int]]:
+    """Every (unit, count) TP splits, heads first; cached per config (its ``repr``) for the planner."""
+    key = repr(cfg)
+    if key not in _TP_UNITS:
+        units = [w.tp_unit for w in weights_by_path(cfg).values() if w.tp_unit]
+        # the heads first: a tp that splits no whole head is the mistake users make (and the one to name)
+        units.sort(key=lambda unit: not unit[0].endswith("heads"))
+        _TP_UNITS[key] = units
+    return _TP_UNITS[key]
+
+
 def tp_error(cfg: ModelConfig, tp: int) -> str | None:
     """Why the model's sharded dimensions do not divide by ``tp`` (one line), or None: each weight TP
     splits (``models/shapes.py``) is cut into whole pieces of its ``tp_unit`` (heads, the vocabulary, MLP
     features, experts), so ``tp`` must divide every unit count."""
     if tp == 1:
         return None
-    units = [w.tp_unit for w in weights_by_path(cfg).values() if w.tp_unit]
-    # the heads first: a tp that splits no whole head is the mistake users make (and the one to name)
-    units.sort(key=lambda unit: not unit[0].endswith("heads"))
-    for what, size in units:
+    for what, size in _tp_units(cfg):
         if size % tp:
             return f"parallel.tp={tp} does not divide {what}={size} of model {cfg.name!r}: choose a tp that divides it"
     return None

@@ -9,11 +9,14 @@ Two kinds of items:
   layers (embedding on the first stage, norm/head/MTP on the last); tensor parallelism shards
   column-wise weights on dim 0 and row-wise ones on dim 1, routed experts by expert; expert parallelism
   splits experts over ``ep``; FSDP2 then cuts dim 0 of each local tensor into ``torch.chunk`` pieces
-  (ceil-sized, the last ones shorter) over ``dp_shard`` (experts: over the expert-FSDP ranks). Parameters
+  (ceil-sized, the last ones shorter) over ``dp_shard × cp`` (experts: over the expert-FSDP ranks, what is
+  left of ``dp_shard × cp`` after expert parallelism took its share). Parameters
   are fp32 master weights whatever the compute dtype, gradients likewise, and fused AdamW keeps two fp32
   moments per element plus a 4-byte step per parameter tensor.
 - **Transients** (activations, logits, MoE dispatch, gathered parameters) are an analytic model of the
-  tensors our modules save for backward, counted per layer; ``tests/test_plan_accuracy.py`` compares it
+  tensors our modules save for backward, counted per layer and per token of this rank (context
+  parallelism gives each cp rank ``seq_len / cp`` of every sequence, so every per-token term shrinks by
+  ``cp``; the ring adds its travelling key/value chunks); ``tests/test_plan_accuracy.py`` compares it
   with ``MemTracker`` on CPU. Allocator fragmentation and the CUDA context are an allowance, stated here.
 """
 
@@ -89,16 +92,29 @@ class RankCoords:
     dp_replicate: int
     dp_shard: int
     tp: int
+    cp: int = 0
+
+    def fsdp_index(self, plan) -> int:
+        """This rank's place in the FSDP group, ``dp_shard × cp`` flattened (cp innermost)."""
+        return self.dp_shard * plan.cp + self.cp
 
 
 def rank_coords(plan, rank: int) -> RankCoords:
-    """Coordinates of ``rank`` on the world mesh (pp, dp_replicate, dp_shard, tp), row-major as
+    """Coordinates of ``rank`` on the world mesh (pp, dp_replicate, dp_shard, cp, tp), row-major as
     ``seektrain.parallel.mesh.build_meshes`` lays it out."""
     tp = rank % plan.tp
     rest = rank // plan.tp
+    cp = rest % plan.cp
+    rest //= plan.cp
     shard = rest % plan.dp_shard
     rest //= plan.dp_shard
-    return RankCoords(rest // plan.dp_replicate, rest % plan.dp_replicate, shard, tp)
+    return RankCoords(rest // plan.dp_replicate, rest % plan.dp_replicate, shard, tp, cp)
+
+
+def fsdp_ranks(plan) -> int:
+    """Ranks FSDP shards a parameter over: the data-parallel shard ranks and the cp ranks together (a
+    cp group holds one replica between them, as torchtitan does)."""
+    return plan.dp_shard * plan.cp
 
 
 def _local_numel(
@@ -114,11 +130,10 @@ def _local_numel(
     elif spec.tp_dim is not None and plan.tp > 1:
         shape[spec.tp_dim] //= plan.tp
     if plan.uses_fsdp:
-        if spec.expert and plan.ep > 1:
+        parts, index = fsdp_ranks(plan), at.fsdp_index(plan)
+        if spec.expert and plan.ep > 1:  # expert parallelism took ep/tp of the FSDP ranks
             in_ep = plan.ep // plan.tp if plan.tp > 1 else plan.ep
-            parts, index = plan.dp_shard // in_ep, at.dp_shard // in_ep
-        else:
-            parts, index = plan.dp_shard, at.dp_shard
+            parts, index = parts // in_ep, index // in_ep
         shape[0] = _chunk_rows(shape[0], parts, index)
     return _numel(tuple(shape))
 
@@ -171,7 +186,7 @@ def _held(spec: ParamSpec, keep: set[int], first: bool, last: bool) -> bool:
 
 def max_state_bytes(plan) -> StateBytes:
     """The rank with the most state: FSDP's first shard is the largest; every pipeline rank differs."""
-    ranks = range(0, plan.world_size, plan.tp * plan.dp_shard * plan.dp_replicate)
+    ranks = range(0, plan.world_size, plan.world_size // plan.pp)
     return max((state_bytes(plan, r) for r in ranks), key=lambda s: s.params + s.optimizer + s.frozen)
 
 
@@ -184,21 +199,29 @@ def _norm(width: int, a: int, tp: int) -> float:
     return sharded + (a * width if tp > 1 else 0)
 
 
-def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool) -> float:
+def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool, ring: bool = False) -> float:
     """Bytes per token saved by attention (after its input norm): flash attention keeps q, k, v, the
-    output and the fp32 log-sum-exp; o_proj keeps its (re-laid-out) input."""
+    output and the fp32 log-sum-exp; o_proj keeps its (re-laid-out) input. ``ring``: context
+    parallelism's ring attention (``parallel/ring_attention.py``) keeps q, k, v and its output in fp32
+    (it computes in fp32, values unpadded) and the log-sum-exp; o_proj keeps the output cast back."""
     h = cfg.num_attention_heads / tp
     lse = FP32 * h
+    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    if ring:
+        kernel = FP32 * h * (2 * qk + 2 * v) + a * h * v + lse
+    elif not cfg.is_mla:
+        return a * h * qk * 5 + lse  # q, k and v (GQA expanded), output, o_proj input
+    else:
+        v_kernel = qk if pad_values and v < qk else v  # the CPU flash kernel gets values zero-padded to qk
+        kernel = a * h * (2 * qk + 2 * v_kernel + v) + lse
     if not cfg.is_mla:
-        hd = cfg.head_dim
-        return a * h * hd * 5 + lse  # q, k and v (GQA expanded), output, o_proj input
-    qk, v = cfg.qk_head_dim, cfg.v_head_dim
-    v_kernel = qk if pad_values and v < qk else v  # the CPU flash kernel gets values zero-padded to qk
+        return kernel
     assert cfg.kv_lora_rank is not None  # an MLA config (cfg.is_mla)
     low_rank = (FP32 + 2 * a) * cfg.kv_lora_rank + a * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
     if cfg.q_lora_rank is not None:
         low_rank += (FP32 + 2 * a) * cfg.q_lora_rank + a * cfg.q_lora_rank
-    return low_rank + a * h * (2 * qk + 2 * v_kernel + v) + lse
+    return low_rank + kernel
 
 
 def _swiglu(width: float, a: int) -> float:
@@ -218,12 +241,14 @@ def _moe(cfg: ModelConfig, a: int, tp: int, ep: int) -> float:
     return router + routed + shared
 
 
-def layer_activation_bytes(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool) -> float:
+def layer_activation_bytes(
+    cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool, ring: bool = False
+) -> float:
     """Bytes per token (of the micro-batch's sequence, before SP's split) one decoder layer keeps for
-    backward without checkpointing."""
+    backward without checkpointing; ``ring``: attention is context parallelism's ring."""
     d = cfg.hidden_size
     mlp = _moe(cfg, a, tp, ep) if cfg.is_moe_layer(layer) else _swiglu(cfg.intermediate_size / tp, a)
-    return 2 * _norm(d, a, tp) + _attention(cfg, a, tp, pad_values) + mlp
+    return 2 * _norm(d, a, tp) + _attention(cfg, a, tp, pad_values, ring) + mlp
 
 
 @dataclass(frozen=True)
@@ -294,12 +319,12 @@ def layer_selective_bytes(
 
 
 def selective_rebuilt_bytes(
-    cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool
+    cfg: ModelConfig, layer: int, a: int, tp: int, ep: int, pad_values: bool, ring: bool = False
 ) -> float:
     """Bytes per token recomputation writes in a selectively checkpointed layer's backward: what the layer
     saves without checkpointing, less what it kept (the tail aside, which stays beside the rebuilt tensors)."""
     s = layer_selective_bytes(cfg, layer, a, tp, ep, pad_values)
-    return max(0.0, layer_activation_bytes(cfg, layer, a, tp, ep, pad_values) + s.tail - s.kept)
+    return max(0.0, layer_activation_bytes(cfg, layer, a, tp, ep, pad_values, ring) + s.tail - s.kept)
 
 
 @dataclass(frozen=True)
@@ -313,14 +338,16 @@ class Activations:
     # the head's backward working set counts under checkpointing too: with a frozen base (LoRA) no
     # gradients pile up during backward to move the step's peak to a later layer (measured)
     head_working_set: bool = False
+    cp_ring: float = 0.0  # context parallelism: the key/value chunks (and their gradients) in the ring
 
     def phases(self, root_buffer: float = 0.0, layer_buffer: float = 0.0) -> tuple[float, float]:
         """Peak bytes in the two moments backward can peak: the head's backward (every saved tensor, the
         head's, the root FSDP unit gathered; plus the working set unless layers are recomputed later)
-        and a decoder layer's backward (its recomputed tensors, the working set, its unit gathered)."""
+        and a decoder layer's backward (its recomputed tensors, the working set, its unit gathered, and
+        under context parallelism the ring's chunks)."""
         working = self.backward if self.head_working_set or not self.recompute else 0.0
         head = self.layers + self.head + root_buffer + working
-        layer = self.layers + self.recompute + self.backward + layer_buffer
+        layer = self.layers + self.recompute + self.backward + layer_buffer + self.cp_ring
         return head + self.moe_dispatch, layer + self.moe_dispatch
 
     @property
@@ -341,9 +368,52 @@ def in_flight_microbatches(schedule: str, pp: int, n_micro: int) -> int:
     return min(n_micro, pp)
 
 
+# ----------------------------------------------------------------------------- context parallelism
+# What the ring (seektrain/parallel/ring_attention.py) holds while one layer's attention backward runs,
+# besides what attention saved and the backward working set (its query and output gradients): keys and
+# values travel as one fp32 [k | v] chunk, and in backward the chunk and its accumulated gradient travel
+# together, each beside the copy arriving (4 chunks); a block of (query chunk, key chunk) materialises
+# [heads, c, c] fp32 buffers (c = seq_len / (2·cp)): scores, probabilities, dO·Vᵀ − delta and dS at once,
+# and the previous block's dS until its name is reassigned (5; benchmarks/bench_context_parallel.py at
+# sequence 4096 measured the peak 16% above a count of 4). By then the layer's MLP backward has freed
+# the MLP's saved tensors, which the ring's buffers reuse.
+RING_CHUNKS = 4
+RING_BLOCK_BUFFERS = 5
+
+
+def ring_chunk_bytes(cfg: ModelConfig, tp: int) -> float:
+    """Bytes per token of the key/value chunk the ring passes on: fp32 keys and values of this
+    tensor-parallel rank's heads (MLA: the 192-wide key and the 128-wide value of every head, after the
+    up-projection; GQA: repeated to every query head)."""
+    h = cfg.num_attention_heads / tp
+    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    return FP32 * h * (qk + v)
+
+
+def ring_working_bytes(cfg: ModelConfig, tp: int, seq_len: int, cp: int, sequences: float) -> float:
+    """The ring's buffers on one rank during a layer's attention backward, for ``sequences`` sequences of
+    ``seq_len`` split over ``cp`` ranks (``RING_CHUNKS`` chunks, ``RING_BLOCK_BUFFERS`` block buffers)."""
+    h = cfg.num_attention_heads / tp
+    c = seq_len / (2 * cp)
+    chunks = RING_CHUNKS * ring_chunk_bytes(cfg, tp) * sequences * seq_len / cp
+    return chunks + RING_BLOCK_BUFFERS * FP32 * h * c * c * sequences
+
+
+def _mlp_saved(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int) -> float:
+    """Bytes per token layer ``layer``'s MLP (and its input norm) saves: freed by its backward before
+    the attention's backward begins."""
+    d = cfg.hidden_size
+    mlp = _moe(cfg, a, tp, ep) if cfg.is_moe_layer(layer) else _swiglu(cfg.intermediate_size / tp, a)
+    return _norm(d, a, tp) + mlp
+
+
 def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> Activations:
     """Peak activation bytes of pipeline rank ``pp_rank`` of ``plan`` (the first, the busiest under 1F1B,
-    by default) for one step."""
+    by default) for one step. Every term is per token of this rank: under context parallelism a rank
+    holds ``seq_len / cp`` tokens of each sequence (its two load-balanced chunks), so the layers' saved
+    tensors, the logits and loss, the MoE buffers and the working sets all shrink by ``cp``; attention
+    saves the ring's fp32 tensors, and the ring's chunks and blocks are added to a layer's backward."""
     cfg, job = plan.model, plan.job
     a = plan.compute_dtype.itemsize
     if pad_values is None:
@@ -363,13 +433,14 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
             True,
             1,
         )
-    tokens = local_seqs * job.train.seq_len
+    tokens = local_seqs * job.train.seq_len / plan.cp
     mode = job.train.activation_checkpoint
     every = checkpoint_every(mode)
     lora = plan.lora
+    ring = plan.cp > 1
 
     def block_bytes(i: int) -> float:  # what block i saves without checkpointing (LoRA's difference added)
-        full = layer_activation_bytes(cfg, i, a, tp, ep, pad_values)
+        full = layer_activation_bytes(cfg, i, a, tp, ep, pad_values, ring)
         return full + (lora_memory.layer_delta(cfg, i, lora, a, tp) if lora else 0.0)
 
     per_layer = [block_bytes(i) for i in layers]
@@ -406,6 +477,10 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
         if lora:
             head += lora_memory.head_delta(cfg, lora, a, tp, use_mtp)
     dispatch = cfg.num_experts_per_tok * a * d / tp if cfg.is_moe and ep > 1 else 0.0
+    ring_bytes = 0.0
+    if ring:  # at the first layer backward meets (this rank's last), beside what its MLP freed
+        freed = _mlp_saved(cfg, layers[-1], a, tp, ep) * tokens if layers else 0.0
+        ring_bytes = max(0.0, ring_working_bytes(cfg, tp, job.train.seq_len, plan.cp, local_seqs) - freed)
     return Activations(
         kept * tokens * in_flight,
         0.5 * largest * tokens,
@@ -413,7 +488,8 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
         head * tokens,
         dispatch * tokens,
         in_flight,
-        lora is not None,
+        head_working_set=lora is not None,
+        cp_ring=ring_bytes,
     )
 
 
@@ -461,7 +537,7 @@ def comm_buffer_bytes(plan) -> CommBuffers:
     lora = plan.lora
     if not plan.uses_fsdp:
         return CommBuffers(0.0, 0.0, 0.0 if a == 4 else state_bytes(plan, 0).params / FP32 * a)
-    if plan.dp_shard == 1 and not plan.job.parallel.cpu_offload:
+    if fsdp_ranks(plan) == 1 and not plan.job.parallel.cpu_offload:
         return CommBuffers(0.0, 0.0, 0.0)  # HSDP/replicate only: nothing is gathered
     gathered = _unit_numels(plan, param_specs(plan.model))
     grads = gathered

@@ -27,10 +27,17 @@ def stage_ids(pp_rank: int, pp: int, per_rank: int, schedule: str) -> list[int]:
     return [pp_rank + k * pp for k in range(per_rank)]
 
 
+_COSTS: dict[str, list[float]] = {}
+
+
 def layer_costs(cfg: ModelConfig) -> list[float]:
     """Relative compute of each decoder layer: its activated matmul parameters (an MoE layer counts its
-    top-k and shared experts, so it weighs more than a dense one)."""
-    return [float(layer_matmul_params(cfg, i)) for i in range(cfg.num_hidden_layers)]
+    top-k and shared experts, so it weighs more than a dense one). Cached per config (its ``repr``): the
+    planner resolves thousands of pipeline layouts of one model."""
+    key = repr(cfg)
+    if key not in _COSTS:
+        _COSTS[key] = [float(layer_matmul_params(cfg, i)) for i in range(cfg.num_hidden_layers)]
+    return list(_COSTS[key])
 
 
 def split_layers(cfg: ModelConfig, n_stages: int, manual: list[int] | None = None) -> list[list[int]]:

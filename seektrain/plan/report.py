@@ -47,7 +47,8 @@ def _short(settings: dict) -> str:
     s = settings
     return (
         f"tp={s['parallel.tp']} pp={s['parallel.pp']} dp_replicate={s['parallel.dp_replicate']} "
-        f"dp_shard={s['parallel.dp_shard']} ep={s['parallel.ep']} micro={s['train.micro_batch_size']} "
+        f"dp_shard={s['parallel.dp_shard']} cp={s.get('parallel.cp', 1)} ep={s['parallel.ep']} "
+        f"micro={s['train.micro_batch_size']} "
         f"ckpt={s['train.activation_checkpoint']}" + (" cpu_offload" if s.get("parallel.cpu_offload") else "")
     )
 
@@ -89,6 +90,7 @@ def to_dict(result: SearchResult, header: dict, top: int) -> dict:
                     "bubble": t.bubble,
                     "offload_s": t.offload_s,
                     "recompute_s": t.recompute_s,
+                    "cp_s": t.cp_s,
                 },
                 **throughput(cand, result.world_size, peak),
             }
@@ -188,7 +190,9 @@ def format_text(data: dict) -> str:
         f"predicted step {best['step_s']:.3f} s (compute {t['compute_s']:.3f} s"
         + (f" of which selective recompute {t['recompute_s']:.3f} s" if t.get("recompute_s") else "")
         + f", FSDP/DP traffic {t['fsdp_s']:.3f} s overlapped, TP {t['tp_s']:.3f} s, EP {t['ep_s']:.3f} s, "
-        + f"PP p2p {t['pp_s']:.3f} s, bubble "
+        + f"PP p2p {t['pp_s']:.3f} s, "
+        + (f"CP ring {t['cp_s']:.3f} s exposed, " if t.get("cp_s") else "")
+        + "bubble "
         f"{t['bubble'] * 100:.0f}%"
         + (f", CPU offload {t['offload_s']:.3f} s" if t["offload_s"] else "")
         + ")",

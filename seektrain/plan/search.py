@@ -5,7 +5,6 @@ the rest by predicted step time."""
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass, field
 
 from seektrain.config.loader import ConfigError
@@ -58,6 +57,7 @@ class MemoryBreakdown:
         if self.host_staging:
             host["host memory (async checkpoint staging)"] = self.host_staging
         frozen = {"frozen base (compute dtype, LoRA)": self.frozen} if self.frozen else {}
+        ring = {"context-parallel ring (chunks, blocks)": a.cp_ring} if a.cp_ring else {}
         return {
             **frozen,
             "parameters (fp32 master)": self.params,
@@ -68,6 +68,7 @@ class MemoryBreakdown:
             "checkpoint recompute": a.recompute,
             "logits / loss and MTP": a.head,
             "MoE dispatch buffers": a.moe_dispatch,
+            **ring,
             "communication buffers": self.comm_buffers,
             "CUDA context + fragmentation": self.allowance,
             "total": self.total,
@@ -135,10 +136,11 @@ def _per_layout(fn, plan: RunPlan):
     p = plan.job.parallel
     key = (
         fn.__name__,
-        json.dumps(plan.model.to_dict(), sort_keys=True),
+        repr(plan.model),  # a dataclass's repr names every field (to_dict + json is 30x slower)
         plan.tp,
         plan.pp,
         plan.ep,
+        plan.cp,
         plan.dp_shard,
         plan.dp_replicate,
         plan.uses_fsdp,
@@ -169,55 +171,76 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
+# Context parallelism is tried while each rank keeps at least this many tokens of a sequence: below it the
+# ring's per-step messages and attention blocks get small enough for latency, which this bandwidth model
+# does not see, to decide (and sequences of 4096 or less keep cp=1).
+MIN_CP_TOKENS = 4096
+
+
+def cp_degrees(world: int, seq_len: int) -> list[int]:
+    """Context-parallel degrees to try: powers of two dividing the world that cut the sequence into
+    ``2·cp`` equal chunks of a pair of at least ``MIN_CP_TOKENS`` tokens per rank."""
+    return [
+        c
+        for c in _powers_of_two(world)
+        if world % c == 0 and seq_len % (2 * c) == 0 and (c == 1 or seq_len // c >= MIN_CP_TOKENS)
+    ]
+
+
 def layouts(
     model: ModelConfig,
     world: int,
     gpus_per_node: int,
     global_batch: int,
+    seq_len: int,
     checkpoint_modes=CHECKPOINT_MODES,
     micro_batches=MICRO_BATCHES,
     offload_modes=None,
 ):
     """Candidate settings (None for a layout whose data-parallel size does not divide the global batch,
-    so the caller can tell that apart): tp within a node; ``parallel.cpu_offload`` off and on
-    (``offload_modes``: the values to try; ``(None,)`` leaves the key out); pp up to the layer count;
-    dp_replicate so that a shard group spans 1, 2, 4, ... nodes (or everything); ep over the experts;
-    micro-batch; checkpointing."""
+    so the caller can tell that apart): tp within a node; cp over the sequence (``cp_degrees``);
+    ``parallel.cpu_offload`` off and on (``offload_modes``: the values to try; ``(None,)`` leaves the key
+    out); pp up to the layer count; dp_replicate so that a shard group (``dp_shard × cp × tp`` ranks)
+    spans 1, 2, 4, ... nodes (or everything); ep over the experts, whole tp and cp groups times a
+    divisor of ``dp_shard`` (not cp, tp and ep together, which the run plan refuses); micro-batch;
+    checkpointing."""
     if offload_modes is None:
         offload_modes = (False, True)
     for tp in [t for t in _powers_of_two(min(gpus_per_node, 8)) if world % t == 0]:
-        for pp in [p for p in _divisors(world // tp) if p <= model.num_hidden_layers and p <= 16]:
-            dp = world // (tp * pp)
-            shard_sizes = {dp} | {
-                s for s in (gpus_per_node // tp * k for k in _powers_of_two(dp)) if s >= 1 and dp % s == 0
-            }
-            for dp_shard in sorted(shard_sizes):
-                eps = [1]
-                if model.is_moe:
-                    eps += [
-                        tp * k
-                        for k in _powers_of_two(dp_shard)
-                        if tp * k > 1 and model.n_routed_experts % (tp * k) == 0
-                    ]
-                for ep in eps:
-                    for micro in micro_batches:
-                        if global_batch % (micro * dp):
-                            yield None  # the global batch does not split over this data-parallel size
-                            continue
-                        for ckpt in checkpoint_modes:
-                            for offload in offload_modes:
-                                settings = {
-                                    "parallel.tp": tp,
-                                    "parallel.pp": pp,
-                                    "parallel.dp_replicate": dp // dp_shard,
-                                    "parallel.dp_shard": dp_shard,
-                                    "parallel.ep": ep,
-                                    "train.micro_batch_size": micro,
-                                    "train.activation_checkpoint": ckpt,
-                                }
-                                if offload_modes != (None,):
-                                    settings["parallel.cpu_offload"] = offload
-                                yield settings
+        for cp in cp_degrees(world // tp, seq_len):
+            for pp in [p for p in _divisors(world // (tp * cp)) if p <= model.num_hidden_layers and p <= 16]:
+                dp = world // (tp * cp * pp)
+                per_node = max(1, gpus_per_node // (tp * cp))
+                shard_sizes = {dp} | {s for s in (per_node * k for k in _powers_of_two(dp)) if dp % s == 0}
+                for dp_shard in sorted(shard_sizes):
+                    eps = [1]
+                    if model.is_moe and (cp == 1 or tp == 1):  # cp × tp × ep together is refused
+                        unit = tp * cp  # an ep group takes whole tp and cp groups
+                        eps += [
+                            unit * k
+                            for k in _powers_of_two(dp_shard)
+                            if unit * k > 1 and model.n_routed_experts % (unit * k) == 0
+                        ]
+                    for ep in eps:
+                        for micro in micro_batches:
+                            if global_batch % (micro * dp):
+                                yield None  # the global batch does not split over this data-parallel size
+                                continue
+                            for ckpt in checkpoint_modes:
+                                for offload in offload_modes:
+                                    settings = {
+                                        "parallel.tp": tp,
+                                        "parallel.pp": pp,
+                                        "parallel.dp_replicate": dp // dp_shard,
+                                        "parallel.dp_shard": dp_shard,
+                                        "parallel.cp": cp,
+                                        "parallel.ep": ep,
+                                        "train.micro_batch_size": micro,
+                                        "train.activation_checkpoint": ckpt,
+                                    }
+                                    if offload_modes != (None,):
+                                        settings["parallel.cpu_offload"] = offload
+                                    yield settings
 
 
 def apply_settings(job: JobConfig, settings: dict[str, object]) -> JobConfig:
@@ -282,7 +305,8 @@ def search(job: JobConfig, model: ModelConfig, world: int, hw: Hardware, **layou
     ranked: list[Candidate] = []
     rejected: list[Candidate] = []
     skipped = 0
-    for settings in layouts(model, world, hw.gpus_per_node, job.train.global_batch_size, **layout_kw):
+    batch, seq = job.train.global_batch_size, job.train.seq_len
+    for settings in layouts(model, world, hw.gpus_per_node, batch, seq, **layout_kw):
         if settings is None:
             skipped += 1
             continue

@@ -23,6 +23,12 @@ Assumptions (each a number here, so they can be argued with):
   offload moves the base up, only the adapters' gradients down, and runs AdamW over the adapters only.
 - Pipeline: the bubble is ``(pp-1)/micro-batches`` (1F1B, GPipe), divided by the stages per rank
   (interleaved), halved for zero-bubble V; activations sent between stages are added.
+- Context parallelism, as ``parallel/ring_attention.py`` runs it: attention is fp32 matmuls (the fp32
+  rate, a quarter of the peak on GPUs), and the diagonal blocks are computed whole before masking
+  (``(2·cp+1)/(2·cp)`` of the causal FLOPs). Per layer, forward takes ``cp-1`` hops of this rank's fp32
+  key/value chunk, each issued before the step's blocks and waited for after them, so a hop shows only
+  ``max(0, comm - compute)``; backward waits for each hop (the chunk and its gradient) before its blocks,
+  ``cp-1`` of them plus the gradient's last hop home, all exposed. The FSDP group grows to ``dp_shard × cp``.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class StepTime:
     model_flops: float  # per step, all ranks (what MFU counts)
     offload_s: float = 0.0  # parallel.cpu_offload: host transfers and the host optimizer step
     recompute_s: float = 0.0  # selective checkpointing's memory-bound recomputation (inside compute_s)
+    cp_s: float = 0.0  # context parallelism: the ring's transfers not hidden behind attention
 
 
 def _ring(bytes_: float, n: int, bandwidth: float) -> float:
@@ -91,7 +98,7 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     peak = hw.bf16_tflops * 1e12 * efficiency
     if a == 4 and hw.name != "cpu":
         peak /= 4
-    compute_time = flops / peak
+    compute_time = flops / peak + ring_extra_flops(plan, hw, a) / peak
     if job.precision.fp8 != "none" and hw.fp8_tflops > 0:
         fp8_flops = 6.0 * fp8_matmul_params(cfg, job.precision.fp8, include_mtp=plan.use_mtp) * tokens
         compute_time = (flops - fp8_flops) / peak + fp8_flops / (hw.fp8_tflops * 1e12 * efficiency)
@@ -99,24 +106,25 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     compute = compute_time * (1 + recompute) / plan.world_size + recompute_s
 
     # parameters of one pipeline rank's share, per tensor-parallel rank (what FSDP moves)
-    from seektrain.plan.memory import max_state_bytes
+    from seektrain.plan.memory import fsdp_ranks, max_state_bytes
 
     state = state or max_state_bytes(plan)
-    shard = plan.dp_shard if plan.uses_fsdp else 1
+    shards = fsdp_ranks(plan)  # dp_shard × cp
+    shard = shards if plan.uses_fsdp else 1
     local_params = state.params / 4 * shard  # trained parameters (under LoRA the adapters)
     gathered = local_params + state.frozen / a * shard  # what FSDP gathers (a frozen base too)
     micro = plan.accum_steps if plan.pp == 1 else 1
     fsdp = 0.0
-    if plan.uses_fsdp and plan.dp_shard > 1:
+    if plan.uses_fsdp and shards > 1:
         gathers = 2 if plan.reshard_after_forward else 1
         reduce_bytes = 2 if job.precision.reduce_dtype == "bf16" else 4
         per_micro = gathered * gathers * a + local_params * reduce_bytes
-        fsdp = micro * _ring(per_micro, plan.dp_shard, _link(hw, plan.tp * plan.dp_shard))
+        fsdp = micro * _ring(per_micro, shards, _link(hw, plan.tp * shards))
     if plan.dp_replicate > 1:  # HSDP/DDP: gradients all-reduced across replicas (twice a ring's bytes)
         fsdp += 2 * _ring(local_params / shard * 4, plan.dp_replicate, _link(hw, plan.world_size // plan.pp))
     exposed_fsdp = max(0.0, fsdp - compute)
 
-    local_tokens = tokens / plan.dp  # per data-parallel rank per step (all micro-batches)
+    local_tokens = tokens / plan.dp / plan.cp  # per rank per step (all micro-batches)
     d = cfg.hidden_size
     n_layers = cfg.num_hidden_layers / plan.pp
     tp = 0.0
@@ -136,6 +144,7 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
             bubble /= plan.pp_stages_per_rank
         elif schedule == "zbv":
             bubble /= 2
+    cp = ring_exposed_s(plan, hw, peak, 3 * recompute)  # 3 × recompute: the recomputed layers' share
     offload = 0.0
     if plan.cpu_offload and plan.uses_fsdp:
         # parameters up and gradients down over PCIe each step, AdamW on the host reading and writing
@@ -143,24 +152,77 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
         offload = (state.params + state.frozen + state.grads) / PCIE_BYTES_PER_S + 2 * (
             state.params * 4
         ) / HOST_BYTES_PER_S
-    total = (compute + exposed_fsdp + tp + ep + pp) * (1 + bubble) + offload
-    return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops, offload, recompute_s)
+    total = (compute + exposed_fsdp + tp + ep + pp + cp) * (1 + bubble) + offload
+    return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops, offload, recompute_s, cp)
+
+
+# the ring computes in fp32; on GPUs fp32 runs at a quarter of the compute-dtype rate (as for fp32 compute)
+RING_FP32_SLOWDOWN = 4
+
+
+def _ring_slowdown(hw: Hardware, a: int) -> float:
+    return 1.0 if hw.name == "cpu" or a == 4 else float(RING_FP32_SLOWDOWN)
+
+
+def ring_extra_flops(plan, hw: Hardware, a: int) -> float:
+    """FLOPs per step, all ranks, that context parallelism's ring adds at the compute-dtype rate: its
+    attention runs in fp32 (``_ring_slowdown`` times the time) and computes the diagonal blocks whole
+    (``(2·cp+1)/(2·cp)`` of the causal count). 0 without cp."""
+    if plan.cp <= 1:
+        return 0.0
+    from seektrain.observe.flops import attention_flops_per_token
+
+    attention = (
+        attention_flops_per_token(plan.model, plan.job.train.seq_len, plan.use_mtp) * plan.tokens_per_step
+    )
+    done = (2 * plan.cp + 1) / (2 * plan.cp)
+    return attention * (done * _ring_slowdown(hw, a) - 1)
+
+
+def ring_exposed_s(plan, hw: Hardware, peak: float, recomputed: float = 0.0) -> float:
+    """Seconds per step one rank waits on the context-parallel ring. Per layer and sequence: forward,
+    ``cp-1`` hops of the fp32 key/value chunk, each overlapping one step's blocks (2 of ``c × c``, c =
+    seq_len / (2·cp)), showing ``max(0, comm - compute)``; backward, ``cp-1`` hops of the chunk and its
+    gradient and the gradient's last hop, each waited for before computing (all exposed).
+    ``recomputed``: the share of layers whose forward (ring included) full checkpointing runs twice. Both
+    sides grow with the sequences of a micro-batch alike, so the sum is per sequence. The cp ranks are
+    ``tp`` ranks apart: NVLink while ``cp × tp`` fits in a node, else the network."""
+    if plan.cp <= 1:
+        return 0.0
+    from seektrain.plan.memory import ring_chunk_bytes
+
+    cfg, job = plan.model, plan.job
+    seq, cp = job.train.seq_len, plan.cp
+    layers = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if plan.use_mtp else 0)
+    chunk = ring_chunk_bytes(cfg, plan.tp) * seq / cp  # this rank's share of one sequence
+    c = seq / (2 * cp)
+    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    # a forward step's two blocks: QKᵀ and PV, 2 FLOPs per multiply-add, of this rank's heads, in fp32
+    step_flops = 2 * 2 * c * c * cfg.num_attention_heads / plan.tp * (qk + v)
+    forward = step_flops * _ring_slowdown(hw, plan.compute_dtype.itemsize) / peak
+    link = _link(hw, cp * plan.tp)
+    per_layer = (1 + recomputed) * (cp - 1) * max(0.0, chunk / link - forward)
+    per_layer += (2 * (cp - 1) + 1) * chunk / link
+    sequences = job.train.micro_batch_size * plan.accum_steps  # this rank's per step
+    return per_layer * layers / plan.pp * sequences
 
 
 def selective_recompute_s(plan, hw: Hardware) -> float:
     """Seconds per step one rank spends recomputing its selectively checkpointed layers: the bytes the
     recomputation writes (every layer of the model per token, divided over the pipeline stages; per
     tensor-parallel rank as the memory model counts them) times ``RECOMPUTE_TRAFFIC``, for the tokens of
-    one data-parallel rank, at the device's memory bandwidth."""
+    one rank (a data-parallel rank's, split over its cp ranks), at the device's memory bandwidth."""
     from seektrain.plan.memory import selective_rebuilt_bytes
 
     cfg = plan.model
     a = plan.compute_dtype.itemsize
     per_token = (
         sum(
-            selective_rebuilt_bytes(cfg, i, a, plan.tp, plan.ep, hw.name == "cpu")
+            selective_rebuilt_bytes(cfg, i, a, plan.tp, plan.ep, hw.name == "cpu", plan.cp > 1)
             for i in range(cfg.num_hidden_layers)
         )
         / plan.pp
     )
-    return RECOMPUTE_TRAFFIC * per_token * plan.tokens_per_step / plan.dp / (hw.memory_gbs * 1e9)
+    local_tokens = plan.tokens_per_step / plan.dp / plan.cp
+    return RECOMPUTE_TRAFFIC * per_token * local_tokens / (hw.memory_gbs * 1e9)
