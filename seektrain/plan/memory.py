@@ -202,14 +202,15 @@ def _norm(width: int, a: int, tp: int) -> float:
 def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool, ring: bool = False) -> float:
     """Bytes per token saved by attention (after its input norm): flash attention keeps q, k, v, the
     output and the fp32 log-sum-exp; o_proj keeps its (re-laid-out) input. ``ring``: context
-    parallelism's ring attention (``parallel/ring_attention.py``) keeps q, k, v and its output in fp32
-    (it computes in fp32, values unpadded) and the log-sum-exp; o_proj keeps the output cast back."""
+    parallelism's ring attention (``parallel/ring_attention.py``) keeps its inputs q, k, v and its output
+    as they are (the compute dtype, values unpadded; its fp32 copies are made in backward,
+    ``ring_working_bytes``) and the log-sum-exp; o_proj keeps the output re-laid-out."""
     h = cfg.num_attention_heads / tp
     lse = FP32 * h
     qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
     v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
     if ring:
-        kernel = FP32 * h * (2 * qk + 2 * v) + a * h * v + lse
+        kernel = a * h * (2 * qk + 2 * v) + a * h * v + lse
     elif not cfg.is_mla:
         return a * h * qk * 5 + lse  # q, k and v (GQA expanded), output, o_proj input
     else:
@@ -376,7 +377,8 @@ def in_flight_microbatches(schedule: str, pp: int, n_micro: int) -> int:
 # [heads, c, c] fp32 buffers (c = seq_len / (2·cp)): scores, probabilities, dO·Vᵀ − delta and dS at once,
 # and the previous block's dS until its name is reassigned (5; benchmarks/bench_context_parallel.py at
 # sequence 4096 measured the peak 16% above a count of 4). By then the layer's MLP backward has freed
-# the MLP's saved tensors, which the ring's buffers reuse.
+# the MLP's saved tensors, which the ring's buffers reuse. In a compute dtype below fp32 the backward
+# also makes fp32 copies of the saved q, k, v and output (the ring computes in fp32).
 RING_CHUNKS = 4
 RING_BLOCK_BUFFERS = 5
 
@@ -391,13 +393,20 @@ def ring_chunk_bytes(cfg: ModelConfig, tp: int) -> float:
     return FP32 * h * (qk + v)
 
 
-def ring_working_bytes(cfg: ModelConfig, tp: int, seq_len: int, cp: int, sequences: float) -> float:
+def ring_working_bytes(
+    cfg: ModelConfig, tp: int, seq_len: int, cp: int, sequences: float, a: int = FP32
+) -> float:
     """The ring's buffers on one rank during a layer's attention backward, for ``sequences`` sequences of
-    ``seq_len`` split over ``cp`` ranks (``RING_CHUNKS`` chunks, ``RING_BLOCK_BUFFERS`` block buffers)."""
+    ``seq_len`` split over ``cp`` ranks (``RING_CHUNKS`` chunks, ``RING_BLOCK_BUFFERS`` block buffers,
+    and below fp32 (``a`` bytes per element) the fp32 copies of the saved q, k, v and output)."""
     h = cfg.num_attention_heads / tp
     c = seq_len / (2 * cp)
-    chunks = RING_CHUNKS * ring_chunk_bytes(cfg, tp) * sequences * seq_len / cp
-    return chunks + RING_BLOCK_BUFFERS * FP32 * h * c * c * sequences
+    tokens = sequences * seq_len / cp
+    chunks = RING_CHUNKS * ring_chunk_bytes(cfg, tp) * tokens
+    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    copies = FP32 * h * (2 * qk + 2 * v) * tokens if a < FP32 else 0.0
+    return chunks + copies + RING_BLOCK_BUFFERS * FP32 * h * c * c * sequences
 
 
 def _mlp_saved(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int) -> float:
@@ -480,7 +489,7 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
     ring_bytes = 0.0
     if ring:  # at the first layer backward meets (this rank's last), beside what its MLP freed
         freed = _mlp_saved(cfg, layers[-1], a, tp, ep) * tokens if layers else 0.0
-        ring_bytes = max(0.0, ring_working_bytes(cfg, tp, job.train.seq_len, plan.cp, local_seqs) - freed)
+        ring_bytes = max(0.0, ring_working_bytes(cfg, tp, job.train.seq_len, plan.cp, local_seqs, a) - freed)
     return Activations(
         kept * tokens * in_flight,
         0.5 * largest * tokens,
