@@ -150,7 +150,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     meshes = build_meshes(
-        SimpleNamespace(device_type="cpu", pp=1, dp_replicate=1, dp_shard=WORLD, tp=1, ep=WORLD)
+        SimpleNamespace(device_type="cpu", pp=1, dp_replicate=1, dp_shard=WORLD, cp=1, tp=1, ep=WORLD)
     )
     rows = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
     results = {"empty": _empty_experts_case(meshes, rank)}

@@ -120,7 +120,7 @@ def test_real_prometheus_scrapes_a_training_sink(tmp_path):
                     step_value = float(query["data"]["result"][0]["value"][1])
                 groups = _get(f"{api}/rules")["data"]["groups"]
                 rules = [r for g in groups for r in g["rules"]]
-                rules_ok = len(rules) == 4 and all(r["health"] == "ok" for r in rules)
+                rules_ok = len(rules) == 5 and all(r["health"] == "ok" for r in rules)
             except OSError:
                 pass  # not listening yet
             time.sleep(0.5)

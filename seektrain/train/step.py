@@ -186,7 +186,7 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
     if plan.model.is_moe:
         values["expert_imbalance"] = _worst_imbalance(plan, loads, ctx.device)
         assert ctx.router_entropy is not None  # built for every MoE model
-        entropy = ctx.router_entropy.take(dp_group if plan.dp > 1 else None)
+        entropy = ctx.router_entropy.take(dp_group if plan.dp_cp > 1 else None)
         values["moe_layers"] = layer_table(  # read by train/step_log.py
             ctx.model,
             loads,
