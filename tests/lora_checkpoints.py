@@ -6,7 +6,6 @@ export tests and the bad-input rows."""
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from pathlib import Path
 
@@ -20,29 +19,16 @@ from seektrain.models import build_model, get_preset
 from seektrain.models.hf_io import save_pretrained
 from seektrain.models.lora import add_adapters, is_adapter
 from seektrain.plan.run_plan import lora_spec
+from test_hf_parity import _randomize
 
 SEED = 7
 
 
 def randomize(model: torch.nn.Module, seed: int, adapters: bool) -> None:
     """Base weights (or, with ``adapters``, the adapters) large enough that routing and attention are far
-    from uniform and every adapter moves the logits (ties and tiny deltas would hide a wrong layout)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-            if not p.is_floating_point() or is_adapter(name) != adapters:
-                continue
-            noise = torch.randn(p.shape, generator=gen)
-            if adapters:  # A [.., r, in] ~ 1/sqrt(in), B [.., out, r] ~ 1/sqrt(r)
-                p.copy_(noise / math.sqrt(p.shape[-1]))
-            elif "norm" in name:
-                p.copy_(1.0 + 0.1 * noise)
-            elif "e_score_correction_bias" in name:
-                p.copy_(0.3 * noise)
-            elif name.endswith("gate.weight"):
-                p.copy_(0.5 * noise)
-            else:
-                p.copy_(noise / math.sqrt(p.shape[-1]))
+    from uniform and every adapter moves the logits (ties and tiny deltas would hide a wrong layout); an
+    adapter A [.., r, in] gets ~1/sqrt(in), B [.., out, r] ~1/sqrt(r), as every other matrix."""
+    _randomize(model, seed, include=lambda name: is_adapter(name) == adapters)
 
 
 def make_lora_run(

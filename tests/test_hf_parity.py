@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -33,12 +34,13 @@ YARN = dict(
 )
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """Weights large enough that routing and attention are far from uniform (ties would hide bugs)."""
+def _randomize(model: torch.nn.Module, seed: int, include: Callable[[str], bool] = lambda name: True) -> None:
+    """Weights large enough that routing and attention are far from uniform (ties would hide bugs);
+    only the tensors whose names ``include`` accepts (e.g. a LoRA run's base or its adapters)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-            if not p.is_floating_point() or "inv_freq" in name:
+            if not p.is_floating_point() or "inv_freq" in name or not include(name):
                 continue
             noise = torch.randn(p.shape, generator=gen)
             if "norm" in name:
