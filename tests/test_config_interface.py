@@ -23,6 +23,21 @@ def all_keys() -> list[str]:
     return [key for key, _, _ in leaf_keys(JobConfig())]
 
 
+def test_the_cli_and_its_config_commands_do_not_import_torch():
+    """`seektrain --help`, `config keys` and the launchers' parser answer in a fraction of a second: torch
+    (2-4 s to import, more with torch._dynamo) is imported by the commands that run a model, not by the
+    parser that lists them all (a command module importing it at the top costs every `seektrain` call)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from seektrain.cli.main import build_parser, main; build_parser(); "
+        "main(['config', 'keys']); print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False"
+
+
 def test_version_flag_prints_the_package_version():
     out = seektrain("--version").stdout.strip()
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

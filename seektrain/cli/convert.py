@@ -25,19 +25,23 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from seektrain.cli.arg_types import SEED
-from seektrain.config.dtypes import dtype_from_name
 from seektrain.data.hf_tokenizer import write_hf_tokenizer
 from seektrain.errors import UserError, user_path
+
+if TYPE_CHECKING:  # torch is imported by the functions that convert, not by `seektrain --help`
+    import torch
 
 EXIT_USER_ERROR = 2
 PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 
 
 def _load_hf(args: argparse.Namespace):
+    import torch
+
+    from seektrain.config.dtypes import dtype_from_name
     from seektrain.models.hf_config import read_config_json
     from seektrain.models.hf_io import from_pretrained
 
@@ -56,6 +60,8 @@ def _load_hf(args: argparse.Namespace):
 
 
 def _random_preset(args: argparse.Namespace):
+    import torch
+
     from seektrain.models import build_model, get_preset
 
     return build_model(get_preset(args.preset), dtype=args.dtype or torch.float32, seed=args.seed)
@@ -266,6 +272,8 @@ def parse_size(text: str) -> int:
 
 
 def parse_dtype(text: str) -> torch.dtype:
+    from seektrain.config.dtypes import dtype_from_name
+
     try:
         return dtype_from_name(text)
     except ValueError as err:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from seektrain.models import PRESETS, count_params, get_preset
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list model presets with parameter counts")
@@ -22,6 +20,8 @@ def _human(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from seektrain.models import PRESETS, count_params, get_preset  # torch: here, not in `seektrain --help`
+
     rows = []
     for name in PRESETS:
         cfg = get_preset(name)
