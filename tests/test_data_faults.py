@@ -29,12 +29,12 @@ TOKENS = 3 * BLOCK_TOKENS + 100  # per shard: three full blocks and a short one
 
 @pytest.fixture()
 def folder(tmp_path: Path) -> Path:
-    """300 byte-tokenized documents in two shards of TOKENS tokens and a rest."""
+    """300 byte-tokenized documents: training shards of TOKENS tokens, 30 held out for validation."""
     text = tmp_path / "in.jsonl"
     text.write_text(
         "".join(json.dumps({"text": f"doc {i}: the quick brown fox " * 10}) + "\n" for i in range(300))
     )
-    prepare_dataset([text], tmp_path / "data", "byte", shard_tokens=TOKENS, val_fraction=0.0)
+    prepare_dataset([text], tmp_path / "data", "byte", shard_tokens=TOKENS, val_fraction=0.1)
     return tmp_path / "data"
 
 
@@ -170,7 +170,7 @@ def test_a_shard_damaged_mid_run_stops_both_ranks_before_a_step_uses_it(tmp_path
     pristine = tmp_path / "pristine"
     shutil.copytree(folder, pristine)
     run = tmp_path / "run"
-    common = (f"data.path={folder}", "checkpoint.interval=2")
+    common = (f"data.path={folder}", "checkpoint.interval=2", "train.eval_interval=2", "train.eval_steps=1")
     proc = train(
         run, "train.steps=5", *common, nproc=2, env={"SEEKTRAIN_TEST_DATA_DAMAGE": "4:1"}, check=False
     )
@@ -187,6 +187,6 @@ def test_a_shard_damaged_mid_run_stops_both_ranks_before_a_step_uses_it(tmp_path
 
     shutil.copy2(pristine / flipped[2], folder / flipped[2])  # the user restores the file
     train(run, "train.steps=5", *common, nproc=2)
-    resumed = [r for r in metrics(run)][3:]
+    resumed = metrics(run)[3:]
     assert [r["step"] for r in resumed] == [3, 4, 5]
     assert resumed[0]["loss"] == first[3]  # the same weights and the same batch: exact
