@@ -165,12 +165,19 @@ def test_ranks_agree_on_the_first_damaged_block(folder: Path, monkeypatch) -> No
 
 def test_a_shard_damaged_mid_run_stops_both_ranks_before_a_step_uses_it(tmp_path: Path, folder: Path) -> None:
     """2 processes: rank 1 flips a byte of the shard under its share of global batch 4 just before
-    reading it. Both ranks stop with the same line before step 4; checkpoint 2 stays; with the file
-    restored the run resumes from it and step 3 repeats exactly."""
+    reading it. Both ranks stop with the same line before step 4; the async save of step 2 is committed
+    first; with the file restored the run resumes from it and step 3 repeats exactly. The run evaluates
+    too, so the val batches' agreement runs as well."""
     pristine = tmp_path / "pristine"
     shutil.copytree(folder, pristine)
     run = tmp_path / "run"
-    common = (f"data.path={folder}", "checkpoint.interval=2", "train.eval_interval=2", "train.eval_steps=1")
+    common = (
+        f"data.path={folder}",
+        "checkpoint.interval=2",
+        "checkpoint.async_save=true",  # step 2's save is still uncommitted when batch 4 is refused
+        "train.eval_interval=2",
+        "train.eval_steps=1",
+    )
     proc = train(
         run, "train.steps=5", *common, nproc=2, env={"SEEKTRAIN_TEST_DATA_DAMAGE": "4:1"}, check=False
     )
