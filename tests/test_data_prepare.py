@@ -81,7 +81,9 @@ def test_jsonl_manifest_checksums_and_val_split(tmp_path: Path) -> None:
     for shard in m.train.shards + m.val.shards:
         data = (out / shard.file).read_bytes()
         assert len(data) == 2 * shard.tokens and hashlib.sha256(data).hexdigest() == shard.sha256
-    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".bin")) == ["manifest.json"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith((".bin", ".bin.crc"))) == [
+        "manifest.json"
+    ]
     verify_dataset(out)
 
 

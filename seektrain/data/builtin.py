@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from seektrain.data.manifest import MANIFEST_NAME
+from seektrain.data.manifest import VERSION as MANIFEST_VERSION
 from seektrain.data.prepare import prepare_dataset
 from seektrain.data.tokenizer import load_tokenizer
 from seektrain.errors import UserError
@@ -58,6 +59,7 @@ def builtin_corpus_dir(
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     key = {
         "corpus": CORPUS_VERSION,
+        "manifest": MANIFEST_VERSION,  # a newer format (e.g. block checksums) prepares a new copy
         "tokenizer": load_tokenizer(tokenizer_spec).fingerprint,
         "python": sys.version,
         "stdlib": str(stdlib_dir()),

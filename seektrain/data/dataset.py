@@ -4,6 +4,11 @@ has them), memory-mapped shard by shard.
 Nothing is read into RAM up front: the OS pages in the windows that are asked for. Opening checks
 what is cheap (every shard exists and its size matches the manifest); ``verify()`` re-hashes every
 byte and is meant for ``seektrain data verify`` and tests, not for every training start.
+
+Every read of a folder prepared with block checksums (manifest version 3) is checked block by block
+(``blocks.py``), so a shard that changes during a run raises ``ShardDamaged`` before its tokens are
+handed out. The document ends, small beside the tokens, are read into memory once and checked against
+their sha256 there, so they cannot change under a run either. Older folders get the size check only.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from seektrain.data.blocks import CRC_DTYPE, CheckedShard, ShardDamaged
 from seektrain.data.manifest import SPLITS, Manifest, Shard, read_manifest
 from seektrain.errors import UserError
 
@@ -32,14 +38,18 @@ class TokenDataset:
             )
         self.dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
         self.shards: list[Shard] = info.shards
-        self._tokens = _ShardStream(self.directory, info.shards, self.dtype)
+        block = self.manifest.block_tokens
+        self._tokens = _ShardStream(self.directory, info.shards, self.dtype, block)
         if self._tokens.total != info.tokens:
             raise UserError(
                 f"{self.directory}/manifest.json: shard token counts do not add up to "
                 f"{info.tokens}; re-prepare the data"
             )
-        self._mask = _ShardStream(self.directory, info.mask, np.dtype("u1")) if info.mask else None
+        self._mask = None
+        if info.mask:
+            self._mask = _ShardStream(self.directory, info.mask, np.dtype("u1"), block, self._tokens.blocks)
         self.ends: np.ndarray | None = None  # running token count after each document
+        self._ends_checked = False
         if info.ends is not None:
             self.ends = _open(self.directory, info.ends, np.dtype("<i8"))
             if info.ends.tokens and int(self.ends[-1]) != info.tokens:
@@ -59,6 +69,18 @@ class TokenDataset:
     def has_mask(self) -> bool:
         return self._mask is not None
 
+    @property
+    def block_checked(self) -> bool:
+        """Whether every read is checked against block checksums (folders prepared by version 3)."""
+        return self._tokens.checked and (self._mask is None or self._mask.checked)
+
+    def damage(self, code: int) -> ShardDamaged:
+        """The error for damaged block ``code`` (``ShardDamaged.code``), the same on every rank."""
+        for stream in (self._tokens, self._mask):
+            if stream is not None and stream.first_code <= code < stream.first_code + stream.blocks:
+                return stream.damaged(code)
+        raise ValueError(f"block code {code} is not a block of this split")
+
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start+length) of the split's stream, crossing shard boundaries as needed."""
         return self._tokens.read(start, length)
@@ -70,13 +92,21 @@ class TokenDataset:
         return self._mask.read(start, length)
 
     def document_ends(self) -> np.ndarray:
-        """Where each document ends; ValueError for a folder prepared before they were stored."""
+        """Where each document ends, in memory and checked against their sha256 (so a run's rows and
+        document masks cannot change under it); ValueError for a folder prepared before they were stored."""
         if self.ends is None:
             raise UserError(
                 f"data.path={self.directory}: prepared by an older seektrain, without document "
                 "boundaries; re-run `seektrain data prepare ... --force` (data.packing, "
                 "data.document_mask and `data show` need them)"
             )
+        if not self._ends_checked:
+            info = self.manifest.split(self.split).ends
+            assert info is not None
+            ends = np.array(self.ends)
+            if hashlib.sha256(ends.tobytes()).hexdigest() != info.sha256:
+                raise UserError(_sha256_mismatch(self.directory / info.file))
+            self.ends, self._ends_checked = ends, True
         return self.ends
 
     def verify(self) -> None:
@@ -84,16 +114,44 @@ class TokenDataset:
         info = self.manifest.split(self.split)
         for shard in info.shards + info.mask + ([info.ends] if info.ends else []):
             _check_sha256(self.directory, shard)
+            if shard.blocks is not None:
+                _check_sha256(self.directory, shard.blocks)
 
 
 class _ShardStream:
-    """Shards of one element type seen as one array, memory-mapped (sizes checked on opening)."""
+    """Shards of one element type seen as one array, memory-mapped (sizes checked on opening); with
+    ``block_tokens`` and a checksum file for every shard, each read is checked (``CheckedShard``).
+    Blocks are numbered over the stream from ``first_code`` (``ShardDamaged.code``)."""
 
-    def __init__(self, directory: Path, shards: list[Shard], dtype: np.dtype) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        shards: list[Shard],
+        dtype: np.dtype,
+        block_tokens: int | None = None,
+        first_code: int = 0,
+    ) -> None:
         self.shards = shards
         self._maps = [_open(directory, shard, dtype) for shard in shards]
         self._starts = np.concatenate([[0], np.cumsum([s.tokens for s in shards], dtype=np.int64)])
         self.total = int(self._starts[-1])
+        self.checked = block_tokens is not None and all(s.blocks is not None for s in shards)
+        self.first_code, self.blocks = first_code, 0
+        self._checked: list[CheckedShard] = []
+        if self.checked:
+            assert block_tokens is not None
+            for shard, data in zip(shards, self._maps):
+                assert shard.blocks is not None
+                sums = _open(directory, shard.blocks, CRC_DTYPE)
+                self._checked.append(
+                    CheckedShard(directory / shard.file, data, sums, block_tokens, first_code + self.blocks)
+                )
+                self.blocks += shard.blocks.tokens
+
+    def damaged(self, code: int) -> ShardDamaged:
+        """The error for block ``code`` of this stream."""
+        shard = next(s for s in reversed(self._checked) if s.first_code <= code)
+        return shard.damaged(code - shard.first_code)
 
     def read(self, start: int, length: int) -> np.ndarray:
         if start < 0 or start + length > self.total:
@@ -103,7 +161,10 @@ class _ShardStream:
         while length > 0:
             offset = start - int(self._starts[shard])
             take = min(length, self.shards[shard].tokens - offset)
-            pieces.append(self._maps[shard][offset : offset + take])
+            if self.checked:
+                pieces.append(self._checked[shard].read(offset, take))
+            else:
+                pieces.append(self._maps[shard][offset : offset + take])
             start, length, shard = start + take, length - take, shard + 1
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
@@ -129,10 +190,11 @@ def _check_sha256(directory: Path, shard: Shard) -> None:
         while chunk := f.read(8 << 20):
             h.update(chunk)
     if h.hexdigest() != shard.sha256:
-        raise UserError(
-            f"{directory / shard.file}: sha256 mismatch, the shard is corrupt or modified; re-run "
-            "`seektrain data prepare ... --force`"
-        )
+        raise UserError(_sha256_mismatch(directory / shard.file))
+
+
+def _sha256_mismatch(path: Path) -> str:
+    return f"{path}: sha256 mismatch, the shard is corrupt or modified; re-run `seektrain data prepare ... --force`"
 
 
 def verify_dataset(directory: str | Path) -> Manifest:

@@ -8,6 +8,11 @@ Version 2 adds, per split, where its documents end (``ends``: one little-endian 
 the running token count after it) and, for chat and completion data, a loss mask (``mask``: one uint8
 per token, 1 = trained, in shards aligned with the token shards), each under its sha256. A version 1
 folder (tokens only) still loads: it has neither, so it trains as one token stream.
+
+Version 3 adds, for every token and mask shard, ``blocks``: its ``.crc`` file of one CRC-32 per
+``block_tokens`` elements (``blocks.py``), which lets a run check each block it reads. Version 1 and 2
+folders still load without them: their sizes are checked when a run starts, but a shard that changes
+during the run is not noticed (``seektrain data verify`` still finds it by sha256).
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seektrain.data.blocks import BLOCK_TOKENS
 from seektrain.data.manifest_shape import check_manifest_shape
 from seektrain.errors import UserError
 
 FORMAT = "seektrain-tokens"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1: tokens only, no document ends and no mask
+VERSION = 3
+# version 1: tokens only, no document ends and no mask; version 2: no block checksums
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 SPLITS = ("train", "val")
 
@@ -33,6 +40,13 @@ class Shard:
     file: str
     tokens: int
     sha256: str
+    # the shard's block checksums (``tokens`` = blocks); None for the ends file and before version 3
+    blocks: Shard | None = None
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Shard:
+        blocks = d.get("blocks")
+        return Shard(d["file"], d["tokens"], d["sha256"], Shard.from_dict(blocks) if blocks else None)
 
 
 @dataclass
@@ -70,6 +84,7 @@ class Manifest:
     sources: list[dict[str, Any]] = field(default_factory=list)
     # chat/completion data: {"template", "train_on", "max_len", "overlong", "dropped", "truncated"}
     rows: dict[str, Any] = field(default_factory=dict)
+    block_tokens: int | None = BLOCK_TOKENS  # elements per checksummed block; None before version 3
     format: str = FORMAT
     version: int = VERSION
 
@@ -100,12 +115,12 @@ class Manifest:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Manifest:
         def split(s: dict[str, Any]) -> Split:
-            ends = Shard(**s["ends"]) if s.get("ends") is not None else None
+            ends = Shard.from_dict(s["ends"]) if s.get("ends") is not None else None
             return Split(
-                [Shard(**x) for x in s["shards"]],
+                [Shard.from_dict(x) for x in s["shards"]],
                 s["tokens"],
                 s["documents"],
-                [Shard(**x) for x in s.get("mask", [])],
+                [Shard.from_dict(x) for x in s.get("mask", [])],
                 ends,
                 s.get("trained_tokens"),
             )
@@ -118,6 +133,7 @@ class Manifest:
             val_fraction=d["val_fraction"],
             sources=d.get("sources", []),
             rows=d.get("rows", {}),
+            block_tokens=d.get("block_tokens"),
             format=d["format"],
             version=d["version"],
         )

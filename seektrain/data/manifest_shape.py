@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from seektrain.data.blocks import SUFFIX, blocks_of
 from seektrain.errors import UserError
 
 DTYPES = ("uint16", "uint32")  # what data prepare writes (little-endian, no header)
@@ -49,12 +50,16 @@ def _check(d: Any) -> None:
         "dtype",
         f"{dtype} cannot hold vocab_size {vocab}",
     )
+    block = d.get("block_tokens")
+    _need(
+        block is None or (type(block) is int and block >= 1), "block_tokens", f"{block!r} is not null or >= 1"
+    )
     for split in ("train", "val"):
         s = _field(d, split, dict)
         shards = _field(s, "shards", list, f"{split}.")
         total = 0
         for i, shard in enumerate(shards):
-            total += _shard(shard, f"{split}.shards[{i}]", _SHARD_NAME)
+            total += _shard(shard, f"{split}.shards[{i}]", _SHARD_NAME, block)
         tokens = _count(s, "tokens", f"{split}.")
         _need(tokens == total, f"{split}.tokens", f"{tokens} is not the sum of its shards' tokens ({total})")
         documents = _count(s, "documents", f"{split}.")
@@ -68,7 +73,7 @@ def _check(d: Any) -> None:
             "does not match its token shards one for one",
         )
         for i, shard in enumerate(masks):
-            _shard(shard, f"{split}.mask[{i}]", _MASK_NAME)
+            _shard(shard, f"{split}.mask[{i}]", _MASK_NAME, block)
         if s.get("ends") is not None:
             _need(
                 _shard(s["ends"], f"{split}.ends", _ENDS_NAME) == documents,
@@ -87,14 +92,25 @@ def _check(d: Any) -> None:
     _need(isinstance(d.get("rows", {}), dict), "rows", "must be a JSON object")
 
 
-def _shard(shard: Any, where: str, pattern: re.Pattern) -> int:
-    """Check one {file, tokens, sha256} entry; returns its count."""
+def _shard(shard: Any, where: str, pattern: re.Pattern, block: int | None = None) -> int:
+    """Check one {file, tokens, sha256[, blocks]} entry (``blocks``: its checksum file, one per
+    ``block`` elements); returns its count."""
     _need(isinstance(shard, dict), where, "must be an object with file, tokens, sha256")
     name = _field(shard, "file", str, where + ".")
     _need(bool(pattern.fullmatch(name)), where + ".file", f"{name!r} is not a file name of this folder")
     count = _count(shard, "tokens", where + ".")
     sha = _field(shard, "sha256", str, where + ".")
     _need(bool(re.fullmatch(r"[0-9a-f]{64}", sha)), where + ".sha256", "is not a sha256 hex digest")
+    sums = shard.get("blocks")
+    if sums is not None:
+        _need(block is not None, where + ".blocks", "is given but the manifest has no block_tokens")
+        assert block is not None
+        blocks = _shard(sums, where + ".blocks", re.compile(re.escape(name + SUFFIX)))
+        _need(
+            blocks == blocks_of(count, block),
+            where + ".blocks.tokens",
+            f"is not the number of blocks ({blocks_of(count, block)})",
+        )
     return count
 
 

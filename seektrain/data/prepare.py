@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from seektrain.data.blocks import BLOCK_TOKENS, SUFFIX, BlockSums, write_sums
 from seektrain.data.chat_template import load_chat_template
 from seektrain.data.manifest import (
     MANIFEST_NAME,
@@ -36,7 +37,7 @@ from seektrain.data.sources import ROW_KINDS, discover, read_documents, read_rec
 from seektrain.data.tokenizer import Tokenizer, load_tokenizer
 from seektrain.errors import UserError, user_path
 
-_OUR_FILES = re.compile(r"(shard|val)-(\d{5}\.(bin|mask)|ends\.bin)|\.manifest-.*\.tmp")
+_OUR_FILES = re.compile(r"(shard|val)-(\d{5}\.(bin|mask)(\.crc)?|ends\.bin)|\.manifest-.*\.tmp")
 DEFAULT_SHARD_TOKENS = 1 << 28  # 512 MiB per uint16 shard: few files, each well under any filesystem limit
 _BATCH_CHARS = 4 << 20  # documents handed to the tokenizer at once (HF encode_batch runs on Rust threads)
 
@@ -55,7 +56,8 @@ def is_val_document(index: int, val_fraction: float) -> bool:
 
 
 class ShardWriter:
-    """Streams tokens into ``{prefix}-00000.bin``, ``{prefix}-00001.bin``, ... hashing as it goes."""
+    """Streams tokens into ``{prefix}-00000.bin``, ``{prefix}-00001.bin``, ... hashing as it goes: the
+    sha256 of each shard, and the CRC-32 of each of its blocks into ``{shard}.crc`` (``blocks.py``)."""
 
     def __init__(
         self, directory: Path, prefix: str, dtype: np.dtype, shard_tokens: int, suffix: str = ".bin"
@@ -65,6 +67,7 @@ class ShardWriter:
         self.shards: list[Shard] = []
         self._file: BinaryIO | None = None
         self._hash = hashlib.sha256()
+        self._sums = BlockSums(BLOCK_TOKENS * dtype.itemsize)
         self._count = 0
 
     def write(self, tokens: np.ndarray) -> None:
@@ -74,10 +77,12 @@ class ShardWriter:
                 name = f"{self.prefix}-{len(self.shards):05d}{self.suffix}"
                 self._file = open(self.directory / name, "wb")
                 self._hash, self._count = hashlib.sha256(), 0
+                self._sums = BlockSums(BLOCK_TOKENS * self.dtype.itemsize)
             take = min(tokens.size, self.shard_tokens - self._count)
             data = tokens[:take].tobytes()
             self._file.write(data)
             self._hash.update(data)
+            self._sums.update(data)
             self._count += take
             tokens = tokens[take:]
             if self._count == self.shard_tokens:
@@ -88,7 +93,11 @@ class ShardWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        self.shards.append(Shard(Path(self._file.name).name, self._count, self._hash.hexdigest()))
+        name = Path(self._file.name).name
+        sums = self._sums.finish()
+        data = write_sums(self.directory / (name + SUFFIX), sums)
+        blocks = Shard(name + SUFFIX, sums.size, hashlib.sha256(data).hexdigest())
+        self.shards.append(Shard(name, self._count, self._hash.hexdigest(), blocks))
         self._file = None
 
     def close(self) -> list[Shard]:
@@ -183,8 +192,8 @@ def _check_output(output: Path, force: bool, inputs: Sequence[str | Path]) -> No
 
 
 def _made_by_prepare(path: Path) -> bool:
-    """manifest.json, shard/val-NNNNN.bin and .mask, shard/val-ends.bin, or a manifest temp file: "
-    "nothing a user keeps."""
+    """manifest.json, shard/val-NNNNN.bin and .mask (and their .crc), shard/val-ends.bin, or a manifest
+    temp file: nothing a user keeps."""
     return path.is_file() and (path.name == MANIFEST_NAME or bool(_OUR_FILES.fullmatch(path.name)))
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from seektrain.data.agreed import agreed
 from seektrain.data.dataset import TokenDataset
 from seektrain.data.loader import DistributedBatchLoader
 from seektrain.parallel.context_parallel import local_batch
@@ -42,7 +43,7 @@ class Evaluator:
             t = plan.job.train
             try:
                 val = TokenDataset(data_path, split="val")
-                self.loader = DistributedBatchLoader(
+                loader = DistributedBatchLoader(
                     val,
                     t.seq_len,
                     t.micro_batch_size,
@@ -52,6 +53,8 @@ class Evaluator:
                     plan.job.data.packing,
                     plan.job.data.document_mask,
                 )
+                # [data] every rank stops at the same batch when one finds a damaged block (data/agreed.py)
+                self.loader = agreed(loader, plan.job.dist.collective_timeout_s)
             except ValueError as err:  # no or too small a val split: train on, say why once
                 log.warning("no validation loss: %s", err)
 

@@ -22,6 +22,13 @@ One hook acts at start-up, before any step, so it names a rank only (``install_s
 
     UNSHARED_RUN_DIR=RANK  that rank reads the shared-storage marker from a folder of its own, as a
                            node whose run.dir is a local disk would (checkpoint/shared_dir.py)
+
+One hook damages the data while the run reads it (``install_data_hooks``), counted in global batches:
+
+    DATA_DAMAGE=BATCH[:RANK]  just before that rank's training loader reads global batch BATCH (1 = the
+                              first of the run), it flips one byte of the token shard under the first
+                              window of its share, and says which on stderr (a shard that goes bad
+                              mid-run: data/blocks.py must stop every rank before a step uses it)
 """
 
 from __future__ import annotations
@@ -114,3 +121,48 @@ def install_from_env(guard, rank: int) -> list[str]:
 
         manager.Writer = FullDisk
     return sorted(steps)
+
+
+def install_data_hooks(rank: int) -> list[str]:
+    """The data hooks whose variables are set for this ``rank`` (empty on a normal run)."""
+    batch = _wanted("DATA_DAMAGE", rank)
+    if batch is None:
+        return []
+    import sys
+
+    import numpy as np
+
+    from seektrain.data.loader import DistributedBatchLoader
+
+    read_batch = DistributedBatchLoader.__next__
+
+    def damage_then_read(loader: DistributedBatchLoader):
+        if loader.dataset.split == "train" and loader.consumed_windows // loader.global_batch + 1 == batch:
+            epoch, offset = loader.epoch, loader.offset
+            if offset + loader.global_batch > loader.num_windows:  # the loader's epoch roll-over
+                epoch, offset = epoch + 1, 0
+            unit = int(
+                np.random.default_rng([loader.seed, epoch]).permutation(loader.num_windows)[
+                    offset + loader.dp_rank
+                ]
+            )
+            start = unit * loader.seq_len if loader._rows is None else int(loader._rows[unit][0])
+            ds, first = loader.dataset, 0
+            for shard in ds.shards:  # the shard holding token `start`, and where it begins
+                if first + shard.tokens > start:
+                    break
+                first += shard.tokens
+            byte = (start - first) * ds.dtype.itemsize
+            with open(ds.directory / shard.file, "r+b") as f:
+                f.seek(byte)
+                old = f.read(1)[0]
+                f.seek(byte)
+                f.write(bytes([old ^ 0xFF]))
+            block = (start - first) // (ds.manifest.block_tokens or 1)
+            sys.stderr.write(
+                f"SEEKTRAIN_TEST_DATA_DAMAGE: rank {rank} flipped byte {byte} of {shard.file} (block {block})\n"
+            )
+        return read_batch(loader)
+
+    DistributedBatchLoader.__next__ = damage_then_read  # type: ignore[method-assign,assignment]
+    return ["DATA_DAMAGE"]

@@ -1,8 +1,10 @@
 """The training data of a run: a prepared folder or the built-in corpus, opened for this rank, with its
-batches read ahead (``data.prefetch``, ``seektrain/data/prefetch.py``)."""
+batches agreed undamaged by every rank (``seektrain/data/agreed.py``) and read ahead (``data.prefetch``,
+``seektrain/data/prefetch.py``)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,12 +12,15 @@ import torch
 import torch.distributed as dist
 
 from seektrain.config.schema import JobConfig
+from seektrain.data.agreed import agreed
 from seektrain.data.builtin import ensure_builtin_corpus
 from seektrain.data.dataset import TokenDataset
 from seektrain.data.loader import DistributedBatchLoader
 from seektrain.data.prefetch import PrefetchingLoader
 from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
+
+log = logging.getLogger("seektrain.train")
 
 
 @dataclass
@@ -26,7 +31,8 @@ class TrainingData:
     batches: PrefetchingLoader  # what the step reads, and whose position a checkpoint holds
 
     def describe(self) -> str:
-        return f"data {self.path} ({len(self.dataset):,} tokens)"
+        checked = "" if self.dataset.block_checked else ", no block checksums"
+        return f"data {self.path} ({len(self.dataset):,} tokens{checked})"
 
     def close(self) -> None:
         self.batches.close()
@@ -61,6 +67,12 @@ def open_training_data(
             f"data.path={path}: its tokenizer has {dataset.vocab_size} tokens but model "
             f"{model_cfg.name} has vocab_size {model_cfg.vocab_size}; use a matching tokenizer"
         )
+    if is_main and not dataset.block_checked:
+        log.warning(
+            "data.path=%s has no block checksums (prepared by an older seektrain): a shard that changes "
+            "during the run is not noticed; re-run `seektrain data prepare ... --force` to add them",
+            path,
+        )
     loader = DistributedBatchLoader(
         dataset,
         cfg.train.seq_len,
@@ -71,4 +83,5 @@ def open_training_data(
         cfg.data.packing,
         cfg.data.document_mask,
     )
-    return TrainingData(path, dataset, loader, PrefetchingLoader(loader, cfg.data.prefetch, pin_device))
+    batches = PrefetchingLoader(agreed(loader, cfg.dist.collective_timeout_s), cfg.data.prefetch, pin_device)
+    return TrainingData(path, dataset, loader, batches)

@@ -24,6 +24,7 @@ from seektrain.checkpoint.run_files import MODEL_CONFIG
 from seektrain.checkpoint.shared_dir import check_shared_run_dir
 from seektrain.config.loader import config_to_toml
 from seektrain.config.schema import JobConfig
+from seektrain.data.blocks import ShardDamaged
 from seektrain.data.tokenizer_files import copy_to_run
 from seektrain.errors import user_path
 from seektrain.models.lora import trainable_counts
@@ -37,7 +38,7 @@ from seektrain.plan.run_plan import RunPlan
 from seektrain.platform import policy_for
 from seektrain.train.balance import configure_aux_loss
 from seektrain.train.evaluate import Evaluator
-from seektrain.train.fault_injection import install_from_env, install_startup_hooks
+from seektrain.train.fault_injection import install_data_hooks, install_from_env, install_startup_hooks
 from seektrain.train.faults import FaultGuard
 from seektrain.train.monitor import RunMonitor
 from seektrain.train.optim import build_optimizer, build_scheduler
@@ -73,6 +74,7 @@ def _train(cfg: JobConfig, env: DistEnv) -> dict:
         adapters_only=cfg.lora.enabled,  # [lora] the frozen base is never written into checkpoints
     )
     install_startup_hooks(env.rank)  # [faults] the tests' unshared run.dir; nothing otherwise
+    install_data_hooks(env.rank)  # [faults] the tests' shard damaged mid-run; nothing otherwise
     check_shared_run_dir(run_dir, env.rank, ckpt.group)  # before any work: every rank sees rank 0's run.dir
     # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
     # every rank gets the same checkpoint and model, or the same one-line refusal; then parallel.auto
@@ -167,6 +169,8 @@ def _train(cfg: JobConfig, env: DistEnv) -> dict:
         ckpt.wait()
     except BaseException as err:
         steps_log.salvage(err)  # the steps completed before the error still reach metrics.jsonl
+        if isinstance(err, ShardDamaged):  # [data] every rank stops at this batch: keep the save in flight
+            ckpt.wait()
         if isinstance(
             err, (RuntimeError, MemoryError)
         ):  # [faults] out of memory, a dead or hung rank: one line
