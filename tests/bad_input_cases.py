@@ -316,7 +316,7 @@ CONFIG_ROWS = [
         ["train.seq_len=30", "parallel.cp", "multiple of 4"],
     ),
     Case(
-        "cp-with-tp-and-ep",
+        "cp-tp-ep-not-whole-groups",
         [
             "train",
             "--nproc-per-node",
@@ -326,11 +326,11 @@ CONFIG_ROWS = [
             "--set",
             "parallel.tp=2",
             "--set",
-            "parallel.ep=4",
+            "parallel.ep=2",
             "--set",
             "model.preset=tiny-v3",
         ],
-        ["parallel.cp", "parallel.tp", "parallel.ep"],
+        ["parallel.ep=2", "parallel.cp × tp = 2×2 = 4", "parallel.dp_shard=2"],
     ),
     # [lora]: refused by the run plan before any worker starts (models/lora.py)
     Case(

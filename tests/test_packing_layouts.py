@@ -78,6 +78,8 @@ LAYOUTS = {
     "cp2-fsdp2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.dp_shard=2"]),
     "cp2-fsdp2-ep2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.dp_shard=2", "parallel.ep=2"]),
     "cp2-tp2": ("tiny-v3", 4, ["parallel.cp=2", "parallel.tp=2", "parallel.dp_shard=1"]),
+    # HSDP: replicated over dp_replicate, sharded over dp_shard × cp (here the 2 cp ranks)
+    "cp2-hsdp": ("tiny-v3", 4, ["parallel.cp=2", "parallel.dp_replicate=2", "parallel.dp_shard=1"]),
     "cp2-pp2-1f1b": ("tiny-v3", 4, ["parallel.cp=2", "parallel.pp=2", "parallel.dp_shard=1"]),
     "cp2-pp2-gpipe-selective": (
         "tiny-v3",

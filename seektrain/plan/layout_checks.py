@@ -21,7 +21,9 @@ def ep_layout_error(ep: int, dp_shard: int, tp: int, cp: int = 1) -> str | None:
     ``dp_shard``. With it, an ep group takes whole tensor-parallel groups (each tp rank dispatches its
     own share of the tokens, torchtitan's "ETP=1"): ``ep = tp × k`` with ``k`` dividing ``dp_shard``.
     With context parallelism an ep group takes whole context-parallel groups too, as torchtitan's
-    does (each cp rank routes its own chunks): ``ep = cp × tp × k``.
+    does (each cp rank routes its own chunks): ``ep = cp × tp × k``, the ep group being the ranks
+    ``(dp_shard_in_ep = k, cp, tp)`` of the world mesh (``parallel.mesh._expert_meshes``); e.g. cp=2 ×
+    tp=2 × ep=4 on 4 ranks, each tp rank of each cp rank dispatching its share of its own chunks.
     """
     if ep < 1:
         return f"parallel.ep={ep} must be >= 1"
@@ -93,8 +95,9 @@ def check_degrees(
 
 def check_context_parallel(job, cfg: ModelConfig, cp: int) -> None:
     """``parallel.cp`` splits each sequence into ``2·cp`` equal chunks (two per rank, load-balanced) and
-    runs attention as a ring over them (seektrain/parallel/context_parallel.py); the combinations it
-    is not tested with are refused rather than run unchecked."""
+    runs attention as a ring over them (seektrain/parallel/context_parallel.py). It composes with every
+    other dimension (which ranks expert parallelism then draws from: ``ep_layout_error``); what is
+    checked here is that the sequence splits into the chunks and sequence shards it needs."""
     if cp == 1:
         return
     p, seq = job.parallel, job.train.seq_len
@@ -109,11 +112,6 @@ def check_context_parallel(job, cfg: ModelConfig, cp: int) -> None:
         raise ConfigError(
             f"train.seq_len / parallel.cp = {seq // cp} tokens per rank do not split over parallel.tp="
             f"{p.tp} sequence shards; set train.seq_len to a multiple of {2 * cp * p.tp}"
-        )
-    if p.tp > 1 and p.ep > 1:
-        raise ConfigError(
-            "parallel.cp with parallel.tp and parallel.ep together is not supported; combine cp with "
-            "one of them (set parallel.tp=1 or parallel.ep=1)"
         )
 
 
