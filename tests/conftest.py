@@ -9,6 +9,19 @@ from compare_runs import Run, run_layout
 from no_skips_in_ci import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks)
 
 
+@pytest.fixture(autouse=True)
+def no_process_group_left():
+    """A test that leaves torch's default process group initialised fails, and the group ends there: a
+    later in-process test would otherwise meet another test's world (a fake or one-rank group) instead
+    of starting its own."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail("the test left torch's default process group initialised (destroy_process_group)")
+
+
 @pytest.fixture(scope="session")
 def one_process_run(tmp_path_factory):
     """``get(model, global_batch=4, *overrides)``: the single-process ``Run`` (5 steps, tiny settings),

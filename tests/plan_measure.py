@@ -124,16 +124,14 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
     }
 
 
-def worker(rank: int, port: int, out_dir: str) -> None:
-    """Spawned rank: measure every case of ``cases.json`` in ``out_dir`` (each a world size and overrides)."""
+def worker(rank: int, out_dir: str) -> None:
+    """Spawned rank (tests/spawn_ranks.py): measure every case of ``cases.json`` in ``out_dir`` (each a
+    model and overrides) on the spawned world."""
     from seektrain.config.loader import load_config
     from seektrain.models.presets import get_preset
 
     cases = json.loads(open(os.path.join(out_dir, "cases.json")).read())
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    world = cases["world"]
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    world = dist.get_world_size()
     results = {}
     for name, case in cases["cases"].items():
         job = load_config(None, case["overrides"])
@@ -141,4 +139,3 @@ def worker(rank: int, port: int, out_dir: str) -> None:
         dist.barrier()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
-    dist.destroy_process_group()

@@ -102,7 +102,7 @@ def _one_step_biases(model, plan) -> list[list[float]]:
     return [m.gate.e_score_correction_bias.tolist() for m in moe_layers(model)]
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, out_dir: str) -> None:
     from torch.distributed.tensor import DTensor
 
     from seektrain.config.loader import load_config
@@ -111,9 +111,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     result = {}
     for name, ep in LAYOUTS.items():
         job = load_config(None, ["parallel.dp_shard=2", "parallel.tp=2", f"parallel.ep={ep}"])
@@ -140,7 +137,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             result[name]["biases"] = _one_step_biases(model, plan)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -455,18 +455,11 @@ def _train_fp8(model, plan, rows: slice, group=None) -> dict:
     return out
 
 
-def _parallel_worker(rank: int, port: int, out_dir: str) -> None:
+def _parallel_worker(rank: int, out_dir: str) -> None:
     """Each layout through the real ``parallelize_model`` (FP8 first, then TP or FSDP), 3 steps with the
     FSDP ranks on different sequences, against the same FP8 model trained on one process (rank 0)."""
-    import os
-
-    import torch.distributed as dist
-
     from seektrain.parallel.parallelize import parallelize_model
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
     one = RunPlan.resolve(load_config(None, ["precision.fp8=rowwise"]), MLA_DENSE, 1, "cpu")
     model = build_model(one.model, device="meta")
     apply_float8(model, "rowwise", experts=False)
@@ -483,8 +476,6 @@ def _parallel_worker(rank: int, port: int, out_dir: str) -> None:
         result[name]["fp8_linears"] = sum("Float8Linear" in type(m).__name__ for m in parallel.modules())
     result.update(_expert_parallel_fp8_experts(rank))
     torch.save(result, pathlib.Path(out_dir) / f"rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def _expert_parallel_fp8_experts(rank: int) -> dict:

@@ -11,16 +11,15 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from seektrain.platform.cpu_gloo_collectives import P2PAllGather, P2PReduceScatter
+from spawn_ranks import spawn_ranks
 
 N = 1003
 
 
-def _worker(rank: int, world: int, out_dir: str) -> None:
-    store = dist.FileStore(os.path.join(out_dir, "store"), world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+def _worker(rank: int, out_dir: str) -> None:
+    world = dist.get_world_size()
     all_gather, reduce_scatter = P2PAllGather(), P2PReduceScatter()
     cpu = torch.device("cpu")
     failures = []
@@ -83,17 +82,16 @@ def _worker(rank: int, world: int, out_dir: str) -> None:
             )
     with open(os.path.join(out_dir, f"rank{rank}"), "w") as fh:
         fh.write("\n".join(failures))
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_matches_gloo_collectives(tmp_path, world):
-    mp.spawn(_worker, args=(world, str(tmp_path)), nprocs=world, join=True)
+    spawn_ranks(_worker, world, str(tmp_path))
     for rank in range(world):
         assert (tmp_path / f"rank{rank}").read_text() == ""
 
 
-def _fsdp_bf16_worker(rank: int, port: int, out_dir: str) -> None:
+def _fsdp_bf16_worker(rank: int, out_dir: str) -> None:
     """One bf16 FSDP forward+backward of tiny-v3 with the narrow wire on or off; writes the sharded
     gradients and how many reduce-scatters went narrow."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -103,8 +101,6 @@ def _fsdp_bf16_worker(rank: int, port: int, out_dir: str) -> None:
     from seektrain.parallel.data_parallel import apply_fsdp
     from seektrain.platform import policy_for
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,))
     cfg = get_preset("tiny-v3")
     tokens = torch.randint(0, cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(rank))
@@ -125,12 +121,9 @@ def _fsdp_bf16_worker(rank: int, port: int, out_dir: str) -> None:
         }
         grads[f"sends{narrow}"] = comm.narrow_sends
     torch.save(grads, os.path.join(out_dir, f"grads{rank}.pt"))
-    dist.destroy_process_group()
 
 
 def test_fsdp_bf16_gradients_travel_narrow_and_stay_bit_identical(tmp_path):
-    from spawn_ranks import spawn_ranks
-
     spawn_ranks(_fsdp_bf16_worker, 2, str(tmp_path))
     for rank in range(2):
         grads = torch.load(tmp_path / f"grads{rank}.pt")

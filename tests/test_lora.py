@@ -275,8 +275,6 @@ def fake_tp_mesh():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    if dist.is_initialized():  # an earlier in-process run left its world of one behind
-        dist.destroy_process_group()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
         yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))

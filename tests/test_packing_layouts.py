@@ -183,15 +183,9 @@ def _run_layout(name: str, world: int, rank: int, out_dir: str) -> None:
             json.dump(facts, f)
 
 
-def _worker(rank: int, port: int, out_dir: str, world: int, names: tuple[str, ...]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        for name in names:
-            _run_layout(name, world, rank, out_dir)
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, out_dir: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        _run_layout(name, dist.get_world_size(), rank, out_dir)
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +196,7 @@ def results(tmp_path_factory) -> dict:
     for name, (_, world, _) in LAYOUTS.items():
         by_world.setdefault(world, []).append(name)
     for world, names in by_world.items():
-        spawn_ranks(functools.partial(_worker, world=world, names=tuple(names)), world, str(out))
+        spawn_ranks(functools.partial(_worker, names=tuple(names)), world, str(out))
     results = {}
     for name, (_, world, _) in LAYOUTS.items():
         weights: dict = {}

@@ -178,7 +178,7 @@ def _transient(plan: RunPlan, rank: int = 0) -> float:
 def measured(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("plan_accuracy")
     cases = {name: {"model": m, "overrides": o} for name, (m, o) in CASES.items()}
-    (out / "cases.json").write_text(json.dumps({"world": WORLD, "cases": cases}))
+    (out / "cases.json").write_text(json.dumps({"cases": cases}))
     spawn_ranks(worker, WORLD, str(out))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 

@@ -13,7 +13,7 @@ import torch
 from seektrain.data.batch import Batch
 from seektrain.models.kernels import causal_attention, document_causal_mask
 from seektrain.parallel.context_parallel import chunk_index, split_batch
-from tests.spawn_ranks import spawn_ranks
+from spawn_ranks import spawn_ranks
 
 B, H, T, K, V = 2, 3, 24, 12, 8  # MLA-like: query/key head dim differs from the value's
 
@@ -34,15 +34,13 @@ def _reference(packed: bool):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def _worker(rank: int, port: int, out_dir: str, cp: int) -> None:
+def _worker(rank: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     from seektrain.parallel.context_parallel import chunk_documents
     from seektrain.parallel.ring_attention import ring_attention
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=cp)
-    group = dist.group.WORLD
+    cp, group = dist.get_world_size(), dist.group.WORLD
     idx = chunk_index(T, cp, rank)
     results = {}
     for packed in (False, True):
@@ -53,18 +51,13 @@ def _worker(rank: int, port: int, out_dir: str, cp: int) -> None:
         out.backward(dout[:, :, idx])
         results[packed] = (out.detach(), q.grad, k.grad, v.grad)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
-
-
-def _run_cp(rank: int, port: int, out_dir: str) -> None:
-    _worker(rank, port, out_dir, int(os.path.basename(out_dir).split("-")[-1]))
 
 
 @pytest.mark.parametrize("cp", [2, 3])
 def test_ring_attention_equals_plain_attention(tmp_path, cp):
     out_dir = tmp_path / f"cp-{cp}"
     out_dir.mkdir()
-    spawn_ranks(_run_cp, cp, str(out_dir))
+    spawn_ranks(_worker, cp, str(out_dir))
     for packed in (False, True):
         want = _reference(packed)
         for rank in range(cp):

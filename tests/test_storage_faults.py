@@ -46,26 +46,19 @@ def test_continue_skips_a_checkpoint_the_full_disk_refused_and_saves_at_the_next
     assert "[rank0] WARNING" in warned[0] and "step-00000002.tmp" in warned[0]
 
 
-def _two_ranks(rank: int, port: int, out_dir: str) -> None:
+def _two_ranks(rank: int, out_dir: str) -> None:
     """Rank 1 looks at its own folder for run.dir; then rank 1 alone cannot write its RNG file (ENOSPC),
     a failure that happens before DCP's collectives and so is known to rank 1 only."""
     import errno
     import os
     from pathlib import Path
 
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
-    import torch.distributed as dist
-
     from seektrain.checkpoint import rng
     from seektrain.checkpoint.manager import CheckpointManager
     from seektrain.checkpoint.shared_dir import check_shared_run_dir
     from seektrain.errors import UserError
-    from seektrain.parallel.process_group import init_distributed
     from test_checkpoint_unit import tiny
 
-    init_distributed(60)
     out = Path(out_dir)
     manager = CheckpointManager(out / "run", keep=5, async_save=False, rank=rank)
     lines = []
@@ -87,7 +80,6 @@ def _two_ranks(rank: int, port: int, out_dir: str) -> None:
     except Exception as err:
         lines.append(str(err))
     (out / f"rank{rank}.txt").write_text("\n".join(lines))
-    dist.destroy_process_group()
 
 
 def test_every_rank_names_the_blind_node_and_the_full_disk(tmp_path):

@@ -9,13 +9,12 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from seektrain.config.schema import OptimSection
 from seektrain.models import get_preset
 from seektrain.models.transformer import build_model
 from seektrain.plan.layout_checks import check_model
+from spawn_ranks import spawn_ranks
 
 WORLD = 2
 STEPS = 5
@@ -121,24 +120,19 @@ def _case(preset: str, sp: bool, mesh) -> dict:
     return result
 
 
-def _worker(rank: int, store_path: str, out_dir: str) -> None:
+def _worker(rank: int, out_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)
-    try:
-        mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tp",))
-        results = {f"{p}-sp{int(sp)}": _case(p, sp, mesh) for p, sp in CASES}
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(results, f)
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tp",))
+    results = {f"{p}-sp{int(sp)}": _case(p, sp, mesh) for p, sp in CASES}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp")
-    mp.spawn(_worker, args=(str(out / "store"), str(out)), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, WORLD, str(out))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

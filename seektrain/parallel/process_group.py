@@ -3,7 +3,7 @@ finite timeouts, the ``[dist]`` environment, and one check that every rank runs 
 
 A run started without torchrun (no ``RANK`` in the environment) is a world of one and needs no
 process group at all, except that DeviceMesh wants one: we create a single-rank gloo group on a
-free local port so the same code path serves every world size.
+free local port so the same code path serves every world size, and end it with the run.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class DistEnv:
     facts: list = field(default_factory=list)  # every rank's versions and address (dist_env.node_facts)
     # the torchrun variables init_distributed set itself for a world of one (release_environment)
     own_env: tuple[str, ...] = ()
+    own_group: bool = False  # init_distributed started the process group of that world of one
 
     @property
     def is_main(self) -> bool:
@@ -67,6 +68,7 @@ def init_distributed(settings=None) -> DistEnv:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    own_group = bool(own_env) and not dist.is_initialized()
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
@@ -74,17 +76,21 @@ def init_distributed(settings=None) -> DistEnv:
             device_id=device if backend == "nccl" else None,
             **_restart_safe_store(rank, world, settings.init_timeout_s),
         )
-    return DistEnv(rank, world, local_rank, device, backend, gather_node_facts(), own_env)
+    return DistEnv(rank, world, local_rank, device, backend, gather_node_facts(), own_env, own_group)
 
 
 def release_environment(env: DistEnv) -> None:
-    """Take back the torchrun variables ``init_distributed`` set for a world of one, when the run ends
-    (also by an error): a process that trains in-process (tests, notebooks) and later starts
-    ``seektrain`` or torchrun children must not hand them its ``RANK`` and a ``MASTER_PORT`` its own
-    process group still listens on (the children failed with EADDRINUSE), nor look "under a launcher"
-    to its next in-process run. The process group itself stays, for the next run in this process."""
+    """Take back what ``init_distributed`` set up for a world of one, when the run ends (also by an
+    error): a process that trains in-process (tests, notebooks) and later starts ``seektrain`` or
+    torchrun children must not hand them its ``RANK`` and a ``MASTER_PORT`` its own process group still
+    listens on (the children failed with EADDRINUSE), nor look "under a launcher" to its next in-process
+    run; and the process group it started ends, so that the process is left as the run found it (a later
+    run, or other code that starts a group of its own, would otherwise meet this one). A group that was
+    there before the run, or one a launcher's workers share, is not ours to end."""
     for name in env.own_env:
         os.environ.pop(name, None)
+    if env.own_group and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # [checkpoint/faults] elastic restarts -------------------------------------------------------------

@@ -73,15 +73,16 @@ class RouterEntropy:
     to 1, averaged over the tokens routed since the last ``take``. A forward hook on each router reads
     the scores the router returns, so the model knows nothing of it; training forwards only (not
     evaluation, nor activation checkpointing's recomputation in backward, which would count twice).
-    Summed on the device: (entropy sum, tokens) per layer."""
+    Kept on the device as one (entropy sum, tokens) pair per layer and forward, like the MoE layers'
+    ``expert_counts``, so that ``keep_last_forwards`` can drop a forward that must not count."""
 
     def __init__(self, model: nn.Module):
         self.layers = moe_layers(model)
-        self.sums: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.records: list[list[torch.Tensor]] = [[] for _ in self.layers]
         self.handles = [moe.gate.register_forward_hook(self._hook(i)) for i, moe in enumerate(self.layers)]
 
     def _hook(self, i: int):
-        @torch.compiler.disable  # a list entry updated per call: traced, a recompile each time
+        @torch.compiler.disable  # a list updated per call: traced, a recompile each time
         @torch.no_grad()
         def hook(router: nn.Module, args, output) -> None:
             if not router.training or _in_backward():
@@ -89,20 +90,32 @@ class RouterEntropy:
             scores = output[2].detach()  # Router.forward's (weights, indices, scores)
             probs = scores / scores.sum(-1, keepdim=True).clamp_min(1e-20)
             entropy = -(probs * probs.clamp_min(1e-20).log()).sum(-1)
-            stat = torch.stack([entropy.sum(), entropy.new_full((), entropy.numel())])
-            previous = self.sums[i]
-            self.sums[i] = stat if previous is None else previous + stat
+            self.records[i].append(torch.stack([entropy.sum(), entropy.new_full((), entropy.numel())]))
 
         return hook
 
     def take(self, group: dist.ProcessGroup | None) -> torch.Tensor:
         """[layers, 2] (entropy sum, tokens) since the last call, summed over ``group``; resets."""
         device = self.layers[0].gate.weight.device
-        stats = torch.stack([s if s is not None else torch.zeros(2, device=device) for s in self.sums])
-        self.sums = [None] * len(self.layers)
+        stats = torch.stack(
+            [torch.stack(r).sum(0) if r else torch.zeros(2, device=device) for r in self.records]
+        )
+        self.records = [[] for _ in self.layers]
         if group is not None and dist.get_world_size(group) > 1:
             dist.all_reduce(stats, group=group)
         return stats
+
+
+def keep_last_forwards(model: nn.Module, entropy: RouterEntropy | None, n: int) -> None:
+    """Keep only each MoE layer's last ``n`` training forwards in its expert counts and router entropy.
+    A pipeline schedule's first step (and its first after a forward-only evaluation) runs every stage
+    once more before the micro-batches, to infer the shapes it sends between stages
+    (``torch.distributed.pipelining``'s metadata inference: on the first micro-batch on the first
+    stage, on placeholder activations on the others); one process runs no such forward."""
+    for moe in moe_layers(model):
+        del moe.expert_counts[:-n]
+    for records in entropy.records if entropy is not None else ():
+        del records[:-n]
 
 
 # Columns of the per-layer table (layer_table); HELD: the layer is an MoE layer of this model.

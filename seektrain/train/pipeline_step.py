@@ -17,7 +17,7 @@ import torch.distributed as dist
 from seektrain.data.batch import Batch
 from seektrain.parallel.context_parallel import local_batch
 from seektrain.parallel.pipeline import from_wire
-from seektrain.train.balance import moe_layers
+from seektrain.train.balance import keep_last_forwards
 from seektrain.train.loss import model_loss, step_denominators
 from seektrain.train.precision import DynamicLossScaler
 
@@ -94,10 +94,9 @@ def pipeline_forward_backward(ctx, spans: dict) -> torch.Tensor:
             pm.schedule.step(*args, target=pipeline_target(cat), losses=[], **kwargs)
         else:
             pm.schedule.step(*args, **kwargs)
-    # The schedule's first step also runs each stage once to infer shapes (on placeholder inputs):
-    # keep only this step's micro-batches in the losses and the expert-load counts.
-    for moe in moe_layers(pm.model):
-        del moe.expert_counts[:-n_micro]
+    # The schedule's first step also runs each stage once to infer shapes: keep only this step's
+    # micro-batches in the losses, the expert-load counts and the router entropy.
+    keep_last_forwards(pm.model, ctx.router_entropy, n_micro)
     if last:  # the records hold each micro-batch's share x n_micro
         loss_sum = torch.stack(loss_fn.records[-n_micro:]).sum(0) / n_micro
     else:

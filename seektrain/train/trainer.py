@@ -59,7 +59,7 @@ def train(cfg: JobConfig) -> dict:
     try:
         return _train(cfg, env)
     finally:
-        release_environment(env)  # a world of one leaves no torchrun variables behind in this process
+        release_environment(env)  # a world of one leaves no torchrun variables nor process group behind
 
 
 def _train(cfg: JobConfig, env: DistEnv) -> dict:
