@@ -193,6 +193,8 @@ class Soak:
         self.restarts += attempt > 0
         self.attempts_seen = attempt + 1
         base = len(logged_records(self.run_dir))
+        if self.args.max_kills is not None and len(self.kills) >= self.args.max_kills:
+            return self.wait(proc, lambda: False, "the end of the run")  # no more kills: let it finish
         if self.rng.random() < self.args.startup_share:
             delay, logged = self.rng.uniform(0, self.startup_s), 0
             time.sleep(delay)
@@ -266,9 +268,16 @@ class Soak:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """End a job this script started: its whole session (launcher and workers)."""
+    """End a job this script started: the launcher's session, and its workers (torchrun starts each
+    worker in a session of its own, so they would outlive the launcher)."""
     if proc.poll() is None:
+        live = workers(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
+        for pid, _ in live.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         proc.wait()
 
 
@@ -371,6 +380,7 @@ def parse(argv: list[str] | None):
     p.add_argument("--startup-share", type=float, default=0.1, help="share of kills during start-up/resume")
     p.add_argument("--moment-s", type=float, default=0.5, help="a kill lands up to this long after a step")
     p.add_argument("--hang-s", type=float, default=300, help="nothing logged this long = a hang")
+    p.add_argument("--max-kills", type=int, default=None, help="stop killing after this many")
     p.add_argument("--max-relaunches", type=int, default=3)
     p.add_argument("--run-dir", type=Path, default=None, help="where both runs go (default: a temp folder)")
     p.add_argument("--keep", action="store_true", help="keep the run folders (always kept on a failure)")
