@@ -1,11 +1,13 @@
 """``benchmarks/soak_kills.py`` itself: a short soak (8 steps, one SIGKILL of a random rank, torchrun's
-restart) passes, and its comparison catches the smallest differences planted in copies of the runs it
-kept: one ulp in one parameter of the final checkpoint, a step whose first computation (before a
-restart) differs by one ulp from its recomputation, and one ulp in the uninterrupted run's loss. The 1,000-step record
-is in docs/checkpoints.md ("Soak"); the soak is not run in CI."""
+restart) passes, and its comparison (run here in-process) catches the smallest differences planted in
+copies of the runs it kept: one ulp in one parameter of the final checkpoint, a step whose first
+computation (before a restart) differs by one ulp from its recomputation, and one ulp in the
+uninterrupted run's loss. The long soak itself is not run in CI; its record is in docs/checkpoints.md
+("Soak")."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +20,22 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "soak_kills.py"
+
+
+def script_module():
+    """The script as a module, so that its comparison runs in this process (no new interpreter)."""
+    spec = importlib.util.spec_from_file_location("soak_kills", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compared(capsys, soak_dir: Path, reference: Path) -> str:
+    """What ``soak_kills.py --compare SOAK REFERENCE`` prints; it must exit 1 (a difference)."""
+    assert script_module().main(["--compare", str(soak_dir), str(reference)]) == 1
+    out = capsys.readouterr().out
+    assert "soak: FAIL" in out, out
+    return out
 
 
 def soak(*args: str) -> subprocess.CompletedProcess:
@@ -60,7 +78,7 @@ def copies(soaked: Path, tmp_path: Path) -> tuple[Path, Path]:
     return a, b
 
 
-def test_one_ulp_in_one_parameter_fails(soaked, tmp_path):
+def test_one_ulp_in_one_parameter_fails(soaked, tmp_path, capsys):
     import torch.distributed.checkpoint as dcp
 
     from seektrain.checkpoint.export import read_all_tensors
@@ -73,12 +91,11 @@ def test_one_ulp_in_one_parameter_fails(soaked, tmp_path):
     for f in ckpt.glob("*.distcp"):
         f.unlink()
     dcp.save(state, checkpoint_id=str(ckpt), no_dist=True)
-    proc = soak("--compare", str(a), str(b))
-    assert proc.returncode == 1 and "soak: FAIL" in proc.stdout, proc.stdout
-    assert f"1 of {len(state)} tensors differ bit-wise, e.g. ['{name}']" in proc.stdout, proc.stdout
+    out = compared(capsys, a, b)
+    assert f"1 of {len(state)} tensors differ bit-wise, e.g. ['{name}']" in out, out
 
 
-def test_one_ulp_in_a_loss_fails(soaked, tmp_path):
+def test_one_ulp_in_a_loss_fails(soaked, tmp_path, capsys):
     a, b = copies(soaked, tmp_path)
     records = [json.loads(line) for line in (a / "metrics.jsonl").read_text().splitlines()]
     at = next(i for i, r in enumerate(records) if r["step"] == 4)
@@ -88,7 +105,7 @@ def test_one_ulp_in_a_loss_fails(soaked, tmp_path):
     ref = [json.loads(line) for line in (b / "metrics.jsonl").read_text().splitlines()]
     ref[0]["loss"] = next_ulp(ref[0]["loss"])
     (b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ref))
-    proc = soak("--compare", str(a), str(b))
-    assert proc.returncode == 1, proc.stdout
-    assert "step 4 recomputed after a restart differs from its first computation: ['loss']" in proc.stdout
-    assert "step 1 differs from the uninterrupted run: ['loss']" in proc.stdout
+    out = compared(capsys, a, b)
+    assert "step 4 recomputed after a restart differs from its first computation: ['loss']" in out, out
+    assert "step 1 differs from the uninterrupted run: ['loss']" in out, out
+    assert "tensors_differing    0" in out, out  # only the losses were planted
