@@ -154,6 +154,7 @@ class Soak:
         self.attempts_seen = 0  # workers of attempts 0 .. n-1 of this torchrun have been seen
         self.restarts = 0  # attempts after the first, over all relaunches
         self.t0 = time.monotonic()
+        self.proc: subprocess.Popen | None = None  # the soak job now running
         self.startup_s = 20.0  # measured on the first attempt
         # torchrun may restart as often as we could kill, so that a job ends only when it is done
         self.argv = command(run_dir, args.steps, 4 * args.steps // args.kill_every + 20, args.set)
@@ -162,7 +163,7 @@ class Soak:
         print(f"soak {time.strftime('%H:%M:%S')} {text}", flush=True)
 
     def run(self) -> None:
-        proc = start(self.argv, self.log)
+        proc = self.proc = start(self.argv, self.log)
         while True:
             outcome = self.attempt(proc)
             if outcome == "done":
@@ -177,7 +178,7 @@ class Soak:
                 self.relaunches.append({"after_kills": len(self.kills), "exit": rc, "wall_s": self.elapsed()})
                 self.note(f"the job ended with status {rc} before step {self.args.steps}: relaunching it")
                 self.attempts_seen = 0  # a new torchrun counts its attempts from 0 again
-                proc = start(self.argv, self.log)
+                proc = self.proc = start(self.argv, self.log)
 
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 2)
@@ -429,11 +430,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     soak = Soak(args, soak_dir, root / "soak.log")
     reference = start(command(ref_dir, args.steps, 0, args.set + args.reference_set), root / "reference.log")
+    # a SIGTERM to this script (a `timeout`, a scheduler) ends both jobs and their workers, as Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         soak.run()
         reference.wait()
     finally:
-        stop(reference)
+        for job in (soak.proc, reference):
+            if job is not None:
+                stop(job)
     wall = soak.elapsed()
     problems = list(soak.problems)
     if reference.returncode != 0:
