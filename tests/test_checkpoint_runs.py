@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from run_cli import TINY, metrics, train
+from seektrain.checkpoint.export import read_all_tensors as load_tensors
 
 CKPT = ["train.steps=6", "checkpoint.interval=2", "train.deterministic=true"]
 
@@ -28,21 +29,6 @@ CKPT = ["train.steps=6", "checkpoint.interval=2", "train.deterministic=true"]
 def step_losses(run: Path) -> dict[int, float]:
     """Loss by step; a step logged twice (before and after a restart) keeps its last value."""
     return {m["step"]: m["loss"] for m in metrics(run)}
-
-
-def load_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    meta = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
-    state = {
-        k: torch.empty(v.size, dtype=v.properties.dtype)
-        for k, v in meta.items()
-        if isinstance(v, TensorStorageMetadata)
-    }
-    dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
-    return state
 
 
 def same_contents(a: Path, b: Path) -> None:

@@ -47,6 +47,24 @@ def load_checkpoint_model(ckpt: Path, model_cfg: ModelConfig) -> Transformer:
     return model.eval()
 
 
+def read_all_tensors(ckpt: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor a checkpoint holds (model, buffers and optimizer state), by its flat DCP key, read
+    whole into this process: what two checkpoints are compared by, tensor by tensor."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    state = {
+        k: torch.empty(v.size, dtype=v.properties.dtype)
+        for k, v in meta.items()
+        if isinstance(v, TensorStorageMetadata)
+    }
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+    return state
+
+
 def load_run_checkpoint(path: str | Path, base_dir: str | None = None) -> tuple[Transformer, Path]:
     """(model, checkpoint folder) for ``seektrain convert --from-checkpoint``: ``path`` is a checkpoint
     folder or a run dir (its newest valid checkpoint). A LoRA checkpoint comes back as its base with the
