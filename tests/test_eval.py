@@ -42,3 +42,26 @@ def test_eval_off(tmp_path):
 def test_val_loss_is_an_exported_metric():
     assert metric_name("val_loss") in EXPORTED_METRICS
     assert tb_tag("val_loss") == "train/val_loss"
+
+
+def test_every_evaluation_reads_the_same_batches(tmp_path):
+    """Each evaluation reads the split from its start: two in a row get the same micro-batches (the
+    loader used to go on where the last one stopped, so every ``val_loss`` measured other windows and a
+    resumed run's differed from an uninterrupted run's, which the kill soak found)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from seektrain.config.loader import load_config
+    from seektrain.data import ensure_builtin_corpus
+    from seektrain.train.evaluate import Evaluator
+
+    job = load_config(None, ["train.eval_interval=1", "train.eval_steps=3", "train.seq_len=64"])
+    plan = SimpleNamespace(job=job, pp=1, dp=1, cp=1, accum_steps=1)
+    evaluator = Evaluator(plan, ensure_builtin_corpus(tmp_path, max_tokens=2_000_000), 0, torch.device("cpu"))
+    first, second = evaluator.batches(), evaluator.batches()
+    assert len(first) == 3
+    assert all(
+        torch.equal(a.tokens, b.tokens) and torch.equal(a.labels, b.labels) for a, b in zip(first, second)
+    )
+    assert not torch.equal(first[0].tokens, first[1].tokens)  # three different windows, not one thrice

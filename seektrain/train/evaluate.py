@@ -57,10 +57,20 @@ class Evaluator:
                 self.loader = agreed(loader, plan.job.dist.collective_timeout_s)
             except ValueError as err:  # no or too small a val split: train on, say why once
                 log.warning("no validation loss: %s", err)
+        # the loader's position at the split's start: every evaluation goes back to it (a loader
+        # iterates on from where it stopped, so without it each evaluation read the next windows and a
+        # resumed run, whose loader starts afresh, measured other data than an uninterrupted one)
+        self.start = self.loader.state_dict() if self.loader is not None else None
 
     def due(self, step: int) -> bool:
         last = step == self.plan.job.train.steps
         return self.loader is not None and (step % self.interval == 0 or last)
+
+    def batches(self) -> list:
+        """This rank's ``eval_steps`` micro-batches from the start of the split, the same every time."""
+        self.loader.load_state_dict(self.start)
+        batches = itertools.islice(iter(self.loader), self.steps)
+        return [local_batch(self.plan, b.to(self.device)) for b in batches]
 
     @torch.no_grad()
     def val_loss(self, ctx) -> float:
@@ -69,9 +79,7 @@ class Evaluator:
         plan = self.plan
         ctx.model.eval()
         try:
-            batches = [
-                local_batch(plan, b.to(self.device)) for b in itertools.islice(iter(self.loader), self.steps)
-            ]
+            batches = self.batches()
             denominators = step_denominators(plan, batches)
             total = torch.zeros((), device=self.device)
             if plan.pp > 1:
