@@ -111,16 +111,19 @@ def test_ring_attention_equals_plain_attention(tmp_path, cp):
 
 
 def test_block_kernel_choice():
-    """CPU: its flash kernel, masked or not; CUDA: flash (bf16/fp16, no mask), the memory-efficient
-    kernel with a document bias or in fp32; no other device."""
+    """CPU: its flash kernel, masked or not, MLA or not; CUDA: flash (bf16/fp16, one head size, no
+    mask), else the memory-efficient kernel (MLA's head sizes, a document bias, fp32); no other device."""
+    choose = ring_blocks.block_kernel
     for masked in (False, True):
-        assert ring_blocks.block_kernel("cpu", torch.bfloat16, masked) is ring_blocks.CPU_FLASH
-    assert ring_blocks.block_kernel("cuda", torch.bfloat16, False) is ring_blocks.CUDA_FLASH
-    assert ring_blocks.block_kernel("cuda", torch.float16, False) is ring_blocks.CUDA_FLASH
-    assert ring_blocks.block_kernel("cuda", torch.bfloat16, True) is ring_blocks.CUDA_EFFICIENT
-    assert ring_blocks.block_kernel("cuda", torch.float32, False) is ring_blocks.CUDA_EFFICIENT
+        for equal in (False, True):
+            assert choose("cpu", torch.bfloat16, masked, equal) is ring_blocks.CPU_FLASH
+    assert choose("cuda", torch.bfloat16, False, True) is ring_blocks.CUDA_FLASH
+    assert choose("cuda", torch.float16, False, True) is ring_blocks.CUDA_FLASH
+    assert choose("cuda", torch.bfloat16, False, False) is ring_blocks.CUDA_EFFICIENT  # MLA
+    assert choose("cuda", torch.bfloat16, True, True) is ring_blocks.CUDA_EFFICIENT
+    assert choose("cuda", torch.float32, False, True) is ring_blocks.CUDA_EFFICIENT
     with pytest.raises(ValueError, match="no block kernel for xpu"):
-        ring_blocks.block_kernel("xpu", torch.bfloat16, False)
+        choose("xpu", torch.bfloat16, False, True)
 
 
 @pytest.mark.parametrize("kernel", [ring_blocks.CUDA_FLASH, ring_blocks.CUDA_EFFICIENT], ids=lambda k: k.name)

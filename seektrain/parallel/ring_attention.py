@@ -18,9 +18,9 @@ and it refuses any attention mask ("attn_bias is not supported yet"), so packed 
 either. This is the smallest piece that does: a ``torch.autograd.Function`` over the same fused kernels.
 
 * Blocks run through a fused attention kernel that returns the log-sum-exp, in the compute dtype
-  (``seektrain/platform/ring_blocks.py`` picks it: CPU flash, CUDA flash, or CUDA memory-efficient
-  with a document mask). Where the kernel wants one head size (flash), MLA's values are zero-padded to
-  the query/key head size and the padding is cut from the output. Results merge in fp32 (a running
+  (``seektrain/platform/ring_blocks.py`` picks it: CPU flash; on CUDA flash, or memory-efficient for
+  MLA's head sizes or a document mask). Where the kernel wants one head size (CPU flash), MLA's values
+  are zero-padded to the query/key head size and the padding is cut from the output. Results merge in fp32 (a running
   output and log-sum-exp); a row the block's mask hides completely gets log-sum-exp −inf before the
   merge (the CPU kernel reports 0 for it).
 * Keys and values travel as one [k | v] chunk in the compute dtype.
@@ -118,7 +118,7 @@ class _RingAttention(torch.autograd.Function):
         cp, rank = group.size(), group.rank()
         ctx.dtypes = (k_in.dtype, v_in.dtype)  # gradients go back in the inputs' dtypes
         k, v = k_in.to(q.dtype), v_in.to(q.dtype)  # the compute dtype is q's (bf16 under autocast)
-        kernel = block_kernel(q.device.type, q.dtype, docs is not None)
+        kernel = block_kernel(q.device.type, q.dtype, docs is not None, k.shape[-1] == v.shape[-1])
         B, H, T, kd = k.shape
         c, vd = T // 2, v.shape[-1]
         out = torch.zeros(B, H, T, vd, device=q.device)  # fp32, as the running log-sum-exp
@@ -153,7 +153,7 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         scale, docs, group = ctx.scale, ctx.docs, ctx.group
         cp, rank = group.size(), group.rank()
-        kernel = block_kernel(q.device.type, q.dtype, docs is not None)
+        kernel = block_kernel(q.device.type, q.dtype, docs is not None, k.shape[-1] == v.shape[-1])
         k, v = k.to(q.dtype), v.to(q.dtype)
         T, kd, vd = q.shape[2], k.shape[-1], v.shape[-1]
         c, width = T // 2, _value_width(kernel, k, v)

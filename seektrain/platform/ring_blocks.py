@@ -8,13 +8,20 @@ PyTorch has three, each with its own signature; ``block_kernel`` picks one and h
 * CPU: ``aten._scaled_dot_product_flash_attention_for_cpu`` (and ``..._backward``), any float dtype, an
   additive float mask of q's dtype (a boolean one is refused), q, k and v of one head size. A row the mask
   hides completely comes back as output 0 and log-sum-exp 0 (not −inf): the ring corrects those.
-* CUDA without a document mask, bf16/fp16: ``aten._scaled_dot_product_flash_attention`` (FlashAttention-2;
-  one head size for q, k and v, no mask). Its backward's varlen and dropout arguments are unused without
-  dropout and are passed as empty stand-ins.
-* CUDA with a document mask, or fp32: ``aten._scaled_dot_product_efficient_attention`` (memory-efficient;
-  an additive bias, any value head size, ``compute_log_sumexp=True``); its log-sum-exp comes back padded
-  to a multiple of 32 queries and is cut to the block's. The bias is laid out with its last dimension's
-  stride a multiple of 16 elements, as the kernel requires (the SDPA front end pads the same way).
+* CUDA, bf16/fp16, one head size for q, k and v, no document mask: ``aten._scaled_dot_product_flash_attention``
+  (FlashAttention-2). Its backward's varlen and dropout arguments are unused without dropout and are
+  passed as stand-ins.
+* CUDA otherwise (MLA's value head size below its query/key's, a document mask, fp32):
+  ``aten._scaled_dot_product_efficient_attention`` (memory-efficient; an additive bias, any value head
+  size, ``compute_log_sumexp=True``); its log-sum-exp comes back padded to a multiple of 32 queries and
+  is cut to the block's. The bias is laid out with its last dimension's stride a multiple of 16
+  elements, as the kernel requires (the SDPA front end pads the same way).
+
+On CUDA this is the choice ``F.scaled_dot_product_attention`` makes for the same inputs without cp
+(flash where its constraints hold, else memory-efficient), so cp does not change the attention kernel:
+MLA is not zero-padded there (padding its values to 192 would add a fifth to its attention FLOPs, which
+dominate at 128K). On CPU the flash kernel is the only fused one, so MLA's values are padded, as the
+CPU policy pads them without cp (``platform/cpu_kernels.py``).
 
 The op signatures are those of torch 2.11 and 2.13 (identical there; the CUDA ones are checked on meta
 tensors in ``tests/test_ring_attention.py``, which is all a CPU machine can run of them: **the CUDA path
@@ -102,12 +109,12 @@ CUDA_FLASH = BlockKernel("cuda_flash", _flash_forward, _flash_backward, equal_he
 CUDA_EFFICIENT = BlockKernel("cuda_efficient", _efficient_forward, _efficient_backward, equal_head_dims=False)
 
 
-def block_kernel(device_type: str, dtype: torch.dtype, masked: bool) -> BlockKernel:
+def block_kernel(device_type: str, dtype: torch.dtype, masked: bool, equal_head_dims: bool) -> BlockKernel:
     """The ring's block kernel for tensors of ``dtype`` on a ``device_type`` device; ``masked``: the
-    rows are packed documents (an additive bias per block)."""
+    rows are packed documents (an additive bias per block); ``equal_head_dims``: v's head size is q's."""
     if device_type == "cpu":
         return CPU_FLASH
     if device_type == "cuda":
-        flash = not masked and dtype in (torch.bfloat16, torch.float16)
+        flash = equal_head_dims and not masked and dtype in (torch.bfloat16, torch.float16)
         return CUDA_FLASH if flash else CUDA_EFFICIENT
     raise ValueError(f"context parallelism's ring attention has no block kernel for {device_type} devices")
