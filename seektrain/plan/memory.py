@@ -383,9 +383,9 @@ RING_GRAD_CHUNKS = 3
 
 
 def ring_packed(plan) -> bool:
-    """Whether the ring's blocks carry a document mask (packed rows with ``data.document_mask``)."""
+    """Whether the ring's blocks carry a document mask (``data.packing`` or ``data.document_mask``)."""
     data = plan.job.data
-    return bool(data.packing and data.document_mask)
+    return bool(data.packing or data.document_mask)
 
 
 def ring_value_width(cfg: ModelConfig, device_type: str, dtype, packed: bool) -> int:
