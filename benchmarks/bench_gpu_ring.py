@@ -79,7 +79,9 @@ def ring_row(cfg, args, device, peak) -> dict:
     row = {"heads": heads, "qk_head_dim": qk, "v_head_dim": v, "max_rel_error_bf16": errors["ring"]}
     row["plain_max_rel_error_bf16"] = errors["plain"]
     for name, attend in (("plain", plain), ("ring", ring)):
-        med = statistics.median(_timed(lambda a=attend: run(a, torch.bfloat16), args.iters, args.warmup, device))
+        med = statistics.median(
+            _timed(lambda a=attend: run(a, torch.bfloat16), args.iters, args.warmup, device)
+        )
         prefix = "" if name == "ring" else "plain_"
         row[prefix + "tokens_per_s"] = tokens / med
         row[prefix + "mfu"] = tokens / med * flops / peak if peak else None

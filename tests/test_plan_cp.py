@@ -63,7 +63,9 @@ def test_activations_are_the_cp_ranks_share_of_the_sequence(mode):
         "deepseek-v2-lite", 8, *LONG, ckpt, "parallel.dp_shard=4", "parallel.cp=2", "data.packing=true"
     )
     c = seq / 4
-    assert memory.ring_working_bytes(packed, 1) == pytest.approx(memory.ring_working_bytes(two_plan, 1) + 2 * c * c)
+    assert memory.ring_working_bytes(packed, 1) == pytest.approx(
+        memory.ring_working_bytes(two_plan, 1) + 2 * c * c
+    )
 
 
 def test_ring_value_width_follows_the_block_kernel():
@@ -77,7 +79,16 @@ def test_ring_value_width_follows_the_block_kernel():
     for device in ("cpu", "cuda"):
         assert memory.ring_value_width(dense, device, torch.bfloat16, False) == dense.head_dim
     cpu = RunPlan.resolve(
-        load_config(None, ["train.micro_batch_size=1", *LONG, "parallel.dp_shard=4", "parallel.cp=2", "precision.dtype=bf16"]),
+        load_config(
+            None,
+            [
+                "train.micro_batch_size=1",
+                *LONG,
+                "parallel.dp_shard=4",
+                "parallel.cp=2",
+                "precision.dtype=bf16",
+            ],
+        ),
         cfg,
         8,
         "cpu",

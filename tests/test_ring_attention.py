@@ -106,7 +106,9 @@ def test_ring_attention_equals_plain_attention(tmp_path, cp):
     for i, name in enumerate(names):
         for rank, got in enumerate(ranks):
             error = _error(got[case][i], want[i][:, :, chunk_index(T, cp, rank)])
-            assert error <= BF16_TOLERANCE * want[i].abs().max().item(), f"bf16 {name} rank {rank}: {error:.4f}"
+            assert error <= BF16_TOLERANCE * want[i].abs().max().item(), (
+                f"bf16 {name} rank {rank}: {error:.4f}"
+            )
             assert got[case][i].dtype == torch.bfloat16
 
 
@@ -136,7 +138,9 @@ def test_cuda_block_kernels_bind_on_meta_tensors(kernel):
     q = torch.empty(b, h, tq, qk, device="meta", dtype=torch.bfloat16)
     k = torch.empty(b, h, tk, qk, device="meta", dtype=torch.bfloat16)
     v = torch.empty(b, h, tk, v_width, device="meta", dtype=torch.bfloat16)
-    bias = None if kernel is ring_blocks.CUDA_FLASH else torch.zeros(b, 1, tq, tk, device="meta", dtype=q.dtype)
+    bias = (
+        None if kernel is ring_blocks.CUDA_FLASH else torch.zeros(b, 1, tq, tk, device="meta", dtype=q.dtype)
+    )
     out, lse = kernel.forward(q, k, v, False, bias, 0.1)
     assert out.shape == (b, h, tq, v_width) and lse.shape == (b, h, tq) and lse.dtype == torch.float32
     grads = kernel.backward(torch.empty_like(out), q, k, v, out, lse, False, bias, 0.1)

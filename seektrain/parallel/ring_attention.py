@@ -132,7 +132,12 @@ class _RingAttention(torch.autograd.Function):
                     qs, ks = slice(qh * c, (qh + 1) * c), slice(kh * c, (kh + 1) * c)
                     bias, hidden = _block_mask(docs, a, b, diagonal, q.dtype)
                     o_b, lse_b = kernel.forward(
-                        q[:, :, qs], kv[:, :, ks, :kd], kv[:, :, ks, kd:], diagonal and bias is None, bias, scale
+                        q[:, :, qs],
+                        kv[:, :, ks, :kd],
+                        kv[:, :, ks, kd:],
+                        diagonal and bias is None,
+                        bias,
+                        scale,
                     )
                     o_b, lse_b = o_b[..., :vd].float(), lse_b.float()
                     if hidden is not None:  # the CPU kernel: output 0, log-sum-exp 0 (not −inf)
