@@ -23,9 +23,10 @@ MLA is not zero-padded there (padding its values to 192 would add a fifth to its
 dominate at 128K). On CPU the flash kernel is the only fused one, so MLA's values are padded, as the
 CPU policy pads them without cp (``platform/cpu_kernels.py``).
 
-The op signatures are those of torch 2.11 and 2.13 (identical there; the CUDA ones are checked on meta
-tensors in ``tests/test_ring_attention.py``, which is all a CPU machine can run of them: **the CUDA path
-has not run on a GPU yet**).
+The calls follow torch 2.13's op schemas; the CUDA ones are checked on meta tensors in
+``tests/test_ring_attention.py``, which is all a CPU machine can run of them. Whether torch 2.11 (the GPU
+box's) takes them the same way is not checked here, and **the CUDA path has not run on a GPU yet**
+(``benchmarks/bench_gpu.py``'s ``ring`` row runs it when a device is lent).
 """
 
 from __future__ import annotations
