@@ -10,6 +10,9 @@ Rows, for each model (docs/benchmarks.md, "GPU benchmark", says what each measur
 * the trainer (``python -m seektrain.cli.main train``, one rank: fp32 master weights, bf16 autocast, AdamW),
   bf16 and ``precision.fp8=rowwise`` (only where that key, torchao and an FP8 GPU exist; otherwise the
   row says why), read from the run's ``metrics.jsonl``;
+* context parallelism's ring attention on one rank against plain attention at the model's attention
+  shape (``bench_gpu_ring.py``: the ring's CUDA block kernels checked against plain attention, then
+  timed; attention alone);
 * and, for the dense model, the stall of one synchronous and one asynchronous checkpoint save through
   the trainer's ``CheckpointManager``.
 
@@ -513,6 +516,7 @@ def model_rows(
     """Every row of one model; a failure outside a row (building, saving) marks the rows left undone."""
     import shutil
 
+    from bench_gpu_ring import ring_row
     from bench_gpu_trainer import trainer_rows
 
     cfg = (dense_config if key == "dense" else moe_config)(args.smoke, args.seq)
@@ -538,6 +542,8 @@ def model_rows(
             results, key, cfg, hf_dir, args, device, results.data["device"]["peak_bf16_flops"], selected
         )
         trainer_rows(results, key, hf_dir, data_dir, work, args, device, selected)
+        peak = results.data["device"]["peak_bf16_flops"]
+        run_row(results, key, "ring", selected, lambda: ring_row(cfg, args, device, peak), device)
     except Exception as err:
         traceback.print_exc()
         for row in MODEL_ROWS:

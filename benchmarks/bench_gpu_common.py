@@ -14,7 +14,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout these scripts belong to
 MODELS = ("dense", "moe")
-MODEL_ROWS = ("eager", "compiled", "transformers", "trainer_bf16", "trainer_fp8")
+MODEL_ROWS = ("eager", "compiled", "transformers", "trainer_bf16", "trainer_fp8", "ring")
 CHECKPOINT_ROWS = ("ckpt_sync", "ckpt_async")
 ROWS = MODEL_ROWS + CHECKPOINT_ROWS
 TITLES = {
@@ -23,6 +23,7 @@ TITLES = {
     "transformers": "transformers fwd+bwd (sdpa)",
     "trainer_bf16": "trainer step, bf16 (AdamW, fp32 master)",
     "trainer_fp8": "trainer step, precision.fp8=rowwise",
+    "ring": "ring attention (cp, one rank) vs plain, attention only",
     "ckpt_sync": "checkpoint save, synchronous",
     "ckpt_async": "checkpoint save, async",
 }

@@ -77,21 +77,20 @@ def fake_cp_mesh():
         dist.destroy_process_group()
 
 
-# KNOWN GAP (strict: the test fails once the gap closes, so the marker must go): the ring counts its hops
-# in a module-level int inside its autograd.Function (ring_attention._start_hop), a side effect torch.compile
-# cannot keep inside the Function ("HOP: Non-nullified side effect"), so every compiled block breaks its
-# graph at the ring and recompiles at every call (the counter is guarded) until torch.compile's limit.
-@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.Unsupported, reason="the ring's hop counter")
 def test_ring_traces_into_one_graph_per_block(fake_cp_mesh):
     """A decoder block with the ring (tiny-v3's dense MLA block) compiles into one graph (fullgraph: no
-    graph break, forward and the Function's backward) that later calls reuse."""
+    graph break, forward and the Function's backward) that later calls reuse, and its hops are counted
+    (``ring_attention`` counts a compiled call's hops on a host tensor the graph updates: a Python int
+    there was a side effect torch.compile refused inside the Function, and a guard outside it)."""
     from torch._dynamo.utils import counters
 
     from seektrain.models import build_model, get_preset
+    from seektrain.parallel import ring_attention as ring
     from seektrain.parallel.context_parallel import apply_context_parallel
 
     torch._dynamo.reset()
     counters.clear()
+    compiled_hops = int(ring._compiled_hops)
     cfg = get_preset("tiny-v3").replace(num_nextn_predict_layers=0)
     model = build_model(cfg, seed=0)
     assert apply_context_parallel(model, fake_cp_mesh) == cfg.num_hidden_layers
@@ -102,3 +101,9 @@ def test_ring_traces_into_one_graph_per_block(fake_cp_mesh):
         tokens = torch.randint(0, cfg.vocab_size, (1, 16))
         model(tokens, labels=tokens, positions=positions, document_ids=documents).loss_sum.backward()
     assert counters["stats"]["unique_graphs"] == 1
+    cp = fake_cp_mesh.size()
+    assert (
+        int(ring._compiled_hops) - compiled_hops
+        == 3 * ring.hops_per_call(cp, backward=True)
+        == 3 * (3 * cp - 2)
+    )

@@ -112,8 +112,8 @@ CASES = {
         + LORA
         + ["train.micro_batch_size=4", "parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_microbatches=2"],
     ),
-    # context parallelism at sequence 512 (256 tokens per rank), where the ring's fp32 chunks and blocks
-    # are a visible share of the peak
+    # context parallelism at sequence 512 (256 tokens per rank), where the ring's chunks and gradient
+    # buffers are a visible share of the peak
     "cp2-v3": ("tiny-v3", CP_SEQ + ["train.micro_batch_size=2", "parallel.dp_shard=1", "parallel.cp=2"]),
     "cp2-dense": (
         "tiny-dense",

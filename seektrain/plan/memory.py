@@ -203,7 +203,7 @@ def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool, ring: bool =
     """Bytes per token saved by attention (after its input norm): flash attention keeps q, k, v, the
     output and the fp32 log-sum-exp; o_proj keeps its (re-laid-out) input. ``ring``: context
     parallelism's ring attention (``parallel/ring_attention.py``) keeps its inputs q, k, v and its output
-    as they are (the compute dtype, values unpadded; its fp32 copies are made in backward,
+    as they are (the compute dtype, values unpadded: it pads them again in backward,
     ``ring_working_bytes``) and the log-sum-exp; o_proj keeps the output re-laid-out."""
     h = cfg.num_attention_heads / tp
     lse = FP32 * h
@@ -371,42 +371,59 @@ def in_flight_microbatches(schedule: str, pp: int, n_micro: int) -> int:
 
 # ----------------------------------------------------------------------------- context parallelism
 # What the ring (seektrain/parallel/ring_attention.py) holds while one layer's attention backward runs,
-# besides what attention saved and the backward working set (its query and output gradients): keys and
-# values travel as one fp32 [k | v] chunk, and in backward the chunk and its accumulated gradient travel
-# together, each beside the copy arriving (4 chunks); a block of (query chunk, key chunk) materialises
-# [heads, c, c] fp32 buffers (c = seq_len / (2·cp)): scores, probabilities, dO·Vᵀ − delta and dS at once,
-# and the previous block's dS until its name is reassigned (5; benchmarks/bench_context_parallel.py at
-# sequence 4096 measured the peak 16% above a count of 4). By then the layer's MLP backward has freed
-# the MLP's saved tensors, which the ring's buffers reuse. In a compute dtype below fp32 the backward
-# also makes fp32 copies of the saved q, k, v and output (the ring computes in fp32).
-RING_CHUNKS = 4
-RING_BLOCK_BUFFERS = 5
+# besides what attention saved and the backward working set (its query and output gradients), per token
+# of this rank: the [k | v] chunk in the compute dtype, held and arriving (RING_KV_CHUNKS); the fp32
+# accumulated dK/dV of the current step, the previous step's still being sent and its arrival
+# (RING_GRAD_CHUNKS); the fp32 dQ sum; where the block kernel wants one head size (MLA on the CPU's
+# flash kernel), the output and its gradient zero-padded to the query/key width. With packed documents each
+# block also builds an additive [c, c] bias of the compute dtype. By then the layer's MLP backward has
+# freed the MLP's saved tensors, which the ring's buffers reuse.
+RING_KV_CHUNKS = 2
+RING_GRAD_CHUNKS = 3
 
 
-def ring_chunk_bytes(cfg: ModelConfig, tp: int) -> float:
-    """Bytes per token of the key/value chunk the ring passes on: fp32 keys and values of this
-    tensor-parallel rank's heads (MLA: the 192-wide key and the 128-wide value of every head, after the
-    up-projection; GQA: repeated to every query head)."""
+def ring_packed(plan) -> bool:
+    """Whether the ring's blocks carry a document mask (``data.packing`` or ``data.document_mask``)."""
+    data = plan.job.data
+    return bool(data.packing or data.document_mask)
+
+
+def ring_value_width(cfg: ModelConfig, device_type: str, dtype, packed: bool) -> int:
+    """The value head size the ring's block kernel runs with (``platform/ring_blocks.py``): the query/key
+    head size where the kernel wants one (the CPU's flash kernel: MLA's values are zero-padded), else the
+    value's own (on CUDA, MLA runs the memory-efficient kernel)."""
+    from seektrain.platform.ring_blocks import block_kernel
+
+    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    return max(qk, v) if block_kernel(device_type, dtype, packed, qk == v).equal_head_dims else v
+
+
+def ring_chunk_bytes(cfg: ModelConfig, tp: int, a: int, v_width: int) -> float:
+    """Bytes per token of the key/value chunk the ring passes on, ``a`` bytes per element: the keys and
+    (``v_width``-wide) values of this tensor-parallel rank's heads (MLA: the 192-wide key of every head,
+    after the up-projection; GQA: repeated to every query head). Its gradient travels in fp32."""
+    h = cfg.num_attention_heads / tp
+    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    return a * h * (qk + v_width)
+
+
+def ring_working_bytes(plan, sequences: float) -> float:
+    """The ring's buffers on one rank of ``plan`` during a layer's attention backward, for ``sequences``
+    sequences (see above)."""
+    cfg, tp, cp, seq = plan.model, plan.tp, plan.cp, plan.job.train.seq_len
+    a, packed = plan.compute_dtype.itemsize, ring_packed(plan)
     h = cfg.num_attention_heads / tp
     qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
     v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
-    return FP32 * h * (qk + v)
-
-
-def ring_working_bytes(
-    cfg: ModelConfig, tp: int, seq_len: int, cp: int, sequences: float, a: int = FP32
-) -> float:
-    """The ring's buffers on one rank during a layer's attention backward, for ``sequences`` sequences of
-    ``seq_len`` split over ``cp`` ranks (``RING_CHUNKS`` chunks, ``RING_BLOCK_BUFFERS`` block buffers,
-    and below fp32 (``a`` bytes per element) the fp32 copies of the saved q, k, v and output)."""
-    h = cfg.num_attention_heads / tp
-    c = seq_len / (2 * cp)
-    tokens = sequences * seq_len / cp
-    chunks = RING_CHUNKS * ring_chunk_bytes(cfg, tp) * tokens
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
-    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
-    copies = FP32 * h * (2 * qk + 2 * v) * tokens if a < FP32 else 0.0
-    return chunks + copies + RING_BLOCK_BUFFERS * FP32 * h * c * c * sequences
+    width = ring_value_width(cfg, plan.device_type, plan.compute_dtype, packed)
+    per_token = RING_KV_CHUNKS * ring_chunk_bytes(cfg, tp, a, width)
+    per_token += RING_GRAD_CHUNKS * ring_chunk_bytes(cfg, tp, FP32, width) + FP32 * h * qk
+    if width > v:
+        per_token += 2 * a * h * width
+    c = seq / (2 * cp)
+    bias = a * c * c * sequences if packed else 0.0
+    return per_token * sequences * seq / cp + bias
 
 
 def _mlp_saved(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int) -> float:
@@ -422,7 +439,8 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
     by default) for one step. Every term is per token of this rank: under context parallelism a rank
     holds ``seq_len / cp`` tokens of each sequence (its two load-balanced chunks), so the layers' saved
     tensors, the logits and loss, the MoE buffers and the working sets all shrink by ``cp``; attention
-    saves the ring's fp32 tensors, and the ring's chunks and blocks are added to a layer's backward."""
+    saves what flash attention saves, and the ring's chunks and gradient buffers are added to a layer's
+    backward."""
     cfg, job = plan.model, plan.job
     a = plan.compute_dtype.itemsize
     if pad_values is None:
@@ -489,7 +507,7 @@ def activation_bytes(plan, pad_values: bool | None = None, pp_rank: int = 0) -> 
     ring_bytes = 0.0
     if ring:  # at the first layer backward meets (this rank's last), beside what its MLP freed
         freed = _mlp_saved(cfg, layers[-1], a, tp, ep) * tokens if layers else 0.0
-        ring_bytes = max(0.0, ring_working_bytes(cfg, tp, job.train.seq_len, plan.cp, local_seqs, a) - freed)
+        ring_bytes = max(0.0, ring_working_bytes(plan, local_seqs) - freed)
     return Activations(
         kept * tokens * in_flight,
         0.5 * largest * tokens,

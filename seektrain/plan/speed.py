@@ -23,12 +23,17 @@ Assumptions (each a number here, so they can be argued with):
   offload moves the base up, only the adapters' gradients down, and runs AdamW over the adapters only.
 - Pipeline: the bubble is ``(pp-1)/micro-batches`` (1F1B, GPipe), divided by the stages per rank
   (interleaved), halved for zero-bubble V; activations sent between stages are added.
-- Context parallelism, as ``parallel/ring_attention.py`` runs it: attention is fp32 matmuls (the fp32
-  rate, a quarter of the peak on GPUs), and the diagonal blocks are computed whole before masking
-  (``(2·cp+1)/(2·cp)`` of the causal FLOPs). Per layer, forward takes ``cp-1`` hops of this rank's fp32
-  key/value chunk, each issued before the step's blocks and waited for after them, so a hop shows only
-  ``max(0, comm - compute)``; backward waits for each hop (the chunk and its gradient) before its blocks,
-  ``cp-1`` of them plus the gradient's last hop home, all exposed. The FSDP group grows to ``dp_shard × cp``.
+- Context parallelism, as ``parallel/ring_attention.py`` runs it: blocks run through a fused attention
+  kernel in the compute dtype (at the same efficiency as the matmuls; on CUDA the kernel plain attention
+  gets, ``platform/ring_blocks.py``). The extra FLOPs: MLA's values zero-padded to the query/key width
+  where the kernel wants one head size (the CPU's, ``memory.ring_value_width``),
+  and with packed documents the diagonal blocks computed whole under their bias
+  (``(2·cp+1)/(2·cp)`` of the causal FLOPs). Per layer, forward takes ``cp-1`` hops of this rank's
+  key/value chunk (compute dtype), each issued before a step's blocks, so it shows only
+  ``max(0, comm - compute)``; backward issues ``cp-1`` chunk hops the same way and sends each step's
+  fp32 dK/dV after its blocks, waited for at the end of the next step (it overlaps the next step's
+  blocks, beside that step's chunk hop); the last dK/dV hop home shows whole. A backward step computes
+  ``RING_BACKWARD_PER_FORWARD`` times a forward step. The FSDP group grows to ``dp_shard × cp``.
 """
 
 from __future__ import annotations
@@ -98,10 +103,11 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     peak = hw.bf16_tflops * 1e12 * efficiency
     if a == 4 and hw.name != "cpu":
         peak /= 4
-    compute_time = flops / peak + ring_extra_flops(plan, hw, a) / peak
+    compute_time = flops / peak
     if job.precision.fp8 != "none" and hw.fp8_tflops > 0:
         fp8_flops = 6.0 * fp8_matmul_params(cfg, job.precision.fp8, include_mtp=plan.use_mtp) * tokens
         compute_time = (flops - fp8_flops) / peak + fp8_flops / (hw.fp8_tflops * 1e12 * efficiency)
+    compute_time += ring_extra_flops(plan) / peak
     recompute_s = selective_recompute_s(plan, hw) if selective else 0.0
     compute = compute_time * (1 + recompute) / plan.world_size + recompute_s
 
@@ -156,54 +162,66 @@ def step_time(plan, hw: Hardware, state=None) -> StepTime:
     return StepTime(compute, fsdp, tp, ep, pp, bubble, total, flops, offload, recompute_s, cp)
 
 
-# the ring computes in fp32; on GPUs fp32 runs at a quarter of the compute-dtype rate (as for fp32 compute)
-RING_FP32_SLOWDOWN = 4
+# attention backward's matmuls per forward matmul: it recomputes QKᵀ and computes dP, dV, dQ and dK (5 of
+# the forward's 2), the FlashAttention count
+RING_BACKWARD_PER_FORWARD = 2.5
 
 
-def _ring_slowdown(hw: Hardware, a: int) -> float:
-    return 1.0 if hw.name == "cpu" or a == 4 else float(RING_FP32_SLOWDOWN)
+def _ring_widths(plan) -> tuple[int, int, int]:
+    """(query/key head size, value head size, the value width the ring's block kernel runs with)."""
+    from seektrain.plan.memory import ring_packed, ring_value_width
+
+    cfg = plan.model
+    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    return qk, v, ring_value_width(cfg, plan.device_type, plan.compute_dtype, ring_packed(plan))
 
 
-def ring_extra_flops(plan, hw: Hardware, a: int) -> float:
-    """FLOPs per step, all ranks, that context parallelism's ring adds at the compute-dtype rate: its
-    attention runs in fp32 (``_ring_slowdown`` times the time) and computes the diagonal blocks whole
-    (``(2·cp+1)/(2·cp)`` of the causal count). 0 without cp."""
+def ring_extra_flops(plan) -> float:
+    """FLOPs per step, all ranks, that context parallelism's ring adds at the compute-dtype rate: the
+    values' zero padding (``(qk + width) / (qk + v)`` of the attention FLOPs) and, with packed
+    documents, whole diagonal blocks (``(2·cp+1)/(2·cp)`` of the causal count). 0 without cp."""
     if plan.cp <= 1:
         return 0.0
     from seektrain.observe.flops import attention_flops_per_token
+    from seektrain.plan.memory import ring_packed
 
     attention = (
         attention_flops_per_token(plan.model, plan.job.train.seq_len, plan.use_mtp) * plan.tokens_per_step
     )
-    done = (2 * plan.cp + 1) / (2 * plan.cp)
-    return attention * (done * _ring_slowdown(hw, a) - 1)
+    qk, v, width = _ring_widths(plan)
+    done = (2 * plan.cp + 1) / (2 * plan.cp) if ring_packed(plan) else 1.0
+    return attention * (done * (qk + width) / (qk + v) - 1)
 
 
 def ring_exposed_s(plan, hw: Hardware, peak: float, recomputed: float = 0.0) -> float:
-    """Seconds per step one rank waits on the context-parallel ring. Per layer and sequence: forward,
-    ``cp-1`` hops of the fp32 key/value chunk, each overlapping one step's blocks (2 of ``c × c``, c =
-    seq_len / (2·cp)), showing ``max(0, comm - compute)``; backward, ``cp-1`` hops of the chunk and its
-    gradient and the gradient's last hop, each waited for before computing (all exposed).
-    ``recomputed``: the share of layers whose forward (ring included) full checkpointing runs twice. Both
-    sides grow with the sequences of a micro-batch alike, so the sum is per sequence. The cp ranks are
-    ``tp`` ranks apart: NVLink while ``cp × tp`` fits in a node, else the network."""
+    """Seconds per step one rank waits on the context-parallel ring (see the module docstring). Per
+    layer and sequence, with ``kv`` a chunk hop's seconds, ``grad`` a dK/dV hop's, ``f`` and ``b`` a
+    step's forward and backward block seconds (2 blocks of ``c × c`` per step, c = seq_len / (2·cp)):
+    forward ``(cp-1)·max(0, kv-f)``; backward ``max(0, kv-b)`` (step 0: the chunk hop alone),
+    ``(cp-2)·max(0, kv+grad-b)``, ``max(0, grad-b)`` (the last step: the previous dK/dV alone) and
+    ``grad`` (home). ``recomputed``: the share of layers whose forward (ring included) full
+    checkpointing runs twice. Both sides grow with the sequences of a micro-batch alike, so the sum is
+    per sequence. The cp ranks are ``tp`` ranks apart: NVLink while ``cp × tp`` fits in a node, else
+    the network."""
     if plan.cp <= 1:
         return 0.0
-    from seektrain.plan.memory import ring_chunk_bytes
+    from seektrain.plan.memory import FP32, ring_chunk_bytes
 
     cfg, job = plan.model, plan.job
     seq, cp = job.train.seq_len, plan.cp
     layers = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if plan.use_mtp else 0)
-    chunk = ring_chunk_bytes(cfg, plan.tp) * seq / cp  # this rank's share of one sequence
-    c = seq / (2 * cp)
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
-    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
-    # a forward step's two blocks: QKᵀ and PV, 2 FLOPs per multiply-add, of this rank's heads, in fp32
-    step_flops = 2 * 2 * c * c * cfg.num_attention_heads / plan.tp * (qk + v)
-    forward = step_flops * _ring_slowdown(hw, plan.compute_dtype.itemsize) / peak
+    qk, _, width = _ring_widths(plan)
+    tokens = seq / cp  # this rank's share of one sequence
     link = _link(hw, cp * plan.tp)
-    per_layer = (1 + recomputed) * (cp - 1) * max(0.0, chunk / link - forward)
-    per_layer += (2 * (cp - 1) + 1) * chunk / link
+    kv = ring_chunk_bytes(cfg, plan.tp, plan.compute_dtype.itemsize, width) * tokens / link
+    grad = ring_chunk_bytes(cfg, plan.tp, FP32, width) * tokens / link
+    c = seq / (2 * cp)
+    # a step's two blocks: QKᵀ and PV, 2 FLOPs per multiply-add, of this rank's heads
+    f = 2 * 2 * c * c * cfg.num_attention_heads / plan.tp * (qk + width) / peak
+    b = RING_BACKWARD_PER_FORWARD * f
+    per_layer = (1 + recomputed) * (cp - 1) * max(0.0, kv - f)
+    per_layer += max(0.0, kv - b) + (cp - 2) * max(0.0, kv + grad - b) + max(0.0, grad - b) + grad
     sequences = job.train.micro_batch_size * plan.accum_steps  # this rank's per step
     return per_layer * layers / plan.pp * sequences
 
