@@ -60,13 +60,15 @@ def end_times(procs, timeout: float) -> list[float]:
 
 
 def error_lines(out: str) -> list[str]:
-    return [line for line in out.splitlines() if "error" in line.lower()]
+    """Our lines (torch's C++ store client logs its retries with stack frames: not ours to count)."""
+    return [line for line in out.splitlines() if line.startswith("seektrain: error")]
 
 
 def link(host, state: str) -> None:
     subprocess.run(["ip", "-n", host.netns, "link", "set", host.ifname, state], check=True, timeout=30)
 
 
+@pytest.mark.slow  # 310 s measured on the shared 2-core box (three 2-node launches and a reference run)
 def test_link_down_stops_both_nodes_with_one_line_and_the_rerun_resumes_exactly(hosts, tmp_path_factory):
     run = tmp_path_factory.mktemp("link")
     argvs = {
@@ -242,6 +244,8 @@ def test_the_agents_store_calls_are_bounded(monkeypatch):
     and its close of the rendezvous for seconds, not for the store's read timeout."""
     import threading
 
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
     from seektrain.launch import rendezvous
 
     monkeypatch.setattr(rendezvous, "MONITOR_WAIT_S", 0.3)
@@ -267,7 +271,9 @@ def test_the_agents_store_calls_are_bounded(monkeypatch):
     assert handler.num_nodes_waiting() == 1  # the in-flight answer is not lost
 
     def fails():
-        raise RuntimeError("store gone")
+        raise RendezvousConnectionError("store gone")
 
-    with pytest.raises(RuntimeError, match="store gone"):
+    with pytest.raises(RendezvousConnectionError, match="store gone"):
         BoundedCall().result(fails, 1.0, 0)
+    handler._inner.num_nodes_waiting = fails  # a store that refuses: nobody waits, the agent watches on
+    assert handler.num_nodes_waiting() == 0

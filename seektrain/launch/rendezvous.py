@@ -17,7 +17,10 @@ whose workers had already failed with one line kept its agent waiting for minute
 (measured: two network namespaces, the veth link taken down mid-run; the store's node ended in 9 s, the
 other was still waiting 5 minutes later). Here both calls run in a background thread and the agent waits
 for them at most a few seconds: a check still in flight counts as "nobody waits" (its answer is used by
-the next check), a close that does not finish is left behind.
+the next check), a close that does not finish is left behind. A check the store refuses (its node's
+agent has exited) counts as "nobody waits" too: the agent goes on watching its workers, whose own
+failure names the lost peer (measured: node 1 said "could not reach the rendezvous store" instead of
+its workers' line about an unshared run.dir, because node 0 had exited first).
 
 After a round whose node count differs from the previous one's (a node lost or added under
 ``--nnodes MIN:MAX``) the agent says so in one line; torchrun itself only logs it at INFO, and the user
@@ -112,7 +115,10 @@ class RoundTokenRendezvous(RendezvousHandler):
         self._inner.set_closed()
 
     def num_nodes_waiting(self) -> int:
-        return self._monitor.result(self._inner.num_nodes_waiting, MONITOR_WAIT_S, 0)
+        try:
+            return self._monitor.result(self._inner.num_nodes_waiting, MONITOR_WAIT_S, 0)
+        except RendezvousError:  # the store's node is gone: its workers' failure line says more than ours
+            return 0
 
     def get_run_id(self) -> str:
         return self._inner.get_run_id()
