@@ -68,7 +68,7 @@ def link(host, state: str) -> None:
     subprocess.run(["ip", "-n", host.netns, "link", "set", host.ifname, state], check=True, timeout=30)
 
 
-@pytest.mark.slow  # 310 s measured on the shared 2-core box (three 2-node launches and a reference run)
+@pytest.mark.slow  # 141-310 s measured on the shared 2-core box (three 2-node launches and a reference)
 def test_link_down_stops_both_nodes_with_one_line_and_the_rerun_resumes_exactly(hosts, tmp_path_factory):
     run = tmp_path_factory.mktemp("link")
     argvs = {
