@@ -1,7 +1,8 @@
 """Two "hosts" on one machine: Linux network namespaces joined by a veth pair, reachable only by IP.
 
-Host A is 10.77.0.1, host B 10.77.0.2 (a /24 of their own, no DNS, no route anywhere else). Names carry
-the test process id, so parallel test runs do not collide; ``two_hosts()`` removes both namespaces (and
+Host A is 10.77.0.1, host B 10.77.0.2 by default (a /24 of their own, no DNS, no route anywhere else);
+another module passes its own name and subnet. Names carry the test process id, so parallel test runs do
+not collide; ``two_hosts()`` removes both namespaces (and
 with them the veth pair) whatever happens inside it.
 """
 
@@ -44,11 +45,12 @@ def netns_refusal() -> str | None:
 
 
 @contextlib.contextmanager
-def two_hosts():
-    """Yield (host A, host B); both namespaces are deleted on the way out."""
+def two_hosts(name: str = "st", subnet: str = SUBNET):
+    """Yield (host A, host B); both namespaces are deleted on the way out. ``name`` (at most 4
+    characters: interface names have 15) and ``subnet`` keep test modules' pairs apart."""
     tag = f"{os.getpid() % 100000}"
-    a = Host(f"st-a-{tag}", f"sta{tag}", f"{SUBNET}.1")
-    b = Host(f"st-b-{tag}", f"stb{tag}", f"{SUBNET}.2")
+    a = Host(f"{name}-a-{tag}", f"{name}a{tag}", f"{subnet}.1")
+    b = Host(f"{name}-b-{tag}", f"{name}b{tag}", f"{subnet}.2")
     made: list[str] = []
     try:
         for host in (a, b):

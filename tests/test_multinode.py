@@ -1,5 +1,6 @@
-"""Multi-node training on one machine: two network namespaces joined by a veth pair (tests/netns.py) are
-two hosts that reach each other only by IP, as in issue 12. Each node runs the real CLI,
+"""Multi-node training on one machine: two network namespaces joined by a veth pair (tests/netns.py)
+are two hosts that reach each other only by IP, as in issue 12 (tests/two_nodes.py runs the nodes). Each
+node runs the real CLI,
 ``seektrain train --nnodes 2 --rdzv-endpoint 10.77.0.1:PORT``, with nothing else set: the launcher finds
 the store host, the address to advertise and the interface by itself.
 
@@ -14,100 +15,21 @@ measures the link between the nodes. Needs root for
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from netns import netns_refusal, two_hosts
-from run_cli import TINY, metrics, stop_process, train
+from run_cli import train
+from two_nodes import host_pair, node_command, run_nodes, run_on_nodes, step_losses
 
 ENDPOINT = "10.77.0.1"
 
 
 @pytest.fixture(scope="module")
 def hosts():
-    refusal = netns_refusal()
-    if refusal:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"multi-node tests need network namespaces in CI: {refusal}")
-        pytest.skip(f"network namespaces unavailable: {refusal}")
-    with two_hosts() as pair:
-        yield pair
-
-
-def node_command(run_dir: Path, port: int, nproc: int, overrides: tuple[str, ...], extra: tuple[str, ...]):
-    args = [
-        sys.executable,
-        "-m",
-        "seektrain.cli.main",
-        "train",
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        str(nproc),
-        "--rdzv-endpoint",
-        f"{ENDPOINT}:{port}",
-        *extra,
-        "--set",
-        f"run.dir={run_dir}",
-    ]
-    for item in (*TINY, *overrides):
-        args += ["--set", item]
-    return args
-
-
-def run_nodes(
-    hosts,
-    run_dir: Path,
-    port: int,
-    *overrides: str,
-    nproc: int = 1,
-    extra: tuple[str, ...] = (),
-    node_env: dict[int, dict] | None = None,
-    nodes: tuple[int, ...] = (0, 1),
-    timeout: float = 400,
-):
-    """Start ``seektrain train`` on the given nodes (one shared run dir, as on shared storage) and wait
-    for all; returns [(exit code, output)] per node."""
-    argvs = {k: node_command(run_dir, port, nproc, overrides, ("--node-rank", str(k), *extra)) for k in nodes}
-    return run_on_nodes(hosts, argvs, node_env, timeout)
-
-
-def run_on_nodes(
-    hosts, argvs: dict[int, list[str]], node_env: dict[int, dict] | None = None, timeout: float = 400
-):
-    """Run ``argvs[k]`` inside host k's namespace, all at once, with a clean launcher environment."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    for var in ("LOCAL_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
-    procs = [
-        subprocess.Popen(
-            hosts[k].command(argv),
-            env={**env, **(node_env or {}).get(k, {})},
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for k, argv in argvs.items()
-    ]
-    results = []
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=timeout)
-            results.append((proc.returncode, out))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                stop_process(proc)  # SIGTERM: the agent stops its workers too
-    return results
-
-
-def step_losses(run_dir: Path) -> dict[int, float]:
-    return {m["step"]: m["loss"] for m in metrics(run_dir)}  # a resumed step's last record counts
+    yield from host_pair("st", "10.77.0")
 
 
 _references: dict[tuple, dict[int, float]] = {}
@@ -277,7 +199,12 @@ def test_nodes_with_different_launch_options_end_with_one_line(
     steps = ("train.steps=2", "train.global_batch_size=24")  # divides 2 x 2, 2 x 3 and 2 x 4
     argvs = {
         k: node_command(
-            run, port, 1, steps, ("--node-rank", str(k), "--rdzv-timeout", "120", *(node1_extra if k else ()))
+            hosts,
+            run,
+            port,
+            1,
+            steps,
+            ("--node-rank", str(k), "--rdzv-timeout", "120", *(node1_extra if k else ())),
         )
         for k in (0, 1)
     }

@@ -98,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
         return launch(opts, worker_argv(args))
     if not under_launcher:
         check_layout(cfg, 1)
+    else:
+        from seektrain.launch.agent_lifeline import end_with_agent
+
+        end_with_agent()  # a worker whose agent is killed must not train on alone
     from seektrain.train.trainer import train
 
     train(cfg)

@@ -112,11 +112,13 @@ def torchrun_args(opts: LaunchOptions, worker_argv: list[str], net: NodeNetwork 
 
 def worker_env(opts: LaunchOptions, net: NodeNetwork | None, environ: dict[str, str]) -> dict[str, str]:
     """Variables the agent exports to its workers: ``dist.env``, the interface (a detected one never
-    overrides GLOO_/NCCL_SOCKET_IFNAME the user set), what was detected, for ``env.json``, and this node's
-    launch options, which the workers compare across nodes."""
+    overrides GLOO_/NCCL_SOCKET_IFNAME the user set), what was detected, for ``env.json``, this node's
+    launch options, which the workers compare across nodes, and the agent's pid, which they end with."""
+    from seektrain.launch.agent_lifeline import AGENT_PID_VAR
     from seektrain.parallel.dist_env import AUTO_IFNAME_VAR, IFNAME_VARS, LAUNCH_VAR, LOCAL_ADDR_VAR
 
     env = dict(opts.worker_env)
+    env[AGENT_PID_VAR] = str(os.getpid())  # the workers end when this agent does (launch/agent_lifeline.py)
     env[LAUNCH_VAR] = f"--nnodes {opts.nnodes or 1} --nproc-per-node {opts.nproc_per_node}"
     if opts.socket_ifname:
         env.update(dict.fromkeys(IFNAME_VARS, opts.socket_ifname))

@@ -9,6 +9,23 @@ prefix taken from the restart count, the two nodes' workers wait under different
 draws a token per round and publishes it in that round's own (fresh) rendezvous store; every agent
 exports it to the workers it starts as ``SEEKTRAIN_ATTEMPT``.
 
+The agent's calls to the store that are not the rendezvous itself are bounded: between its checks on
+its own workers the agent asks the store whether new nodes wait (``num_nodes_waiting``), and on its way
+out it closes the rendezvous (``shutdown``). When the link to the store's node is down, each such call
+blocks for the store's read timeout (``--rdzv-timeout``, 300 s by default) and is retried, so the node
+whose workers had already failed with one line kept its agent waiting for minutes, printing nothing
+(measured: two network namespaces, the veth link taken down mid-run; the store's node ended in 9 s, the
+other was still waiting 5 minutes later). Here both calls run in a background thread and the agent waits
+for them at most a few seconds: a check still in flight counts as "nobody waits" (its answer is used by
+the next check), a close that does not finish is left behind. A check the store refuses (its node's
+agent has exited) counts as "nobody waits" too: the agent goes on watching its workers, whose own
+failure names the lost peer (measured: node 1 said "could not reach the rendezvous store" instead of
+its workers' line about an unshared run.dir, because node 0 had exited first).
+
+After a round whose node count differs from the previous one's (a node lost or added under
+``--nnodes MIN:MAX``) the agent says so in one line; torchrun itself only logs it at INFO, and the user
+saw the workers start again with another world size and no word why.
+
 It also compares the node counts: torchrun's c10d rendezvous never completes when nodes were given
 different ``--nnodes`` and only says so as a timeout; the first node to reach the store records its count
 and any other node with a different one stops at once, with one line.
@@ -17,7 +34,10 @@ and any other node with a different one stops at once, with one line.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import uuid
+from collections.abc import Callable
 
 from torch.distributed.elastic.rendezvous import (
     RendezvousError,
@@ -31,6 +51,8 @@ BACKEND = "seektrain-c10d"
 ATTEMPT_VAR = "SEEKTRAIN_ATTEMPT"
 _TOKEN_KEY = "seektrain/attempt_token"
 _NODES_KEY = "seektrain/nnodes"
+MONITOR_WAIT_S = 2.0  # the most one check for waiting nodes holds up the agent's check on its workers
+CLOSE_WAIT_S = 2.0  # the most closing the rendezvous holds up the agent's exit
 
 
 class NodeCountMismatch(RendezvousError):
@@ -48,11 +70,22 @@ class RoundTokenRendezvous(RendezvousHandler):
     def __init__(self, inner: RendezvousHandler, store=None, nodes: str = ""):
         self._inner, self._store, self._nodes = inner, store, nodes
         self._checked = store is None
+        self._monitor = BoundedCall()  # the agent's periodic num_nodes_waiting
+        self._nodes_before: int | None = None  # the previous round's node count
 
     def next_rendezvous(self) -> RendezvousInfo:
         if not self._checked:
             self._check_node_count()
         info = self._inner.next_rendezvous()
+        if self._nodes_before not in (None, info.world_size):  # a node was lost or joined (--nnodes MIN:MAX)
+            print(
+                f"seektrain: the group re-formed with {info.world_size} node{'s' * (info.world_size > 1)} "
+                f"(was {self._nodes_before}); the workers restart and resume from the last checkpoint, "
+                "resharded to the new world size",
+                file=sys.stderr,
+                flush=True,
+            )
+        self._nodes_before = info.world_size
         if info.rank == 0:
             info.store.set(_TOKEN_KEY, uuid.uuid4().hex[:12])
         os.environ[ATTEMPT_VAR] = info.store.get(_TOKEN_KEY).decode()  # the spawned workers inherit it
@@ -82,13 +115,46 @@ class RoundTokenRendezvous(RendezvousHandler):
         self._inner.set_closed()
 
     def num_nodes_waiting(self) -> int:
-        return self._inner.num_nodes_waiting()
+        try:
+            return self._monitor.result(self._inner.num_nodes_waiting, MONITOR_WAIT_S, 0)
+        except RendezvousError:  # the store's node is gone: its workers' failure line says more than ours
+            return 0
 
     def get_run_id(self) -> str:
         return self._inner.get_run_id()
 
     def shutdown(self) -> bool:
-        return self._inner.shutdown()
+        return BoundedCall().result(self._inner.shutdown, CLOSE_WAIT_S, False)
+
+
+class BoundedCall:
+    """One call at a time in a daemon thread, waited for at most ``wait_s`` per ``result``: the call's
+    value (or its exception) once it returned, else ``fallback`` while it is still in flight (a later
+    ``result`` collects it instead of starting another)."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._box: dict = {}
+
+    def result(self, call: Callable, wait_s: float, fallback):
+        if self._thread is None:
+            box: dict = {}
+
+            def run():
+                try:
+                    box["value"] = call()
+                except BaseException as err:  # handed to the caller, in its thread
+                    box["error"] = err
+
+            self._box, self._thread = box, threading.Thread(target=run, daemon=True)
+            self._thread.start()
+        self._thread.join(wait_s)
+        if self._thread.is_alive():
+            return fallback
+        self._thread, box = None, self._box
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
 
 def _create(params: RendezvousParameters) -> RendezvousHandler:

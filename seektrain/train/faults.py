@@ -15,9 +15,10 @@ the last checkpoint and every failure ends with one readable line.
   Every rank sees the same all-reduced loss, so every rank takes the same decision.
 * Dead or hung ranks: collectives have a finite timeout (``dist.collective_timeout_s``); the backend's
   error (gloo's "Timed out waiting 600000ms for recv operation" or "Connection closed by peer") becomes
-  a ``CollectiveError`` naming this rank and what it was doing (``is_collective_failure`` tells such an
-  error by its type and where it was thrown, not by its text), a ``RunFailure`` the CLI prints as one
-  line. A killed worker is restarted by torchrun
+  a ``CollectiveError`` naming this rank, what it was doing and the peers it waits on, by node and
+  address (a link between nodes that went down shows as such a timeout on every node;
+  ``is_collective_failure`` tells such an error by its type and where it was thrown, not by its text),
+  a ``RunFailure`` the CLI prints as one line. A killed worker is restarted by torchrun
   (``--max-restarts``) and the new workers resume from the last checkpoint.
 * Out of memory in a step (CUDA's ``torch.OutOfMemoryError``, ``MemoryError``, a failed CPU allocation):
   one line naming the cheapest fix for this job (``out_of_memory.py``) instead of a traceback.
@@ -154,10 +155,19 @@ class FaultGuard:
     ``raise_readable`` for errors of the loop, ``exit_preempted`` after the preemption checkpoint."""
 
     def __init__(
-        self, train_cfg, ckpt_cfg, rank: int, device: torch.device, collective_timeout_s: float = 600.0
+        self,
+        train_cfg,
+        ckpt_cfg,
+        rank: int,
+        device: torch.device,
+        collective_timeout_s: float = 600.0,
+        facts: list[dict] | None = None,
     ):
         self.loss = LossGuard(train_cfg.on_bad_loss, train_cfg.spike_factor, device)
         self.rank, self.device = rank, device
+        self.facts = (
+            facts or []
+        )  # every rank's host and address (dist_env.node_facts): who a collective waits on
         self.grace_s = ckpt_cfg.preempt_grace_s
         self.timeout_s = collective_timeout_s
         self.phase = "start-up"
@@ -266,10 +276,54 @@ class FaultGuard:
         detail = detail.split("] ", 1)[-1] if detail.startswith("[") else detail
         detail = detail.split(". ", 1)[0].rstrip(".")  # gloo appends advice sentences; keep the fact
         raise CollectiveError(
-            f"rank {self.rank}: a collective failed during {self.phase}: {detail[:300]}. Another rank died "
-            f"or is stuck (see its log); if it is only slow raise dist.collective_timeout_s "
-            f"(now {self.timeout_s:g} s)"
+            f"rank {self.rank}{where_text(self.facts, self.rank)}: a collective failed during {self.phase}: "
+            f"{detail[:300]}. It waits on {peers_text(self.facts, self.rank)}: one of them died or is stuck "
+            f"(see its log), or the network to its node is down; if it is only slow raise "
+            f"dist.collective_timeout_s (now {self.timeout_s:g} s)"
         ) from None
+
+
+def where_text(facts: list[dict], rank: int) -> str:
+    """' on HOST (ADDR)' for ``rank`` under a multi-node launch (its advertised address), else ''."""
+    if rank >= len(facts) or not facts[rank].get("addr"):
+        return ""
+    return f" on {facts[rank]['host']} ({facts[rank]['addr']})"
+
+
+def peers_text(facts: list[dict], rank: int, most: int = 3) -> str:
+    """The ranks a collective of ``rank`` may wait on, by node, other nodes first: 'rank 1 on vm
+    (10.0.0.2)', 'ranks 8-15 on b (10.0.0.2), ranks 1-7 on this node'. A timeout does not say which peer
+    stopped answering, so every other node is named (up to ``most``, then a count)."""
+    if len(facts) < 2 or rank >= len(facts):
+        return "the other ranks"
+    nodes: dict[tuple, list[int]] = {}
+    for r, f in enumerate(facts):
+        if r != rank:
+            nodes.setdefault((f.get("host", "?"), f.get("addr", "")), []).append(r)
+    own = (facts[rank].get("host", "?"), facts[rank].get("addr", ""))
+    parts = [
+        f"{_ranks(rs)} on {host}" + (f" ({addr})" if addr else "")
+        for (host, addr), rs in nodes.items()
+        if (host, addr) != own
+    ]
+    if len(parts) > most:
+        parts = parts[:most] + [f"{len(parts) - most} more nodes"]
+    if own in nodes:
+        parts.append(f"{_ranks(nodes[own])} on this node")
+    return ", ".join(parts)
+
+
+def _ranks(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 1-7', 'ranks 1, 4' (consecutive runs joined)."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return "ranks " + ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
 _TORCH_DISTRIBUTED = os.path.dirname(dist.__file__) + os.sep

@@ -108,6 +108,7 @@ def _train(cfg: JobConfig, env: DistEnv) -> dict:
         env.rank,
         env.device,  # [faults] SIGTERM, bad loss, hangs
         cfg.dist.collective_timeout_s,
+        env.facts,  # [faults] the peers a failed collective names
     )
     install_from_env(guard, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
     # [lora] a LoRA checkpoint holds no base: it is read again from model.hf_path (or re-initialised)
