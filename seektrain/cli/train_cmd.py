@@ -98,8 +98,14 @@ def run(args: argparse.Namespace) -> int:
         return launch(opts, worker_argv(args))
     if not under_launcher:
         check_layout(cfg, 1)
+    from seektrain.cli.errors import report_preempted
+    from seektrain.train.preemption import Preempted
     from seektrain.train.trainer import train
 
-    train(cfg)
+    try:
+        train(cfg)
+    except Preempted as stop:  # SIGTERM: exit 143 with the line saying what run.dir holds
+        sys.stdout.flush()
+        return report_preempted(stop.line, stop.code)
     sys.stdout.flush()
     return 0
