@@ -59,16 +59,27 @@ def reference(tmp_path_factory) -> Path:
     return run
 
 
-@pytest.fixture(scope="module")
-def stages(tmp_path_factory) -> dict[str, dict]:
-    """Each stage's exit status, error lines, checkpoints and their files before and after."""
-    run = tmp_path_factory.mktemp("interrupted") / "run"
-    seen = {}
-    for name, extra, hook in STAGES:
+class Chain:
+    """The interrupted folder; ``stage(name)`` runs the stages up to ``name`` once (so ``-k`` one test
+    spawns only the stages before it) and returns its exit status, lines, checkpoints and files."""
+
+    def __init__(self, run: Path):
+        self.run, self.seen = run, {}
+
+    def stage(self, name: str) -> dict:
+        for stage, extra, hook in STAGES:
+            if stage not in self.seen:
+                self.seen[stage] = self._interrupt(extra, hook)
+            if stage == name:
+                return self.seen[name]
+        raise KeyError(name)
+
+    def _interrupt(self, extra: list[str], hook: dict) -> dict:
+        run = self.run
         before = files(run) if (run / "checkpoints").is_dir() else {}
         metrics_before = (run / "metrics.jsonl").read_text() if (run / "metrics.jsonl").is_file() else ""
-        proc = train(run, *STEPS, *extra, nproc=2, env=hook, check=False, timeout=240)
-        seen[name] = {
+        proc = train(run, *STEPS, *extra, nproc=2, env=hook, check=False, timeout=600)
+        return {
             "rc": proc.returncode,
             "lines": [line for line in proc.stderr.splitlines() if line.startswith("seektrain:")],
             "out": proc.stdout[-3000:] + proc.stderr[-3000:],
@@ -78,8 +89,11 @@ def stages(tmp_path_factory) -> dict[str, dict]:
             "metrics_before": metrics_before,
             "metrics_after": (run / "metrics.jsonl").read_text(),
         }
-    seen["run"] = run
-    return seen
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory) -> Chain:
+    return Chain(tmp_path_factory.mktemp("interrupted") / "run")
 
 
 def assert_kept_and_clean(stage: dict) -> None:
@@ -90,7 +104,7 @@ def assert_kept_and_clean(stage: dict) -> None:
     assert not [k for k in after if k.endswith("/.lock")], "a write lock was left in a checkpoint"
 
 
-def assert_saved(stage: dict, run: Path, step: int, reference: Path, note: str = "") -> None:
+def assert_saved(stage: dict, run: Path, step: int, note: str = "") -> None:
     ckpt = run / "checkpoints" / f"step-{step:08d}"
     assert stage["rc"] == 143, stage["out"]
     assert stage["lines"] == [
@@ -100,16 +114,18 @@ def assert_saved(stage: dict, run: Path, step: int, reference: Path, note: str =
     assert (ckpt / "COMPLETE").is_file()
 
 
-def test_sigterm_during_a_sync_save_commits_it_and_stops_there(stages, reference):
-    run, stage = stages["run"], stages["sync save"]
-    assert_saved(stage, run, 2, reference)
+def test_sigterm_during_a_sync_save_commits_it_and_stops_there(chain):
+    """The save of step 2 is committed, and, every rank having seen the signal by then, it is the
+    preemption checkpoint: no step 3."""
+    run, stage = chain.run, chain.stage("sync save")
+    assert_saved(stage, run, 2)
     assert stage["checkpoints"] == ["step-00000002"]
 
 
-def test_sigterm_during_start_up_writes_nothing_and_the_folder_resumes(stages, reference):
+def test_sigterm_during_start_up_writes_nothing_and_the_folder_resumes(chain):
     """Preempted while loading the checkpoint to resume from: nothing trained, nothing written, the
     checkpoint and metrics untouched; the next stage resumes from it (its losses are checked there)."""
-    run, stage = stages["run"], stages["start-up"]
+    run, stage = chain.run, chain.stage("start-up")
     ckpt = run / "checkpoints" / "step-00000002"
     assert stage["rc"] == 143, stage["out"]
     assert stage["lines"] == [
@@ -120,20 +136,20 @@ def test_sigterm_during_start_up_writes_nothing_and_the_folder_resumes(stages, r
     assert stage["metrics_after"] == stage["metrics_before"]
 
 
-def test_sigterm_during_an_async_save_commits_it_and_saves_the_next_step(stages, reference):
+def test_sigterm_during_an_async_save_commits_it_and_saves_the_next_step(chain):
     """The async save of step 4 is still being written when the signal comes: it is committed, and
     the step at which every rank stops (5) is saved too."""
-    run, stage = stages["run"], stages["async save"]
-    assert_saved(stage, run, 5, reference)
+    run, stage = chain.run, chain.stage("async save")
+    assert_saved(stage, run, 5)
     assert stage["checkpoints"] == ["step-00000002", "step-00000004", "step-00000005"]
 
 
-def test_sigterm_during_an_evaluation_abandons_it_and_saves_the_step(stages, reference):
+def test_sigterm_during_an_evaluation_abandons_it_and_saves_the_step(chain, reference):
     """The evaluation after step 6 gives way; step 6 is saved, equal to the uninterrupted run's, and
     every step any stage trained has the uninterrupted run's loss."""
-    run, stage = stages["run"], stages["eval"]
+    run, stage = chain.run, chain.stage("eval")
     note = " (the evaluation after step 6 was abandoned: no val_loss for it)"
-    assert_saved(stage, run, 6, reference, note)
+    assert_saved(stage, run, 6, note)
     by_step = {m["step"]: m for m in metrics(run)}
     assert "val_loss" not in by_step[6]
     assert step_losses(run) == {s: v for s, v in step_losses(reference).items() if s <= 6}
@@ -141,11 +157,12 @@ def test_sigterm_during_an_evaluation_abandons_it_and_saves_the_step(stages, ref
 
 
 @pytest.mark.slow
-def test_the_interrupted_folder_finishes_like_the_uninterrupted_run(stages, reference, tmp_path):
+def test_the_interrupted_folder_finishes_like_the_uninterrupted_run(chain, reference, tmp_path):
     """The last stage's folder, resumed once more, ends with the uninterrupted run's losses, val_loss
     and final checkpoint."""
     run = tmp_path / "run"
-    shutil.copytree(stages["run"], run)
+    chain.stage("eval")
+    shutil.copytree(chain.run, run)
     train(run, *STEPS, nproc=2)
     assert step_losses(run) == step_losses(reference)
     assert metrics(run)[-1]["val_loss"] == metrics(reference)[-1]["val_loss"]

@@ -160,10 +160,16 @@ class FaultGuard:
     ):
         self.loss = LossGuard(train_cfg.on_bad_loss, train_cfg.spike_factor, device)
         self.rank, self.device = rank, device
+        self._own_preemption = preemption is None  # a guard alone (tests) installs its own handler
         self.preemption = preemption or Preemption(ckpt_cfg.preempt_grace_s, rank)
         self.timeout_s = collective_timeout_s
         self.step: int | None = None
         self._in_transit: tuple[HostCopy, int | None] | None = None  # the last step's flags (several ranks)
+
+    def close(self) -> None:
+        """Hand SIGTERM back, when the guard installed its own handler (the trainer's is train()'s)."""
+        if self._own_preemption:
+            self.preemption.close()
 
     @property
     def phase(self) -> str:
