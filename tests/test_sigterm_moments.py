@@ -167,3 +167,63 @@ def test_the_interrupted_folder_finishes_like_the_uninterrupted_run(chain, refer
     assert step_losses(run) == step_losses(reference)
     assert metrics(run)[-1]["val_loss"] == metrics(reference)[-1]["val_loss"]
     same_contents(run / "checkpoints/step-00000008", reference / "checkpoints/step-00000008")
+
+
+def test_start_up_leaves_at_once_and_training_only_flags(tmp_path):
+    """In one process: a SIGTERM inside start_up() raises Preempted there (exit 143, the line naming
+    what run.dir holds); inside uninterrupted() it waits for its end; after start-up it is a flag."""
+    import os
+    import signal
+    import time
+
+    from seektrain.train.preemption import Preempted, Preemption
+
+    def deliver():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)  # the handler runs in here
+
+    for section in ("plain", "uninterrupted"):
+        preemption = Preemption(grace_s=60.0, rank=0)
+        preemption.run_dir = tmp_path
+        moved = []
+        try:
+            with pytest.raises(Preempted) as got, preemption.start_up():
+                preemption.phase = "building the model"
+                if section == "plain":
+                    deliver()
+                else:
+                    with preemption.uninterrupted():
+                        deliver()
+                        moved.append("all")
+                moved.append("after")
+        finally:
+            preemption.close()
+        assert got.value.code == 143
+        assert got.value.line == (
+            "seektrain: preempted: SIGTERM during start-up (building the model): nothing was trained, "
+            "so no checkpoint was written; run.dir holds no checkpoint: the same command starts the run "
+            "afresh"
+        )
+        assert moved == ([] if section == "plain" else ["all"])
+    preemption = Preemption(grace_s=60.0, rank=0)
+    try:
+        with preemption.start_up():
+            pass
+        deliver()
+        assert preemption.received == signal.SIGTERM and preemption.agreed()
+    finally:
+        preemption.close()
+
+
+def test_launcher_relays_the_preempted_line_and_exits_143(tmp_path, capsys):
+    """Workers that got SIGTERM while the launcher did not (Slurm signals every task): one line, 143."""
+    from types import SimpleNamespace
+
+    from seektrain.launch.worker_errors import preempted_line, report_failures
+
+    line = f"{PREEMPTED}stopped after step 4 and saved x/step-00000004; run the same command again to resume"
+    for rank in range(2):
+        (tmp_path / f"rank-{rank}.txt").write_text(line)
+    assert preempted_line(tmp_path) == line
+    assert report_failures({r: SimpleNamespace(exitcode=143) for r in range(2)}, tmp_path) == 143
+    assert capsys.readouterr().err.splitlines() == [line + " [ranks 0, 1]"]
