@@ -59,9 +59,7 @@ def train(cfg: JobConfig) -> dict:
     # [faults] SIGTERM is handled from here on, at every moment of the run (preemption.py)
     preemption = Preemption(cfg.checkpoint.preempt_grace_s)
     preemption.run_dir = Path(cfg.run.dir)
-    install_startup_hooks(
-        preemption.rank, preemption
-    )  # [faults] the tests' start-up hooks; nothing otherwise
+    install_startup_hooks(preemption.rank, preemption)  # [faults] the tests' hooks; nothing otherwise
     try:
         with preemption.start_up():
             preemption.phase = "process-group initialisation"
