@@ -55,6 +55,9 @@ class Evaluator:
                 )
             except ValueError as err:  # no or too small a val split: train on, say why once
                 log.warning("no validation loss: %s", err)
+            else:  # every evaluation starts here (the loader would go on where the last one stopped,
+                # and a resumed run, whose first evaluation reads from here, would differ)
+                self._start = self.loader.state_dict()
 
     def due(self, step: int) -> bool:
         last = step == self.plan.job.train.steps
@@ -69,6 +72,7 @@ class Evaluator:
         and None returned, so a SIGTERM never waits for a long evaluation."""
         plan = self.plan
         ctx.model.eval()
+        self.loader.load_state_dict(self._start)
         try:
             batches = [
                 local_batch(plan, b.to(self.device)) for b in itertools.islice(iter(self.loader), self.steps)
