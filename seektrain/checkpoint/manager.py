@@ -190,11 +190,14 @@ class CheckpointManager:
         dist.broadcast(step, src=0, group=self.group)
         return None if step.item() < 0 else self.root / step_dir_name(int(step.item()))
 
-    def resume_choice(self, spec: str, configured: ModelConfig) -> ResumeChoice:
+    def resume_choice(
+        self, spec: str, configured: ModelConfig, uninterrupted=contextlib.nullcontext
+    ) -> ResumeChoice:
         """What this run starts from under ``checkpoint.resume=spec`` (collective). Rank 0 tidies the
         run dir (interrupted saves, corrupt checkpoints), decides (``resolve_resume``), sets aside what
         the decision leaves behind (``prepare_run_dir``) and shares the outcome, so every rank loads the
-        same checkpoint or raises the same one-line ValueError."""
+        same checkpoint or raises the same one-line ValueError. ``uninterrupted()`` surrounds the moves
+        of the setting aside (the trainer's: a SIGTERM then waits for them, ``train/preemption.py``)."""
         outcome: ResumeChoice | str | None = None
         if self.rank == 0:
             try:
@@ -202,7 +205,8 @@ class CheckpointManager:
                 outcome = resolve_resume(
                     self.root.parent, spec, configured, on_unusable=self._set_corrupt_aside
                 )
-                prepare_run_dir(self.root.parent, outcome)
+                with uninterrupted():
+                    prepare_run_dir(self.root.parent, outcome)
             except ValueError as err:
                 outcome = str(err)
             except OSError as err:  # the other ranks must hear of it too, or they wait for a broadcast

@@ -42,6 +42,13 @@ def report_user_error(err: BaseException) -> int:
     return EXIT_USER_ERROR
 
 
+def report_preempted(line: str, code: int) -> int:
+    """A worker stopped by SIGTERM: its one line (what run.dir holds) reaches the user once, like an
+    error's; ``code`` is 143."""
+    _tell(line)
+    return code
+
+
 def report_internal_error(err: BaseException, log_dir: str | Path | None) -> int:
     """Write the traceback into ``log_dir/train.log`` (else a temp file) and print one line naming it."""
     text = "".join(traceback.format_exception(err))

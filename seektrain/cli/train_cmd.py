@@ -102,8 +102,14 @@ def run(args: argparse.Namespace) -> int:
         from seektrain.launch.agent_lifeline import end_with_agent
 
         end_with_agent()  # a worker whose agent is killed must not train on alone
+    from seektrain.cli.errors import report_preempted
+    from seektrain.train.preemption import Preempted
     from seektrain.train.trainer import train
 
-    train(cfg)
+    try:
+        train(cfg)
+    except Preempted as stop:  # SIGTERM: exit 143 with the line saying what run.dir holds
+        sys.stdout.flush()
+        return report_preempted(stop.line, stop.code)
     sys.stdout.flush()
     return 0

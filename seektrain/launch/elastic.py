@@ -168,7 +168,7 @@ def _run(opts: LaunchOptions, worker_argv: list[str], what: str, net: NodeNetwor
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
 
-    from seektrain.launch.worker_errors import report_failures
+    from seektrain.launch.worker_errors import preempted_line, report_failures
 
     try:
         if net is not None:
@@ -177,10 +177,11 @@ def _run(opts: LaunchOptions, worker_argv: list[str], what: str, net: NodeNetwor
             register()
         _quiet_rendezvous_logs()
         run(parse_args(torchrun_args(opts, worker_argv, net)))
-    except SignalException as err:  # preemption: the workers saved a checkpoint on their way out
+    except SignalException as err:  # preemption: the workers' own line says what they kept
         print(
-            f"seektrain: stopped by signal {err.sigval.name}; the workers saved a checkpoint to resume from "
-            "(run the same command again)",
+            preempted_line(errors)
+            or f"seektrain: stopped by signal {err.sigval.name} before the workers said what they saved; "
+            "the same command resumes from the newest complete checkpoint in run.dir",
             file=sys.stderr,
         )
         return 128 + int(err.sigval)

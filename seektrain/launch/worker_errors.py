@@ -17,6 +17,8 @@ from pathlib import Path
 
 EXIT_USER_ERROR = 2  # bad input: a config key, a flag, a file
 EXIT_FAILED = 1  # the input was fine and the run failed (internal errors included)
+EXIT_PREEMPTED = 143  # SIGTERM: the workers saved what they could and left (train/preemption.py)
+PREEMPTED = "seektrain: preempted"  # how their line starts
 # Set by our launcher for its workers: the folder where each worker leaves its error line (rank-N.txt,
 # written by cli/errors.py), and whether the worker should leave the printing to the launcher.
 ERROR_DIR_ENV = "SEEKTRAIN_WORKER_ERRORS"
@@ -77,6 +79,8 @@ def report_failures(failures: dict, folder: Path | None = None, what: str = "tra
             f"seektrain: error: {what} workers failed without a message: {', '.join(silent)}; see {where}",
             file=sys.stderr,
         )
+    if said and not silent and all(m.startswith(PREEMPTED) for m in said):
+        return EXIT_PREEMPTED  # SIGTERM reached the workers and not this launcher: they saved and left
     # A worker that refused bad input may be stopped by a signal while exiting: its line decides.
     all_bad_input = (
         not silent
@@ -84,6 +88,12 @@ def report_failures(failures: dict, folder: Path | None = None, what: str = "tra
         and any(f.exitcode == EXIT_USER_ERROR for f in failures.values())
     )
     return EXIT_USER_ERROR if all_bad_input else EXIT_FAILED
+
+
+def preempted_line(folder: Path) -> str:
+    """The line of the lowest rank stopped by SIGTERM (train/preemption.py), or ""."""
+    ranks = sorted(int(p.stem.removeprefix("rank-")) for p in folder.glob("rank-*.txt"))
+    return next((line for r in ranks if (line := _line(folder, r)).startswith(PREEMPTED)), "")
 
 
 def _line(folder: Path, rank: int) -> str:

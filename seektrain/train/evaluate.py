@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -73,9 +74,12 @@ class Evaluator:
         return [local_batch(self.plan, b.to(self.device)) for b in batches]
 
     @torch.no_grad()
-    def val_loss(self, ctx) -> float:
+    def val_loss(self, ctx, stop: Callable[[], bool] | None = None) -> float | None:
         """Validation loss of ``ctx`` (a ``StepContext``): the next-token cross-entropy summed over the
-        trained tokens of ``eval_steps`` micro-batches per rank, over their count on all ranks."""
+        trained tokens of ``eval_steps`` micro-batches per rank, over their count on all ranks.
+        ``stop`` (collective, the same answer on every rank: ``Preemption.agreed``) is asked before each
+        micro-batch (under a pipeline, each step's worth); when it says so the evaluation is abandoned
+        and None returned, so a SIGTERM never waits for a long evaluation."""
         plan = self.plan
         ctx.model.eval()
         try:
@@ -83,9 +87,14 @@ class Evaluator:
             denominators = step_denominators(plan, batches)
             total = torch.zeros((), device=self.device)
             if plan.pp > 1:
-                total += self._pipeline_losses(ctx, batches, denominators)
+                lm = self._pipeline_losses(ctx, batches, denominators, stop)
+                if lm is None:
+                    return None
+                total += lm
             else:
                 for batch in batches:
+                    if stop is not None and stop():
+                        return None
                     with ctx.autocast:
                         out = ctx.model(
                             batch.tokens,
@@ -103,12 +112,14 @@ class Evaluator:
         finally:
             ctx.model.train()
 
-    def _pipeline_losses(self, ctx, batches, denominators: torch.Tensor) -> torch.Tensor:
+    def _pipeline_losses(self, ctx, batches, denominators: torch.Tensor, stop) -> torch.Tensor | None:
         """Sum over ``batches`` of their lm loss shares, through the pipeline schedule's forward-only pass,
-        one step's worth (``accum_steps`` micro-batches) at a time."""
+        one step's worth (``accum_steps`` micro-batches) at a time; None when ``stop`` said so."""
         pm, loss_fn, accum = ctx.parallel, ctx.pipeline_loss, self.plan.accum_steps
         lm = torch.zeros((), device=self.device)
         for i in range(0, len(batches), accum):
+            if stop is not None and stop():
+                return None
             args, kwargs, cat = pipeline_inputs(self.plan, pm, batches[i : i + accum], self.device)
             loss_fn.records.clear()
             loss_fn.denominators = denominators

@@ -17,11 +17,23 @@ rank ``RANK`` (every rank when omitted) and on the first attempt of an elastic j
     OOM          the step raises torch.OutOfMemoryError at its start (a step that does not fit)
     NAN          the loss of the step becomes NaN before backward (a diverged step)
     CKPT_ENOSPC  writing the checkpoint of the step raises OSError(ENOSPC) (a full disk)
+    SIGTERM_SAVE while the checkpoint of the step is being written: a sync save's signal lands in DCP's
+                 write on the training thread; an async save's once ``save()`` has returned and its
+                 write, held back for a second, is still in flight on its thread
+    SIGTERM_EVAL during the evaluation after the step (in its first micro-batch)
 
-One hook acts at start-up, before any step, so it names a rank only (``install_startup_hooks``):
+A SIGTERM hook sends the signal as a cluster does: to the launcher, which forwards it to every worker
+(torchrun does), or to the process itself when there is no launcher; then it waits until this worker's
+handler has run, so the signal lands inside the moment named. Name one rank (``STEP:0``): a launcher
+sent SIGTERM twice is not what clusters do.
+
+Two hooks act at start-up, before any step, so they name a rank only, or a moment (``install_startup_hooks``):
 
     UNSHARED_RUN_DIR=RANK  that rank reads the shared-storage marker from a folder of its own, as a
                            node whose run.dir is a local disk would (checkpoint/shared_dir.py)
+    SIGTERM_STARTUP=MOMENT[:RANK]  SIGTERM at the start of a start-up moment: ``init`` (the process
+                           group), ``data`` (opening the data, its manifest check), ``model`` (building
+                           the model), ``resume`` (loading the checkpoint)
 
 One hook damages the data while the run reads it (``install_data_hooks``), counted in global batches:
 
@@ -37,30 +49,52 @@ import errno
 import functools
 import os
 import signal
+import threading
 import time
+from pathlib import Path
 
 import torch
 
 PREFIX = "SEEKTRAIN_TEST_"
-HOOKS = ("KILL", "HANG", "OOM", "NAN", "CKPT_ENOSPC")
+HOOKS = ("KILL", "HANG", "OOM", "NAN", "CKPT_ENOSPC", "SIGTERM_SAVE", "SIGTERM_EVAL")
+WAIT_FOR_HANDLER_S = 30.0
+ASYNC_WRITE_HELD_S = 1.0  # SIGTERM_SAVE holds an async write this long, so it is in flight at the stop
 
 
 def _wanted(name: str, rank: int) -> int | None:
     """The step hook ``name`` fires at on ``rank`` in this attempt, or None."""
     value = os.environ.get(PREFIX + name)
-    if not value or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) != 0:
+    if not value or not _first_attempt():
         return None
     step, _, want_rank = value.partition(":")
     return int(step) if not want_rank or int(want_rank) == rank else None
 
 
-def install_startup_hooks(rank: int) -> list[str]:
-    """The start-up hooks whose variables are set for this ``rank`` (empty on a normal run)."""
+def _sigterm(preemption) -> None:
+    """SIGTERM to the launcher (it forwards it to every worker) or, without one, to this process; then
+    wait until ``preemption``'s handler has run here (during start-up it raises, ending the wait)."""
+    os.kill(os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid(), signal.SIGTERM)
+    deadline = time.monotonic() + WAIT_FOR_HANDLER_S
+    while preemption.received is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _first_attempt() -> bool:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0
+
+
+def install_startup_hooks(rank: int, preemption) -> list[str]:
+    """The start-up hooks whose variables are set for this ``rank`` (empty on a normal run); installed
+    before the process group exists (``rank`` is torchrun's ``RANK``). ``preemption``: the worker's
+    SIGTERM handler (train/preemption.py)."""
+    installed = []
+    moment, _, want_rank = os.environ.get(PREFIX + "SIGTERM_STARTUP", "").partition(":")
+    if moment and _first_attempt() and (not want_rank or int(want_rank) == rank):
+        _sigterm_at_startup(moment, preemption)
+        installed.append("SIGTERM_STARTUP")
     value = os.environ.get(PREFIX + "UNSHARED_RUN_DIR")
     if not value or int(value) != rank:
-        return []
-    from pathlib import Path
-
+        return installed
     from seektrain.checkpoint import shared_dir
 
     read_marker = shared_dir.read_marker
@@ -71,7 +105,31 @@ def install_startup_hooks(rank: int) -> list[str]:
         return read_marker(local / path.name)
 
     shared_dir.read_marker = read_elsewhere
-    return ["UNSHARED_RUN_DIR"]
+    return [*installed, "UNSHARED_RUN_DIR"]
+
+
+def _sigterm_at_startup(moment: str, preemption) -> None:
+    """Wrap the start-up function of ``moment`` so that SIGTERM arrives as it starts."""
+    from seektrain.checkpoint.manager import CheckpointManager
+    from seektrain.train import trainer
+
+    owners = {
+        "init": (trainer, "init_distributed"),
+        "data": (trainer, "open_training_data"),
+        "model": (trainer, "build_step_context"),
+        "resume": (CheckpointManager, "load"),
+    }
+    if moment not in owners:
+        raise ValueError(f"{PREFIX}SIGTERM_STARTUP={moment}: use one of {', '.join(owners)}")
+    owner, name = owners[moment]
+    real = getattr(owner, name)
+
+    @functools.wraps(real)
+    def signalled(*args, **kwargs):
+        _sigterm(preemption)
+        return real(*args, **kwargs)
+
+    setattr(owner, name, signalled)
 
 
 def install_from_env(guard, rank: int) -> list[str]:
@@ -85,6 +143,8 @@ def install_from_env(guard, rank: int) -> list[str]:
 
     def at(name: str) -> bool:
         return steps.get(name) == guard.step
+
+    sent: list[int] = []  # a SIGTERM hook fires once
 
     if {"KILL", "HANG", "OOM"} & steps.keys():
         begin_step = guard.begin_step
@@ -111,15 +171,46 @@ def install_from_env(guard, rank: int) -> list[str]:
             return (loss * float("nan") if at("NAN") else loss), parts
 
         step_module.model_loss = nan_loss
-    if "CKPT_ENOSPC" in steps:
+    if {"CKPT_ENOSPC", "SIGTERM_SAVE"} & steps.keys():
 
-        class FullDisk(storage.Writer):
+        class FaultyDisk(storage.Writer):
             def write_data(self, plan, planner):
-                if at("CKPT_ENOSPC"):
+                step = int(Path(self.path).name.removeprefix("step-")[:8])  # the .tmp folder's step
+                if steps.get("CKPT_ENOSPC") == step:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+                if steps.get("SIGTERM_SAVE") == step and not sent:
+                    if threading.current_thread() is threading.main_thread():
+                        sent.append(step)  # a sync save: the signal lands in its write
+                        _sigterm(guard.preemption)
+                    else:  # an async save: still writing when the signal comes, and a while after
+                        time.sleep(ASYNC_WRITE_HELD_S)
                 return super().write_data(plan, planner)
 
-        manager.Writer = FullDisk
+        manager.Writer = FaultyDisk
+    if "SIGTERM_SAVE" in steps:
+        save = manager.CheckpointManager.save
+
+        @functools.wraps(save)
+        def save_in_flight(self, step, *args, **kwargs):
+            save(self, step, *args, **kwargs)
+            if steps["SIGTERM_SAVE"] == step and self.in_flight() and not sent:
+                sent.append(step)  # the async write of the step has begun on its thread
+                _sigterm(guard.preemption)
+
+        manager.CheckpointManager.save = save_in_flight
+    if "SIGTERM_EVAL" in steps:
+        from seektrain.train import evaluate
+
+        eval_loss = evaluate.model_loss
+
+        @functools.wraps(eval_loss)
+        def signalled_eval_loss(*args, **kwargs):
+            if at("SIGTERM_EVAL") and not sent:
+                sent.append(guard.step)
+                _sigterm(guard.preemption)
+            return eval_loss(*args, **kwargs)
+
+        evaluate.model_loss = signalled_eval_loss
     return sorted(steps)
 
 

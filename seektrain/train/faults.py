@@ -1,12 +1,10 @@
 """What training does when something goes wrong, so that no failure costs more than the steps since
 the last checkpoint and every failure ends with one readable line.
 
-* Preemption (SIGTERM, which torchrun forwards to its workers): the signal handler only sets a flag;
-  after each step the flags of all ranks are all-reduced (MAX) and read one step later (so the read
-  never waits for the device), so every rank stops at the *same* step, saves a checkpoint of it and
-  exits with status 143. A watchdog ends the process if that takes longer
-  than ``checkpoint.preempt_grace_s`` (torchrun sends SIGKILL 30 s after SIGTERM; a half-written
-  checkpoint is invisible anyway).
+* Preemption (SIGTERM, which torchrun forwards to its workers): ``preemption.py`` handles the signal at
+  every moment of the run; during training its handler only sets a flag, and after each step the flags
+  of all ranks are all-reduced (MAX) and read one step later (so the read never waits for the device),
+  so every rank stops at the *same* step, saves a checkpoint of it and exits with status 143.
 * Bad losses: the data-parallel mean loss of a step is judged on the device before the optimizer step.
   NaN/Inf, or more than ``train.spike_factor`` × the running mean of recent good losses, masks the
   update; at the next flush step (``seektrain.train.step_log``, always before a checkpoint) the host
@@ -34,9 +32,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
-import sys
-import threading
 import traceback
 from dataclasses import dataclass
 
@@ -44,10 +39,10 @@ import torch
 import torch.distributed as dist
 
 from seektrain.errors import RunFailure
+from seektrain.train.preemption import Preemption
 from seektrain.train.transfer import HostCopy
 
 log = logging.getLogger("seektrain.train")
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what a shell reports for a process ended by SIGTERM
 SPIKE_WINDOW = 50  # good losses in the running mean
 SPIKE_MIN_HISTORY = 5  # no spike verdict before this many good losses
 
@@ -152,7 +147,8 @@ class LossGuard:
 
 class FaultGuard:
     """Per-step fault handling for the trainer: ``begin_step`` / ``end_step`` around every step,
-    ``raise_readable`` for errors of the loop, ``exit_preempted`` after the preemption checkpoint."""
+    ``raise_readable`` for errors of the loop. SIGTERM is the ``preemption``'s (preemption.py), installed
+    before the start-up; the guard carries its flag through the per-step all-reduce."""
 
     def __init__(
         self,
@@ -161,6 +157,7 @@ class FaultGuard:
         rank: int,
         device: torch.device,
         collective_timeout_s: float = 600.0,
+        preemption: Preemption | None = None,
         facts: list[dict] | None = None,
     ):
         self.loss = LossGuard(train_cfg.on_bad_loss, train_cfg.spike_factor, device)
@@ -168,57 +165,25 @@ class FaultGuard:
         self.facts = (
             facts or []
         )  # every rank's host and address (dist_env.node_facts): who a collective waits on
-        self.grace_s = ckpt_cfg.preempt_grace_s
+        self._own_preemption = preemption is None  # a guard alone (tests) installs its own handler
+        self.preemption = preemption or Preemption(ckpt_cfg.preempt_grace_s, rank)
         self.timeout_s = collective_timeout_s
-        self.phase = "start-up"
         self.step: int | None = None
-        self.signal_received: int | None = None
         self._in_transit: tuple[HostCopy, int | None] | None = None  # the last step's flags (several ranks)
-        self._watchdog: threading.Timer | None = None
-        self._previous = None
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
-
-    # ------------------------------------------------------------------ preemption
-    def _on_signal(self, signum, _frame) -> None:
-        if self.signal_received is not None:
-            return
-        self.signal_received = signum
-        log.warning(
-            "rank %d received %s during %s: saving a checkpoint after this step (grace %.0f s)",
-            self.rank,
-            signal.Signals(signum).name,
-            self.phase,
-            self.grace_s,
-        )
-        self._watchdog = threading.Timer(self.grace_s, self._grace_expired)
-        self._watchdog.daemon = True
-        self._watchdog.start()
-
-    def _grace_expired(self) -> None:
-        sys.stderr.write(
-            f"seektrain: error: rank {self.rank}: no checkpoint within checkpoint.preempt_grace_s="
-            f"{self.grace_s:g} s after SIGTERM (during {self.phase}); exiting, the previous "
-            "checkpoint stays valid\n"
-        )
-        sys.stderr.flush()
-        os._exit(PREEMPTED_EXIT_CODE)
-
-    def exit_preempted(self, step: int, path) -> None:
-        """Called on every rank once the preemption checkpoint is committed: exit with status 143."""
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-        log.warning(
-            "preempted: stopped after step %d and saved %s; run the same command again to resume", step, path
-        )
-        raise SystemExit(PREEMPTED_EXIT_CODE)
 
     def close(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        """Hand SIGTERM back, when the guard installed its own handler (the trainer's is train()'s)."""
+        if self._own_preemption:
+            self.preemption.close()
+
+    @property
+    def phase(self) -> str:
+        """What the run is doing, for the lines of a preemption or a failed collective."""
+        return self.preemption.phase
+
+    @phase.setter
+    def phase(self, text: str) -> None:
+        self.preemption.phase = text
 
     # ------------------------------------------------------------------ per step
     def begin_step(self, step: int) -> None:
@@ -238,7 +203,7 @@ class FaultGuard:
         reading them never waits for the work queued after them, the flags all-reduced after step N are
         read after step N + 1 (their copy to the host was queued right behind the all-reduce): every rank
         still stops at the same step, one step after the signal was seen."""
-        flags = [float(self.signal_received is not None), float(writing)]
+        flags = [float(self.preemption.received is not None), float(writing)]
         if dist.is_initialized() and dist.get_world_size() > 1:
             self.phase = f"the stop-flag all-reduce after step {step}"
             exchanged = self._exchange(flags, pending)

@@ -8,6 +8,7 @@ is; each step of the sequence is a function below or a module of its own.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -44,6 +45,7 @@ from seektrain.train.monitor import RunMonitor
 from seektrain.train.optim import build_optimizer, build_scheduler
 from seektrain.train.pipeline_step import PipelineLoss
 from seektrain.train.precision import DynamicLossScaler
+from seektrain.train.preemption import Preemption
 from seektrain.train.progress import setup_logging
 from seektrain.train.setup_data import TrainingData, open_training_data
 from seektrain.train.setup_model import initial_weights
@@ -55,83 +57,110 @@ log = logging.getLogger("seektrain.train")
 
 
 def train(cfg: JobConfig) -> dict:
-    env = init_distributed(cfg.dist)
+    # [faults] SIGTERM is handled from here on, at every moment of the run (preemption.py)
+    preemption = Preemption(cfg.checkpoint.preempt_grace_s)
+    preemption.run_dir = Path(cfg.run.dir)
+    install_startup_hooks(preemption.rank, preemption)  # [faults] the tests' hooks; nothing otherwise
     try:
-        return _train(cfg, env)
+        with preemption.start_up():
+            preemption.phase = "process-group initialisation"
+            env = init_distributed(cfg.dist)
+        try:
+            return _train(cfg, env, preemption)
+        finally:
+            release_environment(env)  # a world of one leaves no torchrun variables nor process group behind
     finally:
-        release_environment(env)  # a world of one leaves no torchrun variables nor process group behind
+        preemption.close()
 
 
-def _train(cfg: JobConfig, env: DistEnv) -> dict:
-    run_dir = Path(cfg.run.dir)
-    ckpt = CheckpointManager(
-        run_dir,
-        cfg.checkpoint.keep,
-        cfg.checkpoint.async_save,
-        env.rank,
-        pin_memory=policy_for(env.device).pin_host_memory(),
-        on_write_error=cfg.checkpoint.on_write_error,
-        adapters_only=cfg.lora.enabled,  # [lora] the frozen base is never written into checkpoints
-    )
-    install_startup_hooks(env.rank)  # [faults] the tests' unshared run.dir; nothing otherwise
-    install_data_hooks(env.rank)  # [faults] the tests' shard damaged mid-run; nothing otherwise
-    check_shared_run_dir(run_dir, env.rank, ckpt.group)  # before any work: every rank sees rank 0's run.dir
-    # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
-    # every rank gets the same checkpoint and model, or the same one-line refusal; then parallel.auto
-    # and the run plan, exactly as the launcher resolved them (startup.py)
-    begin = resolve_start(cfg, env.world_size, env.device.type, ckpt.resume_choice)
-    plan, start, cfg = begin.plan, begin.resume, begin.plan.job
-    build_meshes(plan)  # every DeviceMesh of the run, held by the plan (plan.meshes)
-    plan.platform.prepare_process(cfg.train.deterministic, cfg.cpu.keep_freed_memory)
-    write_run_files(plan, run_dir, env)
-    setup_logging(run_dir, env.rank)
-    if begin.auto_why:
-        log.info(begin.auto_why)
-    log.info(plan.precision.why)  # [precision] precision.dtype, auto decided for this device
-    torch.manual_seed(cfg.train.seed)
-    if cfg.train.deterministic:
-        torch.use_deterministic_algorithms(True)
+def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
+    # everything before the first step: checks, plan, data, model, resume; a SIGTERM until the first
+    # step leaves at once and writes nothing (preemption.py)
+    with preemption.start_up():
+        run_dir = Path(cfg.run.dir)
+        preemption.phase = "the run.dir checks"
+        ckpt = CheckpointManager(
+            run_dir,
+            cfg.checkpoint.keep,
+            cfg.checkpoint.async_save,
+            env.rank,
+            pin_memory=policy_for(env.device).pin_host_memory(),
+            on_write_error=cfg.checkpoint.on_write_error,
+            adapters_only=cfg.lora.enabled,  # [lora] the frozen base is never written into checkpoints
+        )
+        install_data_hooks(env.rank)  # [faults] the tests' shard damaged mid-run; nothing otherwise
+        preemption.open_group()  # [faults] the ranks agree on a SIGTERM during an evaluation or a save
+        # before any work: every rank sees rank 0's run.dir
+        check_shared_run_dir(run_dir, env.rank, ckpt.group)
+        # [checkpoint] checkpoint.resume: rank 0 decides (and sets aside what a fresh start leaves behind),
+        # every rank gets the same checkpoint and model, or the same one-line refusal; then parallel.auto
+        # and the run plan, exactly as the launcher resolved them (startup.py)
+        preemption.phase = "the choice of checkpoint to resume from"
+        choose = functools.partial(ckpt.resume_choice, uninterrupted=preemption.uninterrupted)
+        begin = resolve_start(cfg, env.world_size, env.device.type, choose)
+        plan, start, cfg = begin.plan, begin.resume, begin.plan.job
+        build_meshes(plan)  # every DeviceMesh of the run, held by the plan (plan.meshes)
+        plan.platform.prepare_process(cfg.train.deterministic, cfg.cpu.keep_freed_memory)
+        write_run_files(plan, run_dir, env)
+        setup_logging(run_dir, env.rank)
+        if begin.auto_why:
+            log.info(begin.auto_why)
+        log.info(plan.precision.why)  # [precision] precision.dtype, auto decided for this device
+        torch.manual_seed(cfg.train.seed)
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True)
 
-    data = open_training_data(
-        cfg,
-        plan.model,
-        plan.meshes.dp.get_local_rank(),
-        plan.dp,
-        env.is_main,
-        env.device if plan.platform.pin_host_memory() else None,
-    )
-    if env.is_main:  # the tokenizer and its chat template travel with the run (data/tokenizer_files.py)
-        log.info(copy_to_run(data.dataset.manifest, run_dir))
-    guard = FaultGuard(
-        cfg.train,
-        cfg.checkpoint,
-        env.rank,
-        env.device,  # [faults] SIGTERM, bad loss, hangs
-        cfg.dist.collective_timeout_s,
-        env.facts,  # [faults] the peers a failed collective names
-    )
-    install_from_env(guard, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
-    # [lora] a LoRA checkpoint holds no base: it is read again from model.hf_path (or re-initialised)
-    weights = initial_weights(cfg) if start.checkpoint is None or plan.lora else None
-    ctx = build_step_context(plan, env.device, data, guard, weights)
-    start_step = 0
-    if start.checkpoint is not None:
-        state = ckpt.load(start.checkpoint, ctx.model, ctx.optimizer)
-        start_step = restore_trainer_state(state, ctx.scheduler, ctx.scaler, data.batches, guard.loss)
-        log.info("resumed from %s at step %d", start.checkpoint, start_step)
-    log_layout(plan, ctx, data, env)
-
-    evaluator = Evaluator(plan, data.path, plan.meshes.dp.get_local_rank(), env.device)
-    monitor = RunMonitor(
-        plan, run_dir, env.rank, env.local_rank, env.device, start_step, resumed=start.checkpoint is not None
-    )
-    trainer_state = _trainer_state_fn(
-        plan, ctx, data, guard, env, lora_record(cfg, plan.model, plan.compute_dtype)
-    )
-    # per-step values stay on the device until a flush step reads them (step_log.py)
-    steps_log = StepLog(
-        monitor, ctx.loss_guard, env.device, cfg.run.log_interval, start_step + 1, cfg.train.steps
-    )
+        preemption.phase = "opening the training data (its manifest check)"
+        data = open_training_data(
+            cfg,
+            plan.model,
+            plan.meshes.dp.get_local_rank(),
+            plan.dp,
+            env.is_main,
+            env.device if plan.platform.pin_host_memory() else None,
+        )
+        if env.is_main:  # the tokenizer and its chat template travel with the run (data/tokenizer_files.py)
+            log.info(copy_to_run(data.dataset.manifest, run_dir))
+        guard = FaultGuard(
+            cfg.train,
+            cfg.checkpoint,
+            env.rank,
+            env.device,  # [faults] SIGTERM, bad loss, hangs
+            cfg.dist.collective_timeout_s,
+            preemption,
+            env.facts,  # [faults] the peers a failed collective names
+        )
+        install_from_env(guard, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
+        # [lora] a LoRA checkpoint holds no base: it is read again from model.hf_path (or re-initialised)
+        preemption.phase = "reading the initial weights"
+        weights = initial_weights(cfg) if start.checkpoint is None or plan.lora else None
+        preemption.phase = "building the model"
+        ctx = build_step_context(plan, env.device, data, guard, weights)
+        start_step = 0
+        if start.checkpoint is not None:
+            preemption.phase = f"loading checkpoint {start.checkpoint}"
+            state = ckpt.load(start.checkpoint, ctx.model, ctx.optimizer)
+            start_step = restore_trainer_state(state, ctx.scheduler, ctx.scaler, data.batches, guard.loss)
+            log.info("resumed from %s at step %d", start.checkpoint, start_step)
+        preemption.phase = "the last start-up checks"
+        log_layout(plan, ctx, data, env)
+        evaluator = Evaluator(plan, data.path, plan.meshes.dp.get_local_rank(), env.device)
+        monitor = RunMonitor(
+            plan,
+            run_dir,
+            env.rank,
+            env.local_rank,
+            env.device,
+            start_step,
+            resumed=start.checkpoint is not None,
+        )
+        trainer_state = _trainer_state_fn(
+            plan, ctx, data, guard, env, lora_record(cfg, plan.model, plan.compute_dtype)
+        )
+        # per-step values stay on the device until a flush step reads them (step_log.py)
+        steps_log = StepLog(
+            monitor, ctx.loss_guard, env.device, cfg.run.log_interval, start_step + 1, cfg.train.steps
+        )
     ctx.model.train()
     t_run = time.perf_counter()
     step = start_step
@@ -141,19 +170,30 @@ def _train(cfg: JobConfig, env: DistEnv) -> dict:
             monitor.before_step(step)
             record = train_step(ctx, step)
             evaluating = evaluator.due(step)
+            abandoned = False  # [faults] the evaluation gave way to a SIGTERM: this step is saved as it is
             if evaluating:
-                record.values["val_loss"] = evaluator.val_loss(ctx)
+                guard.phase = f"the evaluation after step {step}"
+                val_loss = evaluator.val_loss(ctx, stop=preemption.agreed)
+                abandoned = val_loss is None
+                if not abandoned:
+                    record.values["val_loss"] = val_loss
             steps_log.add(step, record)
             saving = (
                 bool(cfg.checkpoint.interval)
                 and step % cfg.checkpoint.interval == 0
                 and step < cfg.train.steps
+                and not abandoned
             )
             if saving:
                 steps_log.settle()  # [faults] a bad loss stops the run before a checkpoint holds its step
+                guard.phase = f"the checkpoint of step {step}"
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step), retry_later=True)
-            # [faults] one all-reduce: SIGTERM on any rank, and an async checkpoint written everywhere
-            preempted, written = guard.end_step(step, ckpt.in_flight(), ckpt.pending_step)
+            # [faults] a SIGTERM during a sync save that was committed: that save is the preemption's
+            saved = saving and not ckpt.async_save and ckpt.last_step == step
+            if abandoned or (saved and preemption.agreed()):
+                preempted, written = True, None
+            else:  # [faults] one all-reduce: SIGTERM on any rank, and an async checkpoint written everywhere
+                preempted, written = guard.end_step(step, ckpt.in_flight(), ckpt.pending_step)
             ckpt.commit(written)
             stall = ckpt.take_stall_s()  # what this step's checkpoint save or commit blocked training for
             if stall is not None:
@@ -163,7 +203,10 @@ def _train(cfg: JobConfig, env: DistEnv) -> dict:
                 steps_log.flush()
             if preempted:  # [faults] SIGTERM on any rank: every rank saves this step, exits 143
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step), blocking=True)
-                guard.exit_preempted(step, ckpt.root / step_dir_name(step))
+                what = f"stopped after step {step} and saved {ckpt.root / step_dir_name(step)}"
+                if abandoned:
+                    what += f" (the evaluation after step {step} was abandoned: no val_loss for it)"
+                raise preemption.leave(what)
         steps_log.flush()
         if step > start_step or start.checkpoint is None:
             ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step))
@@ -180,7 +223,6 @@ def _train(cfg: JobConfig, env: DistEnv) -> dict:
     finally:
         data.close()  # the prefetch thread ends here: after the last step, on errors and on preemption
         ckpt.close()
-        guard.close()
         monitor.close()
     summary = monitor.summarise(
         time.perf_counter() - t_run, _local_numel(ctx.model), layout_ran(ctx.parallel, plan.meshes.world)
