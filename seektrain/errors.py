@@ -19,6 +19,11 @@ from __future__ import annotations
 
 import contextlib
 
+# A worker stopped by SIGTERM (train/preemption.py): its exit status, 128 + SIGTERM as a shell reports a
+# process the signal ended, and how its one line starts (the launcher relays it: launch/worker_errors.py)
+EXIT_PREEMPTED = 143
+PREEMPTED = "seektrain: preempted"
+
 
 class UserError(ValueError):
     """Bad input: the message names the config key, flag or file at fault and the fix."""

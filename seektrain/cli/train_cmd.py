@@ -103,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
 
         end_with_agent()  # a worker whose agent is killed must not train on alone
     from seektrain.cli.errors import report_preempted
+    from seektrain.train import preemption
     from seektrain.train.preemption import Preempted
+
+    preemption.report_line = report_preempted  # the grace watchdog's line, the CLI's one-line way
     from seektrain.train.trainer import train
 
     try:

@@ -32,17 +32,28 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from seektrain.checkpoint.finder import complete_checkpoints
-from seektrain.launch.worker_errors import EXIT_PREEMPTED, PREEMPTED
+from seektrain.errors import EXIT_PREEMPTED, PREEMPTED
 
 log = logging.getLogger("seektrain.train")
 PREEMPTED_EXIT_CODE = EXIT_PREEMPTED  # 128 + SIGTERM, what a shell reports for a process ended by it
 PREEMPTED_PREFIX = PREEMPTED  # the one line's start (the launcher relays it, launch/worker_errors.py)
+
+
+def _print_line(line: str, code: int) -> int:
+    print(line, file=sys.stderr)
+    return code
+
+
+# How the watchdog's line reaches the user: the CLI sets its one-line path (cli/errors.report_preempted,
+# which leaves a worker's line to its launcher); the trainer knows nothing of the CLI.
+report_line: Callable[[str, int], int] = _print_line
 
 
 class Preempted(SystemExit):
@@ -104,10 +115,8 @@ class Preemption:
         )
 
     def _grace_expired(self) -> None:
-        from seektrain.cli.errors import report_preempted  # the CLI's one-line path, from this thread
-
         sys.stdout.flush()
-        report_preempted(
+        report_line(
             f"{PREEMPTED_PREFIX}: SIGTERM, and no checkpoint was written within "
             f"checkpoint.preempt_grace_s={self.grace_s:g} s (during {self.phase}); {kept(self.run_dir)}",
             PREEMPTED_EXIT_CODE,
