@@ -202,7 +202,7 @@ def layouts(
     ``parallel.cpu_offload`` off and on (``offload_modes``: the values to try; ``(None,)`` leaves the key
     out); pp up to the layer count; dp_replicate so that a shard group (``dp_shard × cp × tp`` ranks)
     spans 1, 2, 4, ... nodes (or everything); ep over the experts, whole tp and cp groups times a
-    divisor of ``dp_shard`` (not cp, tp and ep together, which the run plan refuses); micro-batch;
+    divisor of ``dp_shard`` (cp × tp × ep together too: ``ep = cp·tp·k``); micro-batch;
     checkpointing."""
     if offload_modes is None:
         offload_modes = (False, True)
@@ -214,7 +214,7 @@ def layouts(
                 shard_sizes = {dp} | {s for s in (per_node * k for k in _powers_of_two(dp)) if dp % s == 0}
                 for dp_shard in sorted(shard_sizes):
                     eps = [1]
-                    if model.is_moe and (cp == 1 or tp == 1):  # cp × tp × ep together is refused
+                    if model.is_moe:
                         unit = tp * cp  # an ep group takes whole tp and cp groups
                         eps += [
                             unit * k
