@@ -48,13 +48,14 @@ _hops = 0  # ring hops this process has issued eagerly (forward and backward): t
 # effect inside an autograd.Function, and a Python int read there becomes a guard, so a recompile per
 # call): an in-place add on a host tensor, which the graph replays at every call.
 _compiled_hops = torch.zeros((), dtype=torch.int64)
+_compiled_calls = False  # set (a store, never read inside the graph) once a compiled call counted there
 
 
 def ring_hops() -> int:
     """How many key/value hops this process has issued so far (a host counter, no device sync): the
     run monitor's per-step difference goes into ``summary.json`` (``layout_ran``), so a run whose
     attention never left the rank shows 0."""
-    return _hops + int(_compiled_hops)
+    return _hops + (int(_compiled_hops) if _compiled_calls else 0)  # eager runs read no tensor
 
 
 def hops_per_call(cp: int, backward: bool) -> int:
@@ -208,6 +209,8 @@ def ring_attention(q, k, v, scale: float, docs, group: ProcessGroup) -> torch.Te
     k [B, H, T, K], v [B, H, T, V] (T: this rank's two chunks) -> [B, H, T, V] in q's dtype. ``docs``:
     ``chunk_documents``' [B, 2·cp, T/2] document ids, or None (one document per row)."""
     if torch.compiler.is_compiling():
+        global _compiled_calls
+        _compiled_calls = True
         backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         _compiled_hops.add_(hops_per_call(group.size(), backward))
     return _RingAttention.apply(q, k, v, scale, docs, group)
