@@ -60,7 +60,7 @@ import torch
 
 from bench_model_vs_hf import LOGITS_TOLERANCE, cast_model, logits_diff, make_step
 from seektrain.models import ModelConfig, build_model, count_params, get_preset
-from seektrain.models.hf_io import from_pretrained, save_pretrained
+from seektrain.models.deepseek.hf_io import from_pretrained, save_pretrained
 from seektrain.observe.flops import model_flops_per_token
 from seektrain.platform import policy_for
 

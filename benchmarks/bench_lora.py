@@ -92,8 +92,8 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     import torch.distributed as dist
 
     from seektrain.config.loader import load_config
-    from seektrain.models.presets import get_preset
-    from seektrain.models.transformer import build_model
+    from seektrain.models.deepseek.presets import get_preset
+    from seektrain.models.deepseek.transformer import build_model
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.optim import build_optimizer
@@ -137,7 +137,7 @@ def _free_port() -> int:
 def predicted_bytes(args: argparse.Namespace, mode: str) -> float:
     """The planner's per-rank tensor total for the same run (allowance for fragmentation left out)."""
     from seektrain.config.loader import load_config
-    from seektrain.models.presets import get_preset
+    from seektrain.models.deepseek.presets import get_preset
     from seektrain.plan.hardware import cpu_hardware
     from seektrain.plan.run_plan import RunPlan
     from seektrain.plan.search import memory_breakdown

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from seektrain.config.dtypes import dtype_from_name
 from seektrain.models import build_model, get_preset
-from seektrain.models.hf_io import save_pretrained
+from seektrain.models.deepseek.hf_io import save_pretrained
 from seektrain.platform import policy_for
 from seektrain.train.balance import collect_expert_load
 
@@ -115,7 +115,7 @@ def make_step(model, kind: str):
     (our training forward), "logits" (our logits + fp32 CE), "hf" (transformers' loss), "floor" (ours with
     attention and the loss's softmax left out: the work both models do with the same ops, i.e. every
     projection, the experts, the head matmul, norms and routing)."""
-    import seektrain.models.attention as attention
+    import seektrain.models.deepseek.attention as attention
 
     def step(tokens, labels):
         if kind == "fused":

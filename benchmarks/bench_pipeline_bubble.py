@@ -99,7 +99,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from seektrain.config.loader import load_config
     from seektrain.models.config import ModelConfig
-    from seektrain.models.transformer import build_model
+    from seektrain.models.deepseek.transformer import build_model
     from seektrain.parallel import pipeline
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.loss import model_loss

@@ -1010,7 +1010,7 @@ def _hf_row(name: str, setup, names: list[str], argv=None, code: int = 2) -> Cas
 
 def _sharded(ws: Path, fx: dict) -> None:
     """Re-save the HF fixture in two shards with an index, for the index rows."""
-    from seektrain.models.hf_io import from_pretrained, save_pretrained
+    from seektrain.models.deepseek.hf_io import from_pretrained, save_pretrained
 
     shutil.rmtree(ws / "hf")
     save_pretrained(from_pretrained(fx["hf"]), ws / "hf", max_shard_bytes=1_500_000)
@@ -1248,7 +1248,7 @@ def _lora_run(ws: Path, fx: dict) -> None:
     """A LoRA checkpoint of tiny-dense on the Hugging Face base {ws}/base, and another model in {ws}/other."""
     from lora_checkpoints import make_lora_run
     from seektrain.models import build_model, get_preset
-    from seektrain.models.hf_io import save_pretrained
+    from seektrain.models.deepseek.hf_io import save_pretrained
 
     make_lora_run(ws / "lrun", "tiny-dense", ws / "base")
     save_pretrained(build_model(get_preset("tiny-dense"), seed=3), ws / "other")

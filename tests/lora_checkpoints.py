@@ -16,7 +16,7 @@ from seektrain.checkpoint.manager import CheckpointManager
 from seektrain.checkpoint.run_files import MODEL_CONFIG
 from seektrain.config.loader import load_config
 from seektrain.models import build_model, get_preset
-from seektrain.models.hf_io import save_pretrained
+from seektrain.models.deepseek.hf_io import save_pretrained
 from seektrain.models.lora import add_adapters, is_adapter
 from seektrain.plan.run_plan import lora_spec
 from test_hf_parity import _randomize

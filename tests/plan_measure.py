@@ -66,7 +66,7 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from seektrain.data.batch import Batch
-    from seektrain.models.transformer import build_model
+    from seektrain.models.deepseek.transformer import build_model
     from seektrain.parallel.context_parallel import local_batch
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
@@ -128,7 +128,7 @@ def worker(rank: int, out_dir: str) -> None:
     """Spawned rank (tests/spawn_ranks.py): measure every case of ``cases.json`` in ``out_dir`` (each a
     model and overrides) on the spawned world."""
     from seektrain.config.loader import load_config
-    from seektrain.models.presets import get_preset
+    from seektrain.models.deepseek.presets import get_preset
 
     cases = json.loads(open(os.path.join(out_dir, "cases.json")).read())
     world = dist.get_world_size()

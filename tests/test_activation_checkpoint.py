@@ -10,7 +10,7 @@ import torch
 
 from compare_runs import EXACT, assert_same_run, run_layout
 from seektrain.config.loader import ConfigError, load_config
-from seektrain.models.presets import get_preset
+from seektrain.models.deepseek.presets import get_preset
 from test_float8 import cpu_fp8  # noqa: F401 (fixture)
 
 SELECTIVE = "train.activation_checkpoint=selective"
@@ -79,9 +79,9 @@ def test_kept_bytes_equal_the_planner_model(preset):
     depends on the routing)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    from seektrain.models.deepseek.transformer import build_model
     from seektrain.models.kernels import Kernels
     from seektrain.models.layers import rope_cos_sin
-    from seektrain.models.transformer import build_model
     from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
     from seektrain.plan.memory import layer_selective_bytes
     from seektrain.platform.cpu_kernels import value_padded_attention
@@ -115,7 +115,7 @@ def test_selective_with_fp8_gives_the_gradients_of_no_checkpointing(cpu_fp8):  #
     import copy
     import dataclasses
 
-    from seektrain.models.transformer import build_model
+    from seektrain.models.deepseek.transformer import build_model
     from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
     from seektrain.parallel.float8 import apply_float8
 

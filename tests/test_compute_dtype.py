@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from seektrain.config.loader import load_config
-from seektrain.models.presets import get_preset
+from seektrain.models.deepseek.presets import get_preset
 from seektrain.plan.hardware import GPUS, cpu_hardware
 from seektrain.plan.run_plan import RunPlan
 from seektrain.plan.search import planned_precision

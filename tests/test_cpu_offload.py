@@ -15,7 +15,7 @@ import torch
 
 from compare_runs import assert_same_run, run_layout
 from seektrain.config.loader import ConfigError, load_config
-from seektrain.models.presets import get_preset
+from seektrain.models.deepseek.presets import get_preset
 from seektrain.plan.run_plan import RunPlan
 from spawn_ranks import spawn_ranks
 
@@ -46,7 +46,7 @@ def test_offload_shards_even_one_rank():
 def _worker(rank: int, out_dir: str) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
-    from seektrain.models.transformer import build_model
+    from seektrain.models.deepseek.transformer import build_model
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.train.grad import clip_grad_norm
     from seektrain.train.loss import model_loss

@@ -245,7 +245,7 @@ def test_version_1_folders_load_as_before(text_dir, tmp_path):
 
 def test_training_data_follows_the_config(chat_dir):
     from seektrain.config.schema import JobConfig
-    from seektrain.models.presets import get_preset
+    from seektrain.models.deepseek.presets import get_preset
     from seektrain.train.setup_data import open_training_data
 
     cfg = JobConfig()

@@ -19,7 +19,7 @@ from seektrain.config.deepspeed_batch import resolve_batch
 from seektrain.config.deepspeed_keys import TOP_LEVEL_KEYS
 from seektrain.config.loader import ConfigError, load_config
 from seektrain.config.schema import JobConfig
-from seektrain.models.presets import get_preset
+from seektrain.models.deepseek.presets import get_preset
 from seektrain.plan.run_plan import RunPlan
 
 DATA = Path(__file__).resolve().parent / "data" / "deepspeed"

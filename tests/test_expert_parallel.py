@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 from seektrain.config.schema import OptimSection
 from seektrain.models.config import ModelConfig
-from seektrain.models.moe import GroupedExperts
-from seektrain.models.presets import get_preset
-from seektrain.models.transformer import build_model
+from seektrain.models.deepseek.moe import GroupedExperts
+from seektrain.models.deepseek.presets import get_preset
+from seektrain.models.deepseek.transformer import build_model
 from seektrain.plan.layout_checks import check_model
 from spawn_ranks import spawn_ranks
 

@@ -21,9 +21,9 @@ from torch import nn
 from compare_runs import Tolerance, weight_mismatches
 from seektrain.config.loader import ConfigError, load_config
 from seektrain.models import build_model
+from seektrain.models.deepseek.moe import Router
+from seektrain.models.deepseek.presets import get_preset
 from seektrain.models.layers import RMSNorm
-from seektrain.models.moe import Router
-from seektrain.models.presets import get_preset
 from seektrain.parallel.float8 import apply_float8, float8_targets
 from seektrain.plan.fp8_flops import fp8_matmul_params
 from seektrain.plan.hardware import hardware

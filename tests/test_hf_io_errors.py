@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from seektrain.cli import convert
 from seektrain.models import build_model, get_preset
-from seektrain.models.hf_io import from_pretrained, save_pretrained
+from seektrain.models.deepseek.hf_io import from_pretrained, save_pretrained
 
 
 @pytest.fixture(scope="module")

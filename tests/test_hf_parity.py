@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 transformers = pytest.importorskip("transformers")
 
 from seektrain.models import ModelConfig, RopeScaling, build_model, count_params, get_preset  # noqa: E402
-from seektrain.models.hf_io import from_pretrained, save_pretrained  # noqa: E402
+from seektrain.models.deepseek.hf_io import from_pretrained, save_pretrained  # noqa: E402
 from seektrain.platform import policy_for  # noqa: E402
 
 TOL = 1e-4
@@ -469,7 +469,7 @@ _V3_RELEASE = {
 
 
 def test_official_v3_config_matches_preset():
-    from seektrain.models.hf_config import config_from_hf
+    from seektrain.models.deepseek.hf_config import config_from_hf
 
     cfg = config_from_hf(_V3_RELEASE, name="deepseek-v3")
     assert cfg.replace(extra={}) == get_preset("deepseek-v3")
@@ -486,7 +486,7 @@ def test_official_v3_config_matches_preset():
     "preset", ["deepseek-v3", "deepseek-v2", "deepseek-v2-lite", "deepseek-llm-67b", "tiny-dense", "tiny-v2"]
 )
 def test_config_roundtrip_and_transformers_reads_it(preset):
-    from seektrain.models.hf_config import config_from_hf, config_to_hf
+    from seektrain.models.deepseek.hf_config import config_from_hf, config_to_hf
 
     cfg = get_preset(preset)
     raw = config_to_hf(cfg, "bfloat16")

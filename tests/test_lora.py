@@ -12,6 +12,7 @@ from torch import nn
 
 from seektrain.errors import UserError
 from seektrain.models import build_model, get_preset
+from seektrain.models.deepseek.moe import grouped_swiglu
 from seektrain.models.lora import (
     GROUPS,
     LoraSpec,
@@ -21,7 +22,6 @@ from seektrain.models.lora import (
     is_adapter,
     trainable_counts,
 )
-from seektrain.models.moe import grouped_swiglu
 from seektrain.train.optim import build_optimizer
 
 MLA = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
@@ -290,7 +290,7 @@ def test_tp_places_each_adapter_by_its_base_style(fake_tp_mesh, preset):
     stays frozen through torch's styles."""
     from torch.distributed.tensor import Replicate, Shard
 
-    from seektrain.models.shapes import COLWISE, EXPERT, REPLICATED, ROWWISE, ROWWISE_PARTIAL
+    from seektrain.models.deepseek.shapes import COLWISE, EXPERT, REPLICATED, ROWWISE, ROWWISE_PARTIAL
     from seektrain.parallel.tensor_parallel import apply_tensor_parallel
 
     want = {
@@ -374,7 +374,7 @@ def test_compiled_blocks_give_the_adapters_the_same_gradients():
 def test_a_base_from_full_weights_gets_fresh_adapters():
     """``model.hf_path``: the base loads strictly from full weights (which hold no adapters), then the
     adapters are initialised; a base weight missing from them is still refused."""
-    from seektrain.models.init import init_adapters
+    from seektrain.models.deepseek.init import init_adapters
     from seektrain.parallel.parallelize import load_full_state_dict
 
     cfg = get_preset("tiny-v3")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from seektrain.config.loader import load_config
-from seektrain.models.presets import get_preset
+from seektrain.models.deepseek.presets import get_preset
 from seektrain.observe import flops
 from seektrain.observe.flops import MfuMeter, model_matmul_shapes, peak_flops
 from seektrain.plan.run_plan import RunPlan

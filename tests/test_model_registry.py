@@ -12,9 +12,9 @@ import torch
 from seektrain.errors import UserError
 from seektrain.models import registry
 from seektrain.models.config import ModelConfig
-from seektrain.models.presets import PRESETS, get_preset
-from seektrain.models.transformer import Transformer
-from seektrain.models.transformer import build_model as historical_build_model
+from seektrain.models.deepseek.presets import PRESETS, get_preset
+from seektrain.models.deepseek.transformer import Transformer
+from seektrain.models.deepseek.transformer import build_model as historical_build_model
 from seektrain.parallel.pipeline import build_stage_model
 
 

@@ -1,4 +1,4 @@
-"""The shape description (models/shapes.py) is the model: every linear, routed-expert weight, embedding,
+"""The shape description (models/deepseek/shapes.py) is the model: every linear, routed-expert weight, embedding,
 router and norm of each preset built on the meta device is described with its real shapes, and nothing
 else is described. The TP plan, memory planner, FP8 conversion, FLOP count and layout checks read the
 description, so a projection added to a module but not described fails here first."""
@@ -8,11 +8,9 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from seektrain.models.layers import RMSNorm
-from seektrain.models.moe import GroupedExperts, Router
-from seektrain.models.presets import PRESETS, get_preset
-from seektrain.models.registry import build_model
-from seektrain.models.shapes import (
+from seektrain.models.deepseek.moe import GroupedExperts, Router
+from seektrain.models.deepseek.presets import PRESETS, get_preset
+from seektrain.models.deepseek.shapes import (
     EMBEDDING,
     EXPERTS,
     LINEAR,
@@ -22,6 +20,8 @@ from seektrain.models.shapes import (
     model_weights,
     weights_by_path,
 )
+from seektrain.models.layers import RMSNorm
+from seektrain.models.registry import build_model
 from seektrain.plan import memory
 
 # every preset, and the switches the presets leave at one value

@@ -13,7 +13,7 @@ import torch
 import seektrain.models as models
 from run_cli import seektrain, train
 from seektrain.data.tokenizer import load_tokenizer
-from seektrain.models import hf_io
+from seektrain.models.deepseek import hf_io
 from seektrain.models.hub import is_hub_id, resolve_local_path
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"

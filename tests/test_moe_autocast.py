@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seektrain.models.moe import grouped_swiglu
+from seektrain.models.deepseek.moe import grouped_swiglu
 
 
 @pytest.mark.parametrize("tokens", [0, 5])

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from seektrain.models.presets import get_preset
-from seektrain.models.transformer import Transformer
+from seektrain.models.deepseek.presets import get_preset
+from seektrain.models.deepseek.transformer import Transformer
 from seektrain.observe.names import EXPORTED_METRICS, LAYER_KEYS, layer_key, metric_name, split_layer_key
 from seektrain.train.balance import (
     RouterEntropy,

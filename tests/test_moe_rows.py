@@ -4,9 +4,9 @@ gradient."""
 import pytest
 import torch
 
-from seektrain.models import moe
+from seektrain.models.deepseek import moe
+from seektrain.models.deepseek.moe_rows import PermuteRows, padded_group_positions
 from seektrain.models.kernels import Kernels
-from seektrain.models.moe_rows import PermuteRows, padded_group_positions
 from seektrain.platform import policy_for
 
 

@@ -157,7 +157,7 @@ def test_wandb_offline_writes_config_and_metrics_under_the_run_dir(tmp_path, wan
 
 # ----------------------------------------------------------------------------------------- errors
 def test_missing_package_is_one_config_error_naming_pip_install(monkeypatch):
-    from seektrain.models.presets import get_preset
+    from seektrain.models.deepseek.presets import get_preset
     from seektrain.plan.run_plan import RunPlan
 
     def resolve(*overrides):  # the launcher and every worker ask here, before training

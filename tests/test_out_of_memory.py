@@ -7,7 +7,7 @@ import torch
 
 from run_cli import train
 from seektrain.config.loader import load_config
-from seektrain.models.presets import get_preset
+from seektrain.models.deepseek.presets import get_preset
 from seektrain.plan.run_plan import RunPlan
 from seektrain.train.out_of_memory import cheapest_fix, is_out_of_memory
 

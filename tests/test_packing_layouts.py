@@ -145,7 +145,7 @@ def _full_parameters(model) -> dict[str, torch.Tensor]:
 
 def _run_layout(name: str, world: int, rank: int, out_dir: str) -> None:
     from seektrain.config.loader import load_config
-    from seektrain.models.presets import get_preset
+    from seektrain.models.deepseek.presets import get_preset
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.step import train_step
 
@@ -221,7 +221,7 @@ def test_first_loss_is_the_token_mean_of_the_global_batch(results):
     """Step 1's loss (before any update) of one process accumulating four uneven micro-batches is the
     cross-entropy summed over all trained tokens of the 4 rows over their count (MTP: per depth)."""
     from seektrain.models.config import ModelConfig
-    from seektrain.models.transformer import build_model
+    from seektrain.models.deepseek.transformer import build_model
     from seektrain.train.loss import model_loss
 
     facts, _ = results["one-v3"]

@@ -21,7 +21,7 @@ import pytest
 
 from plan_measure import worker
 from seektrain.config.loader import load_config
-from seektrain.models.presets import get_preset
+from seektrain.models.deepseek.presets import get_preset
 from seektrain.plan.memory import rank_coords, state_bytes, transient_bytes
 from seektrain.plan.run_plan import RunPlan
 from spawn_ranks import spawn_ranks

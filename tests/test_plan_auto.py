@@ -7,7 +7,7 @@ import tomllib
 
 from run_cli import TINY, metrics, train
 from seektrain.config.loader import load_config
-from seektrain.models.presets import get_preset
+from seektrain.models.deepseek.presets import get_preset
 from seektrain.plan.auto import auto_layout
 
 

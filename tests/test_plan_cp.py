@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from seektrain.config.loader import load_config
-from seektrain.models.presets import get_preset
+from seektrain.models.deepseek.presets import get_preset
 from seektrain.plan import memory
 from seektrain.plan.hardware import GPUS
 from seektrain.plan.run_plan import RunPlan

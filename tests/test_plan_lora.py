@@ -8,7 +8,7 @@ import json
 
 from seektrain.cli.main import main
 from seektrain.config.loader import load_config
-from seektrain.models.presets import get_preset
+from seektrain.models.deepseek.presets import get_preset
 from seektrain.plan import memory
 from seektrain.plan.hardware import hardware
 from seektrain.plan.run_plan import RunPlan

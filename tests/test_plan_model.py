@@ -10,7 +10,7 @@ import pytest
 
 from seektrain.cli.main import main
 from seektrain.config.loader import load_config
-from seektrain.models.presets import get_preset
+from seektrain.models.deepseek.presets import get_preset
 from seektrain.plan import memory
 from seektrain.plan.hardware import GPUS, KNOWN, hardware, name_from_device
 from seektrain.plan.report import ceiling

@@ -39,7 +39,7 @@ def _inputs(case: str):
 
 
 def _expand(k, v):
-    """GQA as models/attention.py feeds it to the kernel: key/value heads repeated to the query heads."""
+    """GQA as models/deepseek/attention.py feeds it to the kernel: key/value heads repeated to the query heads."""
     rep = H // k.shape[1]
     return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
 

@@ -12,7 +12,7 @@ import torch
 
 from seektrain.config.schema import OptimSection
 from seektrain.models import get_preset
-from seektrain.models.transformer import build_model
+from seektrain.models.deepseek.transformer import build_model
 from seektrain.plan.layout_checks import check_model
 from spawn_ranks import spawn_ranks
 

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from run_cli import seektrain  # noqa: E402
 from seektrain.config.loader import load_config  # noqa: E402
 from seektrain.models import build_model  # noqa: E402
-from seektrain.models.hf_io import from_pretrained, save_pretrained  # noqa: E402
+from seektrain.models.deepseek.hf_io import from_pretrained, save_pretrained  # noqa: E402
 from seektrain.train.setup_model import configured_model_config, initial_weights  # noqa: E402
 from test_hf_parity import TOL, _randomize, _v3_config  # noqa: E402
 

@@ -26,7 +26,7 @@ from seektrain.checkpoint.manager import CheckpointError, CheckpointManager, des
 from seektrain.checkpoint.run_files import MODEL_CONFIG, checkpoint_model_config, write_model_source
 from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
-from seektrain.models.transformer import Transformer, build_model
+from seektrain.models.deepseek.transformer import Transformer, build_model
 
 
 def load_checkpoint_model(ckpt: Path, model_cfg: ModelConfig) -> Transformer:

@@ -22,7 +22,7 @@ catch another architecture, dtype or sharding; the samples catch another release
 same architecture, since training changes essentially every byte of every tensor. A change confined
 to a few bytes between the samples goes unseen: the price of not reading 1.3 TB.
 
-A preset base (random init) is a function of the model config and ``train.seed`` (models/init.py's
+A preset base (random init) is a function of the model config and ``train.seed`` (models/deepseek/init.py's
 seeding is layout-independent), so those two are its fingerprint.
 """
 
@@ -62,7 +62,7 @@ def _safetensors_digest(path: Path, h) -> None:
 def hf_fingerprint(folder: str | os.PathLike, what: str = "model.hf_path") -> str:
     """sha256 over the model config.json builds, the index and every safetensors file's name, size,
     header and 16 sampled 4 KiB blocks (module doc: why not the whole file)."""
-    from seektrain.models.hf_config import config_from_hf, read_config_json
+    from seektrain.models.deepseek.hf_config import config_from_hf, read_config_json
 
     folder = Path(folder)
     cfg = config_from_hf(read_config_json(folder, what), where=str(folder / "config.json"))

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from seektrain.config.loader import load_config
-    from seektrain.models.transformer import build_model
+    from seektrain.models.deepseek.transformer import build_model
     from seektrain.observe.flops import model_flops_per_token
     from seektrain.observe.profiler import flops_breakdown, format_flops_table
     from seektrain.train.setup_model import configured_model_config

@@ -36,7 +36,7 @@ class RopeScalingSection:
     """``[model.rope_scaling]``: YaRN overrides on top of the preset's or the Hugging Face config's own
     rope scaling, for extending a checkpoint's context. -1 keeps the model's value, so an empty table
     changes nothing; checks that relate them to the model's values are made where the model is chosen
-    (``models/rope_overrides.py``)."""
+    (``models/deepseek/rope_overrides.py``)."""
 
     factor: float = _key(
         -1.0,

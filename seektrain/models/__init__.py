@@ -15,27 +15,27 @@ _HOME = {
     "RopeScaling": "config",
     "ParamCounts": "param_count",
     "count_params": "param_count",
-    "OFFICIAL_PRESETS": "presets",
-    "PRESETS": "presets",
-    "get_preset": "presets",
-    "Transformer": "transformer",
+    "OFFICIAL_PRESETS": "deepseek.presets",
+    "PRESETS": "deepseek.presets",
+    "get_preset": "deepseek.presets",
+    "Transformer": "deepseek.transformer",
     "build_model": "registry",
     "ModelFamily": "registry",
     "get_family": "registry",
     "family_for": "registry",
-    "from_pretrained": "hf_io",
-    "save_pretrained": "hf_io",
+    "from_pretrained": "deepseek.hf_io",
+    "save_pretrained": "deepseek.hf_io",
 }
 
 __all__ = list(_HOME)
 
 if TYPE_CHECKING:
     from seektrain.models.config import ModelConfig, RopeScaling
-    from seektrain.models.hf_io import from_pretrained, save_pretrained
+    from seektrain.models.deepseek.hf_io import from_pretrained, save_pretrained
+    from seektrain.models.deepseek.presets import OFFICIAL_PRESETS, PRESETS, get_preset
+    from seektrain.models.deepseek.transformer import Transformer
     from seektrain.models.param_count import ParamCounts, count_params
-    from seektrain.models.presets import OFFICIAL_PRESETS, PRESETS, get_preset
     from seektrain.models.registry import ModelFamily, build_model, family_for, get_family
-    from seektrain.models.transformer import Transformer
 
 
 def __getattr__(name: str) -> Any:

@@ -10,12 +10,12 @@ FP8 matmul), tensor parallelism (the base module's ``ParallelStyle`` sees its ow
 
 The routed experts ``P = …mlp.experts`` (``gate_up_proj [E, 2F, D]``, ``down_proj [E, D, F]``) get one
 adapter per expert: ``P.gate_up_proj_lora_A [E, r, D]``, ``P.gate_up_proj_lora_B [E, 2F, r]``,
-``P.down_proj_lora_A [E, r, F]``, ``P.down_proj_lora_B [E, D, r]``. ``models/moe.py``'s
+``P.down_proj_lora_A [E, r, F]``, ``P.down_proj_lora_B [E, D, r]``. ``models/deepseek/moe.py``'s
 ``grouped_swiglu`` runs them as grouped GEMMs over the same token groups as the base experts (or the
 same padded batched matmul), never a loop over experts; expert and tensor parallelism hand it their
 local experts' adapters as they hand it their local weights.
 
-What is adapted comes from the shape description (``models/shapes.py``) alone, so the planner and the
+What is adapted comes from the shape description (``models/deepseek/shapes.py``) alone, so the planner and the
 exports read the same answer without building a model (``adapter_weights``). Target groups:
 ``attention`` (MLA's q_proj/q_a_proj/q_b_proj/kv_a_proj_with_mqa/kv_b_proj/o_proj, GQA's q/k/v/o_proj),
 ``mlp`` (dense MLPs, MTP blocks' included), ``shared_experts``, ``experts`` (routed); anything else is an
@@ -36,7 +36,7 @@ from torch import nn
 
 from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
-from seektrain.models.shapes import (
+from seektrain.models.deepseek.shapes import (
     COLWISE,
     EXPERTS,
     LINEAR,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seektrain.models.config import ModelConfig
-from seektrain.models.moe import GroupedExperts
+from seektrain.models.deepseek.moe import GroupedExperts
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class ParamCounts:
 
 
 def count_params(cfg: ModelConfig) -> ParamCounts:
-    from seektrain.models.transformer import build_model
+    from seektrain.models.deepseek.transformer import build_model
 
     model = build_model(cfg, device="meta")
     mtp = sum(p.numel() for p in model.mtp.parameters())

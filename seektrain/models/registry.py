@@ -3,7 +3,7 @@ kind of model, in one entry.
 
 A family is its config class and the ``arch`` values (== Hugging Face ``model_type``) it builds, the
 ``config.json`` architecture names it reads, its module class, its shape description (every weight, its
-TP style and dtype policy: ``models/shapes.py``), the TP plan builder that turns a built model into a
+TP style and dtype policy: ``models/deepseek/shapes.py``), the TP plan builder that turns a built model into a
 ``parallelize_module`` plan, and its pipeline rules (which parts a pipeline stage keeps). Code outside
 ``models/`` asks this registry (``family_for(cfg)``, ``family_of(model)``) instead of naming a class, so a
 new family is one folder plus one entry here; docs/architecture.md, "How to add a model family", lists
@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from seektrain.errors import UserError
-from seektrain.models import shapes
 from seektrain.models.config import ARCHITECTURES, ModelConfig
-from seektrain.models.hf_config import ARCH_BY_HF
+from seektrain.models.deepseek import shapes
+from seektrain.models.deepseek.hf_config import ARCH_BY_HF
+from seektrain.models.deepseek.transformer import Transformer, keep_fp32_buffers
 from seektrain.models.kernels import Kernels
-from seektrain.models.transformer import Transformer, keep_fp32_buffers
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class ModelFamily:
     name: str
     config_class: type
     archs: tuple[str, ...]  # the config's ``arch`` values; also the Hugging Face ``model_type``
-    hf_architectures: tuple[str, ...]  # config.json ``architectures`` names (models/hf_config.py)
+    hf_architectures: tuple[str, ...]  # config.json ``architectures`` names (models/deepseek/hf_config.py)
     module_class: type[nn.Module]  # ``module_class(cfg, kernels)``; has ``cfg`` and ``init_weights(seed)``
     weights: Callable[[ModelConfig], dict]  # cfg -> {path: shapes.Weight}, every weight of the model
     tp_plan: str  # "module:function": (model, tp_mesh, sequence_parallel) -> parallelize_module plan

@@ -16,7 +16,7 @@ Formula (per token, training = forward + backward, backward = 2 x forward):
                a causal mask leaves T/2 keys on average (halves it); training = 3 x forward.
                Written out: 6 x 2 x L_att x H x (qk + v)/2 x T/2.
 
-The count is analytic (nothing is built: the weights come from the shape description, models/shapes.py),
+The count is analytic (nothing is built: the weights come from the shape description, models/deepseek/shapes.py),
 so it is free for a 671B config.
 """
 
@@ -28,7 +28,7 @@ import time
 import torch
 
 from seektrain.models.config import ModelConfig
-from seektrain.models.shapes import block_weights, layer_weights, weights_by_path
+from seektrain.models.deepseek.shapes import block_weights, layer_weights, weights_by_path
 
 
 # ----------------------------------------------------------------------------- FLOPs per token

@@ -25,8 +25,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
+from seektrain.models.deepseek.moe import GroupedExperts, MoE, count_slots, grouped_swiglu
 from seektrain.models.lora import expert_adapters
-from seektrain.models.moe import GroupedExperts, MoE, count_slots, grouped_swiglu
 from seektrain.parallel.tp_styles import SumGrad
 
 _all_to_all_calls = 0  # all-to-alls this process has issued (forward, backward, counts): the run record

@@ -11,7 +11,7 @@ precision:
   (gate/up/down), in the MTP modules' decoder blocks too;
 - kept in bf16: the embedding, the norms, the router (``mlp.gate``: a plain parameter, not a linear),
   the output head ``lm_head`` and each MTP module's ``eh_proj`` (bf16 in DeepSeek-V3's released FP8
-  checkpoint): the weights whose ``high_precision`` the shape description (``models/shapes.py``) sets;
+  checkpoint): the weights whose ``high_precision`` the shape description (``models/deepseek/shapes.py``) sets;
   attention scores (SDPA), and any linear whose two dimensions are not multiples of
   ``RECIPE_MULTIPLE[recipe]`` (torch's FP8 GEMM needs 16; torchao's blockwise layer 128 and no bias);
 - routed experts (``GroupedExperts``: one ``torch._grouped_mm`` per projection): ``rowwise`` wraps their
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from seektrain.models.shapes import LINEAR, REPLICATED, Weight, weights_by_path
+from seektrain.models.deepseek.shapes import LINEAR, REPLICATED, Weight, weights_by_path
 from seektrain.plan.fp8_flops import experts_convert, linear_kept
 
 EXPERT_ROW_MULTIPLE = 16  # torchao's FP8 grouped GEMM: every expert's token group a multiple of 16 rows
@@ -76,7 +76,7 @@ class Float8Choice:
 def float8_targets(model: nn.Module, recipe: str, experts: bool) -> Float8Choice:
     """What ``apply_float8`` converts, without converting (needs no torchao): the plain ``nn.Linear``
     modules of ``model`` (whole model or pipeline stage) and its routed experts, as its shape description
-    (``models/shapes.py``) types them. ``experts``: the device can run FP8 grouped GEMMs
+    (``models/deepseek/shapes.py``) types them. ``experts``: the device can run FP8 grouped GEMMs
     (``fp8_grouped_gemm_supported``)."""
     described = weights_by_path(model.cfg) if hasattr(model, "cfg") else {}
     choice = Float8Choice()

@@ -29,8 +29,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from seektrain.models.deepseek.moe import GroupedExperts
 from seektrain.models.lora import is_adapter, trainable_counts
-from seektrain.models.moe import GroupedExperts
 from seektrain.parallel.context_parallel import cp_degree
 
 # "dp": every data-parallel rank, flattened (FSDP over it shards over all of them); "dp_shard_cp" and

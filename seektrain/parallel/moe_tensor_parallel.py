@@ -12,7 +12,7 @@ then all up rows, so an F-split needs each rank to hold two separate row blocks,
 checkpoints and the layout-independent init unchanged; the price is that a rank's expert work follows
 the routing balance. The router is replicated; shared experts are column/row-wise like a dense MLP,
 their output left as a partial sum to add to the routed one (the styles the shape description,
-``models/shapes.py``, gives them; ``tensor_parallel.py`` applies them).
+``models/deepseek/shapes.py``, gives them; ``tensor_parallel.py`` applies them).
 
 With expert parallelism over the tp ranks (``parallel.ep = tp × k``, torchtitan's "ETP=1"), the routed
 experts are already ``ExpertParallelExperts`` built with the tp mesh, which dispatch only this tp rank's
@@ -30,8 +30,8 @@ from torch.distributed.tensor import Partial, Placement, Replicate
 from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
+from seektrain.models.deepseek.moe import GroupedExperts, MoE, grouped_swiglu
 from seektrain.models.lora import expert_adapters
-from seektrain.models.moe import GroupedExperts, MoE, grouped_swiglu
 from seektrain.parallel.expert_parallel import ExpertParallelExperts, shard_expert_weights
 from seektrain.parallel.tp_styles import SumGrad
 

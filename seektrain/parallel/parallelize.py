@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from seektrain.models.init import init_adapters
+from seektrain.models.deepseek.init import init_adapters
 from seektrain.models.lora import add_adapters, freeze_base, is_adapter
 from seektrain.models.registry import family_of, is_family_model, model_blocks
 from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing

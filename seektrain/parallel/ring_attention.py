@@ -32,7 +32,7 @@ either. This is the smallest piece that does: a ``torch.autograd.Function`` over
 * The hops are functional all-to-alls (a new tensor each, as ``parallel/expert_parallel.py``'s), so a
   selective activation checkpoint keeps them and ``torch.compile`` can trace them.
 
-GQA arrives with its key/value heads repeated to the query heads (``models/attention.py``).
+GQA arrives with its key/value heads repeated to the query heads (``models/deepseek/attention.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 over a 1-D ``tp`` DeviceMesh (torchtitan's recipe, with torch.distributed.tensor.parallel).
 
 Plan (``seq`` is ``Shard(1)`` with sequence parallelism, else ``Replicate()``); each weight's style is
-the one the shape description (``seektrain/models/shapes.py``) gives it, the block containers' here:
+the one the shape description (``seektrain/models/deepseek/shapes.py``) gives it, the block containers' here:
 
 - ``embed_tokens``: vocabulary-sharded (row-wise), output reduce-scattered to ``seq``.
 - norms (and MTP's ``eh_proj``): ``SequenceParallel`` (replicated weights, sequence-sharded activations).
@@ -35,9 +35,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from seektrain.models.moe import MoE
-from seektrain.models.registry import family_of
-from seektrain.models.shapes import (
+from seektrain.models.deepseek.moe import MoE
+from seektrain.models.deepseek.shapes import (
     COLWISE,
     REPLICATED,
     ROWWISE,
@@ -47,6 +46,7 @@ from seektrain.models.shapes import (
     VOCAB_HEAD,
     weights_by_path,
 )
+from seektrain.models.registry import family_of
 from seektrain.parallel.moe_tensor_parallel import MoETensorParallel
 from seektrain.parallel.tp_styles import AdaptedColwise, AdaptedRowwise, LocalParams, SumGrad
 
@@ -71,7 +71,7 @@ def _norm_style(sp: bool) -> ParallelStyle:
     return SequenceParallel() if sp else LocalParams()
 
 
-# The ParallelStyle of each TP style of the shape description (models/shapes.py), given (seq, sp).
+# The ParallelStyle of each TP style of the shape description (models/deepseek/shapes.py), given (seq, sp).
 # Routed experts (``expert``) have none: the MoE block's style replaces them (moe_tensor_parallel.py).
 # Column- and row-wise linears may carry LoRA adapters (models/lora.py): their styles place A and B to
 # match (tp_styles.py); replicated ones (``LocalParams``) replicate them with the weight.
@@ -125,7 +125,7 @@ def _block_plan(block: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: D
 
 def transformer_tp_plan(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> dict[str, ParallelStyle]:
     """The ``parallelize_module`` plan of a ``Transformer`` (or a pipeline stage of one): the block
-    containers' styles, then one style per described weight the model holds (``models/shapes.py``)."""
+    containers' styles, then one style per described weight the model holds (``models/deepseek/shapes.py``)."""
     seq = Shard(1) if sp else Replicate()
     plan: dict[str, ParallelStyle] = {}
     for name, layer in model.layers.items():

@@ -1,4 +1,4 @@
-"""What ``precision.fp8`` converts, decided on the shape description (``models/shapes.py``) alone: the
+"""What ``precision.fp8`` converts, decided on the shape description (``models/deepseek/shapes.py``) alone: the
 rules ``parallel/float8.py`` applies to the modules, and the FP8 weights per token that the planner's time
 model counts with them (tests/test_float8.py holds the two equal). Here, not in parallel/, so the planner
 needs nothing of parallel/."""
@@ -6,7 +6,7 @@ needs nothing of parallel/."""
 from __future__ import annotations
 
 from seektrain.models.config import ModelConfig
-from seektrain.models.shapes import EXPERTS, LINEAR, Weight, weights_by_path
+from seektrain.models.deepseek.shapes import EXPERTS, LINEAR, Weight, weights_by_path
 
 RECIPE_MULTIPLE = {
     "rowwise": 16,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import ParallelSection
 from seektrain.models.config import ModelConfig
-from seektrain.models.shapes import weights_by_path
+from seektrain.models.deepseek.shapes import weights_by_path
 from seektrain.plan.pipeline_split import MULTI_STAGE, split_layers, stages_per_rank
 
 
@@ -151,7 +151,7 @@ def _tp_units(cfg: ModelConfig) -> list[tuple[str, int]]:
 
 def tp_error(cfg: ModelConfig, tp: int) -> str | None:
     """Why the model's sharded dimensions do not divide by ``tp`` (one line), or None: each weight TP
-    splits (``models/shapes.py``) is cut into whole pieces of its ``tp_unit`` (heads, the vocabulary, MLP
+    splits (``models/deepseek/shapes.py``) is cut into whole pieces of its ``tp_unit`` (heads, the vocabulary, MLP
     features, experts), so ``tp`` must divide every unit count."""
     if tp == 1:
         return None

@@ -26,8 +26,15 @@ import json
 from dataclasses import dataclass
 
 from seektrain.models.config import ModelConfig
+from seektrain.models.deepseek.shapes import (
+    COLWISE,
+    EXPERTS,
+    LINEAR,
+    ROWWISE,
+    ROWWISE_PARTIAL,
+    weights_by_path,
+)
 from seektrain.models.lora import LoraSpec, adapter_weights
-from seektrain.models.shapes import COLWISE, EXPERTS, LINEAR, ROWWISE, ROWWISE_PARTIAL, weights_by_path
 
 FP32 = 4
 

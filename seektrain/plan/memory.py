@@ -5,7 +5,7 @@ Two kinds of items:
 
 - **State** (parameters, gradients, AdamW moments) is predicted exactly, by applying the layout rules of
   ``seektrain.parallel`` to the parameter shapes and TP styles of the model's shape description
-  (``seektrain/models/shapes.py``): the pipeline keeps a stage's
+  (``seektrain/models/deepseek/shapes.py``): the pipeline keeps a stage's
   layers (embedding on the first stage, norm/head/MTP on the last); tensor parallelism shards
   column-wise weights on dim 0 and row-wise ones on dim 1, routed experts by expert; expert parallelism
   splits experts over ``ep``; FSDP2 then cuts dim 0 of each local tensor into ``torch.chunk`` pieces
@@ -27,8 +27,8 @@ import json
 from dataclasses import dataclass
 
 from seektrain.models.config import ModelConfig
+from seektrain.models.deepseek.shapes import EXPERTS, model_weights
 from seektrain.models.lora import LoraSpec
-from seektrain.models.shapes import EXPERTS, model_weights
 from seektrain.plan import lora_memory
 from seektrain.plan.pipeline_split import stage_ids
 from seektrain.plan.recompute import SELECTIVE, checkpoint_every
@@ -60,7 +60,7 @@ def _specs_cached(cfg_json: str) -> tuple[ParamSpec, ...]:
 
 def param_specs(cfg: ModelConfig) -> tuple[ParamSpec, ...]:
     """Every parameter of the model (MTP included) with its shape and the dimension TP shards, from the
-    model's shape description (``seektrain/models/shapes.py``; nothing is built)."""
+    model's shape description (``seektrain/models/deepseek/shapes.py``; nothing is built)."""
     return _specs_cached(json.dumps(cfg.to_dict(), sort_keys=True))
 
 

@@ -19,8 +19,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from seektrain.models.deepseek.transformer import ModelOutput
 from seektrain.models.linear_cross_entropy import IGNORE, head_target
-from seektrain.models.transformer import ModelOutput
 
 
 def token_ce_sum(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,8 @@ import torch
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
-from seektrain.models.presets import PRESETS
-from seektrain.models.rope_overrides import with_rope_overrides
+from seektrain.models.deepseek.presets import PRESETS
+from seektrain.models.deepseek.rope_overrides import with_rope_overrides
 
 
 def check_preset(cfg: JobConfig) -> None:
@@ -34,12 +34,12 @@ def configured_model_config(cfg: JobConfig) -> ModelConfig:
     """The model config the job asks for, without loading weights (a Hugging Face folder's config.json,
     or the preset), with the job's YaRN overrides applied."""
     if cfg.model.hf_path:
-        from seektrain.models.hf_io import pretrained_config
+        from seektrain.models.deepseek.hf_io import pretrained_config
 
         base = pretrained_config(cfg.model.hf_path)
     else:
         check_preset(cfg)
-        from seektrain.models.presets import get_preset
+        from seektrain.models.deepseek.presets import get_preset
 
         base = get_preset(cfg.model.preset)
     return with_rope_overrides(base, rope_overrides(cfg))
@@ -49,6 +49,6 @@ def initial_weights(cfg: JobConfig) -> dict[str, torch.Tensor] | None:
     """Full fp32 weights to start from: the Hugging Face folder's, or None for random init."""
     if not cfg.model.hf_path:
         return None
-    from seektrain.models.hf_io import from_pretrained
+    from seektrain.models.deepseek.hf_io import from_pretrained
 
     return from_pretrained(cfg.model.hf_path, dtype=torch.float32).state_dict()

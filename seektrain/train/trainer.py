@@ -28,8 +28,8 @@ from seektrain.config.schema import JobConfig
 from seektrain.data.blocks import ShardDamaged
 from seektrain.data.tokenizer_files import copy_to_run
 from seektrain.errors import user_path
+from seektrain.models.deepseek.transformer import build_model
 from seektrain.models.lora import trainable_counts
-from seektrain.models.transformer import build_model
 from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.layout_record import layout_ran
 from seektrain.parallel.mesh import build_meshes

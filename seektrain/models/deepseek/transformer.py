@@ -15,13 +15,13 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from seektrain.models.attention import build_attention
 from seektrain.models.config import ModelConfig
-from seektrain.models.init import init_weights
+from seektrain.models.deepseek.attention import build_attention
+from seektrain.models.deepseek.init import init_weights
+from seektrain.models.deepseek.moe import MoE, Router
 from seektrain.models.kernels import Kernels
 from seektrain.models.layers import RMSNorm, SwiGLU, rope_cos_sin
 from seektrain.models.linear_cross_entropy import head_target, linear_cross_entropy
-from seektrain.models.moe import MoE, Router
 
 
 class DecoderLayer(nn.Module):
@@ -175,7 +175,7 @@ class Transformer(nn.Module):
         return tuple(out)
 
     def init_weights(self, seed: int = 0) -> None:
-        """(Re)initialise every parameter, identically whatever the sharding (see models/init.py);
+        """(Re)initialise every parameter, identically whatever the sharding (see models/deepseek/init.py);
         called after ``to_empty`` when the model was built on the meta device."""
         init_weights(self, self.cfg.initializer_range, seed)
 

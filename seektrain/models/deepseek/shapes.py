@@ -1,6 +1,6 @@
 """One description of a DeepSeek model's weights, computed from its ``ModelConfig`` alone (nothing is built).
 
-Every parameter-holding leaf of ``models/transformer.py`` is one ``Weight``: each linear, the routed experts'
+Every parameter-holding leaf of ``models/deepseek/transformer.py`` is one ``Weight``: each linear, the routed experts'
 two fused weights, the embedding, the router and the norms. For each it records the shape, how tensor
 parallelism places it (``tp``), which config quantity that split must divide (``tp_unit``), whether it is
 expert-grouped, and its dtype policy (``high_precision``: why FP8 training keeps it in bf16). The TP plan

@@ -111,9 +111,9 @@ def init_weights(model: nn.Module, std: float, seed: int) -> None:
     """Normal(0, std) for matrices and embeddings, ones for norm scales, zeros for biases and buffers
     of the balancing bias, LoRA adapters as ``init_adapter_``. Works on plain, FSDP-sharded and
     tensor-parallel parameters alike."""
+    from seektrain.models.deepseek.moe import Router
     from seektrain.models.layers import RMSNorm
     from seektrain.models.lora import is_adapter
-    from seektrain.models.moe import Router
 
     for mod_name, module in model.named_modules():
         for p_name, param in module.named_parameters(recurse=False):

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from seektrain.models.config import ModelConfig
+from seektrain.models.deepseek.moe_rows import PermuteRows, run_padded_groups
 from seektrain.models.kernels import Kernels
 from seektrain.models.layers import SwiGLU
 from seektrain.models.lora import ExpertAdapters, expert_adapters
-from seektrain.models.moe_rows import PermuteRows, run_padded_groups
 
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 

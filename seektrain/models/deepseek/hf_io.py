@@ -24,14 +24,14 @@ from safetensors.torch import save_file
 
 from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
-from seektrain.models.hf_config import (
+from seektrain.models.deepseek.hf_config import (
     HFConfigError,
     config_from_hf,
     config_to_hf,
     quant_block_size,
     read_config_json,
 )
-from seektrain.models.hf_weights import (
+from seektrain.models.deepseek.hf_weights import (
     FP8_DTYPES,
     Entry,
     dequantize_fp8,
@@ -44,9 +44,9 @@ from seektrain.models.hf_weights import (
     scale_shape,
     shard_plan,
 )
+from seektrain.models.deepseek.transformer import Transformer, build_model
 from seektrain.models.hub import resolve_local_path
 from seektrain.models.kernels import Kernels
-from seektrain.models.transformer import Transformer, build_model
 
 log = logging.getLogger(__name__)
 
