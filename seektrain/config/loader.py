@@ -13,6 +13,7 @@ import typing
 from pathlib import Path
 
 from seektrain.config.schema import JobConfig
+from seektrain.config.toml_values import toml_value
 from seektrain.errors import UserError
 
 
@@ -291,7 +292,7 @@ def config_to_toml(cfg: JobConfig, comments: bool = False) -> str:
                 continue
             if comments:
                 lines.append(f"# {f.metadata['help']}")
-            lines.append(f"{f.name} = {json.dumps(value)}")
+            lines.append(f"{f.name} = {toml_value(value)}")
         lines.append("")
         for sub in subs:
             table(*sub)

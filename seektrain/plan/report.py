@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from seektrain.config.toml_values import set_value, toml_value
 from seektrain.observe.flops import model_flops_per_token
 from seektrain.plan.search import GIB, Candidate, SearchResult
 
@@ -31,15 +32,14 @@ def ceiling(plan, world: int, peak_flops_per_device: float) -> dict:
 
 
 def set_lines(cand: Candidate) -> str:
-    return " ".join(f"--set {k}={v}" for k, v in cand.settings.items())
+    return " ".join(f"--set {k}={set_value(v)}" for k, v in cand.settings.items())
 
 
 def toml_text(cand: Candidate) -> str:
     sections: dict[str, list[str]] = {}
     for key, value in cand.settings.items():
         section, name = key.split(".")
-        text = f'"{value}"' if isinstance(value, str) else str(value)
-        sections.setdefault(section, []).append(f"{name} = {text}")
+        sections.setdefault(section, []).append(f"{name} = {toml_value(value)}")
     return "\n".join(f"[{s}]\n" + "\n".join(lines) for s, lines in sections.items())
 
 
