@@ -89,6 +89,12 @@ class ModelConfig:
         return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
 
     @property
+    def value_head_dim(self) -> int:
+        """The head size of the values: MLA's ``v_head_dim``; elsewhere ``v_head_dim`` is an unused default
+        and values have the ordinary head size."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
     def rope_dim(self) -> int:
         return self.qk_rope_head_dim if self.is_mla else self.head_dim
 

@@ -50,18 +50,13 @@ def active_matmul_params(cfg: ModelConfig, include_mtp: bool = True) -> int:
     return total + n_mtp * weights["lm_head"].matmul_params
 
 
-def _v_dim(cfg: ModelConfig) -> int:
-    # Outside MLA ``v_head_dim`` is an unused default; values have the ordinary head size.
-    return cfg.v_head_dim if cfg.is_mla else cfg.head_dim
-
-
 def attention_flops_per_token(
     cfg: ModelConfig, seq_len: int, include_mtp: bool = True, causal: bool = True
 ) -> float:
     """Score (QK^T) and value (PV) FLOPs of forward + backward per token; ``causal`` halves them."""
     layers = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if include_mtp else 0)
     # forward 2 T (qk + v) per head and layer, x3 for training: 6 x 2 x L x H x (qk + v)/2 x T
-    full = 6 * 2 * layers * cfg.num_attention_heads * (cfg.qk_head_dim + _v_dim(cfg)) / 2 * seq_len
+    full = 6 * 2 * layers * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.value_head_dim) / 2 * seq_len
     return full / 2 if causal else full
 
 

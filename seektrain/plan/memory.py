@@ -208,7 +208,7 @@ def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool, ring: bool =
     h = cfg.num_attention_heads / tp
     lse = FP32 * h
     qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
-    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.value_head_dim
     if ring:
         kernel = a * h * (2 * qk + 2 * v) + a * h * v + lse
     elif not cfg.is_mla:
@@ -272,7 +272,7 @@ def _row_output(d: int, a: int, tp: int) -> float:
 def _selective_attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool) -> float:
     """The projections' outputs, the attention kernel's output and fp32 log-sum-exp, o_proj's output."""
     h = cfg.num_attention_heads / tp
-    v_kernel = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    v_kernel = cfg.value_head_dim
     if pad_values and cfg.is_mla and v_kernel < cfg.qk_head_dim:
         v_kernel = cfg.qk_head_dim  # the CPU flash kernel gets values zero-padded to qk (see _attention)
     kernel = a * h * v_kernel + FP32 * h
@@ -395,7 +395,7 @@ def ring_value_width(cfg: ModelConfig, device_type: str, dtype, packed: bool) ->
     from seektrain.platform.ring_blocks import block_kernel
 
     qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
-    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.value_head_dim
     return max(qk, v) if block_kernel(device_type, dtype, packed, qk == v).equal_head_dims else v
 
 
@@ -415,7 +415,7 @@ def ring_working_bytes(plan, sequences: float) -> float:
     a, packed = plan.compute_dtype.itemsize, ring_packed(plan)
     h = cfg.num_attention_heads / tp
     qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
-    v = cfg.v_head_dim if cfg.is_mla else cfg.head_dim
+    v = cfg.value_head_dim
     width = ring_value_width(cfg, plan.device_type, plan.compute_dtype, packed)
     per_token = RING_KV_CHUNKS * ring_chunk_bytes(cfg, tp, a, width)
     per_token += RING_GRAD_CHUNKS * ring_chunk_bytes(cfg, tp, FP32, width) + FP32 * h * qk
