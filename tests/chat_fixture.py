@@ -1,5 +1,6 @@
 """A tokenizer folder with a chat template, small enough for the tiny presets (vocab 320), and a chat
-JSONL file, for the fine-tuning tests (tests/test_finetune_flow.py, tests/test_chat_cli.py)."""
+JSONL file, for the fine-tuning tests (tests/test_finetune_flow.py, tests/test_chat.py,
+tests/test_tokenizer_files.py)."""
 
 from __future__ import annotations
 

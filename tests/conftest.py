@@ -66,8 +66,7 @@ SLOW_IN_CI = {
     "tests/test_train_parallel.py::test_fsdp_shards_parameters",  # layout_ran shard sizes in every run
     "tests/test_multinode.py::test_nodes_with_different_launch_options_end_with_one_line[nproc]",
     "tests/test_model_parallel.py::test_pipeline_schedules_other_models[tiny-dense-interleaved-1f1b]",
-    # Session 21 (issues 21, 22 added ~330 s of CI tests; the suite measured 1,810 s with them, 27 min of
-    # tests): paths the new and older CI tests already run
+    # paths that other CI tests (the packing rows, the cp × tp × ep CLI runs, the soak script) already run
     "tests/test_model_parallel.py::test_tp2_x_dp2[tiny-v3]",  # packing tp2-fsdp2 row, dp2_x_tp2_x_ep2 CLI
     "tests/test_model_parallel.py::test_tensor_parallel[tiny-v3]",  # test_tensor_parallel, cp2_x_tp2_x_ep4 CLI
     "tests/test_model_parallel.py::test_pipeline_schedules_v3[interleaved-1f1b]",  # packing pp2-interleaved

@@ -1,7 +1,7 @@
 """``seektrain data prepare|info|verify|show``: the command-line face of :mod:`seektrain.data`.
 
-Handlers take the parsed namespace and return an exit code; user mistakes surface as one-line
-``ValueError``s for the top-level ``main`` to print.
+Handlers take the parsed namespace and return an exit code; bad input surfaces as a ``UserError`` that the
+top-level ``main`` prints as one line.
 """
 
 from __future__ import annotations
