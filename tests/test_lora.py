@@ -23,6 +23,7 @@ from seektrain.models.lora import (
     trainable_counts,
 )
 from seektrain.train.optim import build_optimizer
+from tolerances import fp32_matmul_tol
 
 MLA = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
 SWIGLU = ("gate_proj", "up_proj", "down_proj")
@@ -134,7 +135,11 @@ def test_grouped_expert_adapters_match_a_loop_over_experts(grouped, rank):
         h = torch.nn.functional.silu(gate) * up
         rows.append(h @ w2[e].T + 0.5 * (h @ ad[2][e].T) @ ad[3][e].T)
         start += c
-    torch.testing.assert_close(got, torch.cat(rows), rtol=1e-5, atol=1e-5)
+    want = torch.cat(rows)
+    # the kernels sum each product in another order than the loop's mm (their own SIMD blocking): the
+    # tolerance grows with the chain's reduction length (D, then F) and the outputs' scale, not fixed
+    D, F = w2.shape[1], w2.shape[2]
+    torch.testing.assert_close(got, want, **fp32_matmul_tol(D + F, want.abs().max()))
 
 
 @pytest.mark.parametrize("preset", ["tiny-v3", "tiny-dense"])
