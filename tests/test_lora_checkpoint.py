@@ -101,6 +101,14 @@ def test_the_trained_adapters_export_with_our_logits(straight, base, tmp_path):
         want = ours(tokens).logits
         plain = hf(base)
         assert (plain(tokens).logits - want).abs().max().item() > 1e-2  # training moved the adapters
-        assert (hf(tmp_path / "merged")(tokens).logits - want).abs().max().item() < 1e-4
+        # transformers' model sums in its own order (its attention and MoE kernels, and the merged W + s·BA
+        # against our W x + s·B(A x)), and the fp32 differences grow through the layers in proportion to
+        # the logits: 7.5e-5 of max |logit| (2.28) measured on an AVX2-only AMD EPYC, where an absolute
+        # 1e-4 failed; AVX-512 machines had passed it.
+        # A wrong merge or scale is 1e-2 and more (the plain base above).
+        tol = 2e-4 * want.abs().max().item()
+        merged = (hf(tmp_path / "merged")(tokens).logits - want).abs().max().item()
+        assert merged < tol, f"merged export: logits differ by {merged:.3g} from ours (allowed {tol:.3g})"
         adapted = peft.PeftModel.from_pretrained(plain, tmp_path / "peft").eval()
-        assert (adapted(tokens).logits - want).abs().max().item() < 1e-4
+        peft_diff = (adapted(tokens).logits - want).abs().max().item()
+        assert peft_diff < tol, f"PEFT export: logits differ by {peft_diff:.3g} from ours (allowed {tol:.3g})"
