@@ -148,8 +148,9 @@ def test_tp_matches_single_process(results, preset, sp):
         # clipping scales the DTensor gradients exactly as the plain ones (norm > 0.5, so it did clip)
         assert r["norm_diff"] < 1e-6 and r["clipped_norm"] == pytest.approx(0.5, rel=1e-5)
         assert r["clipped_grad_diff"] < 1e-6
-        # AdamW's first steps amplify the last-bit differences of reordered sums a little.
-        assert r["tp_losses"] == pytest.approx(r["ref_losses"], rel=2e-5, abs=2e-5)
+        # AdamW's first steps amplify the last-bit differences of reordered sums a little: 2.24e-5 relative
+        # at step 4 on an AVX2-only AMD EPYC (8-lane sums), where 2e-5 had held on AVX-512 machines.
+        assert r["tp_losses"] == pytest.approx(r["ref_losses"], rel=5e-5, abs=5e-5)
         assert r["tp_norms"] == pytest.approx(r["ref_norms"], rel=2e-3)
         assert r["bias_diff"] < 1e-6  # every tp rank routes the same tokens: same balancing bias
     if preset == "tiny-v3":
