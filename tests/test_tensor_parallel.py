@@ -151,7 +151,8 @@ def test_tp_matches_single_process(results, preset, sp):
         # AdamW's first steps amplify the last-bit differences of reordered sums a little: 2.24e-5 relative
         # at step 4 on an AVX2-only AMD EPYC (8-lane sums), where 2e-5 had held on AVX-512 machines.
         assert r["tp_losses"] == pytest.approx(r["ref_losses"], rel=5e-5, abs=5e-5)
-        assert r["tp_norms"] == pytest.approx(r["ref_norms"], rel=2e-3)
+        # the grad norms follow those losses: 2.17e-3 relative on the AVX2-only EPYC (2e-3 held on AVX-512)
+        assert r["tp_norms"] == pytest.approx(r["ref_norms"], rel=5e-3)
         assert r["bias_diff"] < 1e-6  # every tp rank routes the same tokens: same balancing bias
     if preset == "tiny-v3":
         assert results[0][f"{preset}-sp{int(sp)}"]["bias_sum"] > 0  # the bias update did run
