@@ -28,11 +28,13 @@ def toml_value(value: object) -> str:
 
 def set_value(value: object) -> str:
     """A ``--set KEY=VALUE`` value as the loader parses it (``true``/``false``, a bare string, ``a,b`` for
-    a list), shell-quoted where the shell would split or expand it."""
+    a list), shell-quoted once, as a whole, where the shell would split or expand it."""
+    return shlex.quote(_set_text(value))
+
+
+def _set_text(value: object) -> str:
     if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, (list, tuple)):
-        text = ",".join(set_value(v) for v in value)
-    else:
-        text = str(value)
-    return shlex.quote(text)
+        return toml_value(value)
+    if isinstance(value, (list, tuple)):
+        return ",".join(_set_text(v) for v in value)
+    return str(value)
