@@ -2,9 +2,10 @@
 
 ``from_pretrained`` reads the official releases (including DeepSeek-V3's FP8 weights, dequantised on
 load, and its MTP layer) and anything transformers 5 writes; ``save_pretrained`` writes the release
-layout, which transformers, vLLM and our own loader read back. Weights are read tensor by tensor through
-``safe_open`` (memory-mapped, never unpickled) straight into a model built on the meta device and then
-materialised, so peak memory stays close to one copy of the model.
+layout, which transformers, vLLM and our own loader read back. ``load_hf_weights`` fills a sharded
+model (or a pipeline stage of one), each rank reading only the slices it holds
+(``hf_folder.py`` maps our tensors onto the stored ones, ``checkpoint/hf_shard_load.py`` reads them:
+``pread``, never unpickled, never memory-mapped); ``from_pretrained`` is the same read of a whole model.
 
 Every user error (missing folder/file/tensor, wrong shape, unknown tensor, unsupported config) is a
 ``ValueError`` subclass with a one-line message naming the file or tensor and what was expected.
@@ -12,36 +13,28 @@ Every user error (missing folder/file/tensor, wrong shape, unknown tensor, unsup
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import nn
 
+from seektrain.checkpoint.hf_shard_load import DEFAULT_THREADS, LoadReport, load_local_shards
+from seektrain.checkpoint.safetensors_slices import HFWeightsError
 from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.hf_config import (
-    HFConfigError,
-    config_from_hf,
-    config_to_hf,
-    quant_block_size,
-    read_config_json,
-)
+from seektrain.models.deepseek.hf_config import HFConfigError, config_from_hf, config_to_hf, read_config_json
+from seektrain.models.deepseek.hf_folder import INDEX_FILE, SINGLE_FILE, HFFolder, open_folder
 from seektrain.models.deepseek.hf_weights import (
     FP8_DTYPES,
     Entry,
-    dequantize_fp8,
     dtype_name,
-    fused_alternatives,
     hf_layout,
-    is_ignored,
     part_shape,
     part_view,
-    scale_shape,
     shard_plan,
 )
 from seektrain.models.deepseek.transformer import Transformer, build_model
@@ -50,162 +43,16 @@ from seektrain.models.kernels import Kernels
 
 log = logging.getLogger(__name__)
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # what the official releases and transformers use
 _SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
 _FP8_NAMES = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
-class HFWeightsError(UserError):
-    """The weights of a model folder do not match its config.json; one line naming file and tensor."""
-
-
 # ------------------------------------------------------------------------------------------ reading
-def _weight_map(path: str) -> dict[str, str]:
-    """Tensor name -> shard file name, from the index json or the single ``model.safetensors``."""
-    index = os.path.join(path, INDEX_FILE)
-    if os.path.isfile(index):
-        try:
-            with open(index, encoding="utf-8") as fh:
-                weight_map = json.load(fh)["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError("weight_map is not an object")
-        except (
-            OSError,
-            UnicodeDecodeError,
-            json.JSONDecodeError,
-            KeyError,
-            TypeError,
-            RecursionError,
-        ) as exc:
-            raise HFWeightsError(
-                f"{index}: unreadable index ({type(exc).__name__}: {str(exc)[:200]})"
-            ) from None
-        for key, shard in weight_map.items():
-            if not isinstance(shard, str) or os.path.basename(shard) != shard or not shard:
-                raise HFWeightsError(
-                    f"{index}: weight_map[{key!r}] = {shard!r} is not a file name of this folder"
-                )
-        for shard in sorted(set(weight_map.values())):
-            if not os.path.isfile(os.path.join(path, shard)):
-                raise HFWeightsError(f"{os.path.join(path, shard)}: missing shard (listed in {INDEX_FILE})")
-            with _open(os.path.join(path, shard)) as fh:  # header only: which tensors the shard holds
-                held = set(fh.keys())
-            for key in sorted(k for k, s in weight_map.items() if s == shard and k not in held):
-                raise HFWeightsError(
-                    f"{index}: weight_map puts {key} in {shard}, which does not hold it; fix "
-                    "the index (or re-download the model)"
-                )
-        return weight_map
-    single = os.path.join(path, SINGLE_FILE)
-    if os.path.isfile(single):
-        with _open(single) as fh:
-            return dict.fromkeys(fh.keys(), SINGLE_FILE)
-    if any(name.endswith(".bin") for name in os.listdir(path)):
-        raise HFWeightsError(
-            f"{path}: only pickle .bin weights found; convert them to safetensors first "
-            "(we never unpickle checkpoints)"
-        )
-    raise HFWeightsError(f"{path}: no {SINGLE_FILE} or {INDEX_FILE} found")
-
-
-def _open(file: str):
-    try:
-        return safe_open(file, framework="pt", device="cpu")
-    except Exception as exc:  # safetensors raises its own error types for corrupt headers
-        raise HFWeightsError(f"{file}: not a readable safetensors file ({exc})") from None
-
-
-def _present_mtp_layers(cfg, keys) -> int:
-    """How many MTP layers the files actually hold (transformers 5 saves V3 without them)."""
-    n = 0
-    while n < cfg.num_nextn_predict_layers:
-        prefix = f"model.layers.{cfg.num_hidden_layers + n}."
-        if not any(key.startswith(prefix) for key in keys):
-            break
-        n += 1
-    return n
-
-
-def _plan(cfg, shapes: dict, weight_map: dict[str, str], path: str) -> list[tuple[str, Entry]]:
-    """Match every tensor in the folder to our parameters; fail on unknown or missing ones."""
-    entries = hf_layout(cfg, shapes)
-    expected = {e.hf_key: e for e in entries}
-    fused = fused_alternatives(entries)
-    plan, whole, parts = [], set(), set()
-    for key in sorted(weight_map):
-        if key in expected:
-            entry = expected[key]
-        elif key in fused:
-            entry = Entry(key, fused[key])
-        elif is_ignored(key) or (key == "lm_head.weight" and cfg.tie_word_embeddings):
-            continue
-        elif key.endswith("_scale_inv") and key[: -len("_scale_inv")] in weight_map:
-            continue  # read together with its weight
-        else:
-            raise HFWeightsError(
-                f"{key}: unexpected tensor in {weight_map[key]} (a {cfg.arch} model with this "
-                f"config.json has no such weight)"
-            )
-        if entry.copy:
-            continue
-        if entry.part is None:
-            whole.add(entry.ours)
-        else:
-            parts.add((entry.ours, entry.part))
-        plan.append((key, entry))
-    for entry in entries:
-        if entry.copy or entry.ours in whole or (entry.ours, entry.part) in parts:
-            continue
-        shape = part_shape(shapes[entry.ours], entry.part)
-        raise HFWeightsError(f"{entry.hf_key}: missing tensor (expected shape {shape}) in {path}")
-    clash = whole & {ours for ours, _ in parts}
-    if clash:
-        raise HFWeightsError(f"{path}: both fused and per-expert tensors given for {sorted(clash)[0]}")
-    return plan
-
-
-def _check_shapes(plan, shapes, weight_map, handles, block) -> None:
-    """Header-only pass so a wrong shape fails before hours of reading, not after."""
-    for key, entry in plan:
-        file = weight_map[key]
-        tslice = handles(file).get_slice(key)
-        got, want = tuple(tslice.get_shape()), part_shape(shapes[entry.ours], entry.part)
-        if got != want:
-            raise HFWeightsError(f"{key}: expected shape {want}, got {got} in {file}")
-        if tslice.get_dtype() in _FP8_NAMES:
-            scale_key = key + "_scale_inv"
-            if scale_key not in weight_map:
-                raise HFWeightsError(f"{scale_key}: missing tensor (the FP8 weight {key} in {file} needs it)")
-            s_got = tuple(handles(weight_map[scale_key]).get_slice(scale_key).get_shape())
-            if len(got) != 2 or s_got != scale_shape(got, block):
-                want_s = scale_shape(got, block) if len(got) == 2 else "a 2-D weight"
-                raise HFWeightsError(
-                    f"{scale_key}: expected shape {want_s}, got {s_got} in {weight_map[scale_key]}"
-                )
-
-
 def _open_pretrained(spec: str, what: str) -> tuple[str, dict, ModelConfig, dict]:
-    """(local folder, raw config.json, the model config its weights hold, weight map) of a Hugging Face
-    folder or cached hub id; reads headers only, no tensors."""
-    path = os.fspath(resolve_local_path(spec, what))
-    raw = read_config_json(path, what)
-    from_hub = os.path.normpath(path) != os.path.normpath(os.path.expanduser(spec))
-    name = spec.rsplit("/", 1)[-1] if from_hub else os.path.basename(os.path.normpath(path))
-    cfg = config_from_hf(raw, name=name or "custom", where=os.path.join(path, "config.json"))
-    weight_map = _weight_map(path)
-    present = _present_mtp_layers(cfg, weight_map)
-    if present < cfg.num_nextn_predict_layers:
-        log.warning(
-            "%s: config.json asks for %d MTP layer(s) but the weights hold %d; building the model with %d",
-            path,
-            cfg.num_nextn_predict_layers,
-            present,
-            present,
-        )
-        cfg = cfg.replace(num_nextn_predict_layers=present)
-    return path, raw, cfg, weight_map
+    """(local folder, raw config.json, the model config its weights hold, weight map): headers only."""
+    opened = open_folder(spec, what)
+    return opened.path, opened.raw, opened.cfg, opened.names
 
 
 def pretrained_config(path: str | os.PathLike, what: str = "model.hf_path") -> ModelConfig:
@@ -231,37 +78,30 @@ def from_pretrained(
 ) -> Transformer:
     """Build our ``Transformer`` from a Hugging Face folder (config.json + safetensors, sharded or not),
     or from a hub id (``org/name``) already in the local Hugging Face cache (``seektrain.models.hub``);
-    ``kernels`` as for ``build_model``."""
-    path, raw, cfg, weight_map = _open_pretrained(os.fspath(path), what)
-    block = quant_block_size(raw)
-    model = build_model(cfg, device="meta", dtype=dtype, init=False, kernels=kernels)
-    shapes = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
-    plan = _plan(cfg, shapes, weight_map, path)
-
-    with contextlib.ExitStack() as stack:
-        opened: dict[str, object] = {}
-
-        def handles(file: str):
-            if file not in opened:
-                opened[file] = stack.enter_context(_open(os.path.join(path, file)))
-            return opened[file]
-
-        _check_shapes(plan, shapes, weight_map, handles, block)
-        model.to_empty(device=device)
-        if cfg.tie_word_embeddings:  # to_empty re-creates parameters one module at a time: re-tie
-            model.lm_head.weight = model.embed_tokens.weight
-        targets: dict[str, torch.Tensor] = dict(model.named_parameters())
-        targets.update(model.named_buffers())
-        with torch.no_grad():
-            for key, entry in sorted(plan, key=lambda item: (weight_map[item[0]], item[0])):
-                tensor = handles(weight_map[key]).get_tensor(key)
-                target = part_view(targets[entry.ours], entry.part)
-                if tensor.dtype in FP8_DTYPES:
-                    scale_key = key + "_scale_inv"
-                    scale = handles(weight_map[scale_key]).get_tensor(scale_key)
-                    tensor = dequantize_fp8(tensor, scale, block, target.dtype)
-                target.copy_(tensor)
+    ``kernels`` as for ``build_model``. The same slice-by-slice read as a sharded load, of all of it."""
+    opened = open_folder(os.fspath(path), what)
+    model = build_model(opened.cfg, device="meta", dtype=dtype, init=False, kernels=kernels)
+    folder = HFFolder(opened, {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()})
+    model.to_empty(device=device)
+    if opened.cfg.tie_word_embeddings:  # to_empty re-creates parameters one module at a time: re-tie
+        model.lm_head.weight = model.embed_tokens.weight
+    report = load_local_shards(model, folder)
+    if report.not_loaded:
+        raise HFWeightsError(f"{folder.path}: holds no tensor for {report.not_loaded[0]}")
     return model
+
+
+def load_hf_weights(
+    module: nn.Module, path: str | os.PathLike, what: str = "model.hf_path", threads: int = DEFAULT_THREADS
+) -> LoadReport:
+    """Fill the local tensors of ``module`` (this family's model or a pipeline stage of it, materialised
+    and possibly sharded) from the folder ``path``, each rank reading only its own slices, in the
+    dtypes the module holds; ``report.not_loaded`` names the tensors the folder does not have (LoRA
+    adapters). The folder's config must describe ``module.cfg``'s shapes."""
+    opened = open_folder(os.fspath(path), what)
+    full = build_model(module.cfg, device="meta", init=False)  # the shapes of the whole model
+    folder = HFFolder(opened, {name: tuple(t.shape) for name, t in full.state_dict(keep_vars=True).items()})
+    return load_local_shards(module, folder, threads=threads)
 
 
 # ------------------------------------------------------------------------------------------ writing
