@@ -448,23 +448,23 @@ def test_compiled_blocks_give_the_adapters_the_same_gradients():
         torch.testing.assert_close(grad, want[name], rtol=1e-4, atol=1e-6)
 
 
-def test_a_base_from_full_weights_gets_fresh_adapters():
-    """``model.hf_path``: the base loads strictly from full weights (which hold no adapters), then the
-    adapters are initialised; a base weight missing from them is still refused."""
-    from seektrain.models.deepseek.init import init_adapters
-    from seektrain.parallel.parallelize import load_full_state_dict
+def test_a_base_from_hf_weights_gets_fresh_adapters(tmp_path):
+    """``model.hf_path``: the base loads from the folder (which holds no adapters), then the adapters are
+    initialised; a base weight the model has but the folder's model lacks is still refused."""
+    from seektrain.models.deepseek.hf_io import save_pretrained
+    from seektrain.parallel.parallelize import load_pretrained
 
     cfg = get_preset("tiny-v3")
     base = build_model(cfg, seed=7)
+    save_pretrained(base, tmp_path / "hf")
     model = build_model(cfg, device="meta")
     add_adapters(model, LoraSpec(4, 8.0))
     model.to_empty(device="cpu")
-    load_full_state_dict(model, base.state_dict())
-    init_adapters(model, 0)
+    load_pretrained(model, str(tmp_path / "hf"), 0)
     tokens = torch.randint(0, cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(model(tokens).logits, base(tokens).logits)
     assert all(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_A" in n)
-    partial = {k: v for k, v in base.state_dict().items() if k != "layers.0.self_attn.o_proj.weight"}
-    with pytest.raises(RuntimeError, match="layers.0.self_attn.o_proj.weight"):
-        load_full_state_dict(model, partial)
+    model.register_buffer("extra_table", torch.zeros(3))  # a tensor of the model no folder holds
+    with pytest.raises(ValueError, match="holds no tensor for extra_table"):
+        load_pretrained(model, str(tmp_path / "hf"), 0)

@@ -15,7 +15,8 @@ from run_cli import seektrain  # noqa: E402
 from seektrain.config.loader import load_config  # noqa: E402
 from seektrain.models import build_model  # noqa: E402
 from seektrain.models.deepseek.hf_io import from_pretrained, save_pretrained  # noqa: E402
-from seektrain.train.setup_model import configured_model_config, initial_weights  # noqa: E402
+from seektrain.parallel.parallelize import load_pretrained  # noqa: E402
+from seektrain.train.setup_model import configured_model_config  # noqa: E402
 from test_hf_parity import TOL, _randomize, _v3_config  # noqa: E402
 
 ORIGINAL = 32  # a short "pre-training" context, so a 96-token sequence reaches 3x past it
@@ -77,8 +78,9 @@ def test_overrides_merge_with_a_hugging_face_folders_own_yarn(tmp_path):
     source.save_pretrained(tmp_path / "hf")
     job = load_config(overrides=[f"model.hf_path={tmp_path / 'hf'}", *_sets(factor=8)])
     cfg = configured_model_config(job)
-    model = build_model(cfg, init=False)
-    model.load_state_dict(initial_weights(job))  # what the trainer starts from
+    model = build_model(cfg, device="meta")
+    model.to_empty(device="cpu")
+    load_pretrained(model, job.model.hf_path, 0)  # what the trainer starts from
     exported = _export_and_compare(model, tmp_path)
     assert cfg.max_position_embeddings == 8 * ORIGINAL
     assert exported == dict(

@@ -31,6 +31,8 @@ from seektrain.checkpoint.safetensors_slices import HFWeightsError, TensorInfo, 
 
 CHUNK_BYTES = 16 * 2**20  # one read, as fp32 elements
 DEFAULT_THREADS = 4
+# per thread: a chunk in the file's dtype (at most fp32-sized), its fp32 form and its expanded FP8 scale
+PEAK_BUFFER_BYTES = DEFAULT_THREADS * 3 * CHUNK_BYTES
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 

@@ -25,6 +25,7 @@ from seektrain.errors import UserError
 from seektrain.models.config import ARCHITECTURES, ModelConfig
 from seektrain.models.deepseek import shapes
 from seektrain.models.deepseek.hf_config import ARCH_BY_HF
+from seektrain.models.deepseek.hf_io import load_hf_weights
 from seektrain.models.deepseek.transformer import Transformer, keep_fp32_buffers
 from seektrain.models.kernels import Kernels
 
@@ -53,6 +54,9 @@ class ModelFamily:
     tp_plan: str  # "module:function": (model, tp_mesh, sequence_parallel) -> parallelize_module plan
     pipeline: PipelineRules
     keep_fp32: Callable[[nn.Module], None]  # after a cast to a low dtype: restore what must stay fp32
+    # (module, Hugging Face folder) -> LoadReport: fill a materialised, possibly sharded model or stage
+    # from the folder, each rank reading its own slices (``checkpoint/hf_shard_load.py``)
+    load_hf: Callable[[nn.Module, str], object]
 
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -68,6 +72,7 @@ FAMILIES: dict[str, ModelFamily] = {
             layers="layers", first=shapes.FIRST_STAGE, last=shapes.LAST_STAGE, blocks=("layers", "mtp")
         ),
         keep_fp32=keep_fp32_buffers,
+        load_hf=load_hf_weights,
     ),
 }
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from seektrain.checkpoint.safetensors_slices import HFWeightsError
 from seektrain.models.deepseek.init import init_adapters
 from seektrain.models.lora import add_adapters, freeze_base, is_adapter
 from seektrain.models.registry import family_of, is_family_model, model_blocks
@@ -113,12 +114,12 @@ def _replicate_tensor_parallel(part: nn.Module, dp_mesh) -> None:
 
 
 def parallelize_model(
-    model: nn.Module, plan, device: torch.device, state_dict: dict | None = None, loss_fn=None
+    model: nn.Module, plan, device: torch.device, hf_path: str | None = None, loss_fn=None
 ) -> ParallelModel:
     """The parts of ``model`` (a plain model of a registered family, on the meta device) this rank trains
     under ``plan``.
-    ``state_dict`` (full tensors, e.g. from Hugging Face) replaces random init; ``loss_fn(output, labels)``
-    is the pipeline schedule's loss."""
+    ``hf_path`` (a Hugging Face folder) replaces random init, each rank reading only its own slices;
+    ``loss_fn(output, labels)`` is the pipeline schedule's loss."""
     build_meshes(plan)  # the trainer built them already; a test that calls this directly has them built here
     if plan.pp == 1:
         parts, ids = [model], [0]
@@ -131,11 +132,10 @@ def parallelize_model(
         # Offloaded shards are materialised in host memory; buffers (the balancing biases) are not FSDP's
         # and stay with the compute on the device.
         part.to_empty(device="cpu" if plan.cpu_offload else device)
-        if state_dict is None:
+        if hf_path is None:
             part.init_weights(plan.job.train.seed)
         else:
-            load_full_state_dict(part, state_dict)
-            init_adapters(part, plan.job.train.seed)  # a base from Hugging Face: new adapters
+            log.info(load_pretrained(part, hf_path, plan.job.train.seed).describe(f"model.hf_path={hf_path}"))
         if plan.cpu_offload:
             _buffers_to(part, device)
     if plan.uses_ddp:
@@ -171,18 +171,19 @@ def _merged_view(parts: list[nn.Module]) -> nn.Module:
     return parts[0] if len(parts) == 1 else _PartsView(parts)
 
 
-def load_full_state_dict(model: nn.Module, state_dict: dict) -> None:
-    """Copy full (unsharded) tensors into a possibly sharded model part; each rank keeps its shard."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    wanted = set(model.state_dict().keys())
-    subset = {k: v for k, v in state_dict.items() if k in wanted}
-    adapters = {k for k in wanted if is_adapter(k)}
-    if adapters and not wanted - adapters <= subset.keys():  # strict for the base, adapters are new
-        missing = sorted(wanted - adapters - subset.keys())
-        raise RuntimeError(f"the weights lack {len(missing)} parameters of the model, e.g. {missing[0]}")
-    options = StateDictOptions(full_state_dict=True, strict=not adapters)
-    set_model_state_dict(model, subset, options=options)
+def load_pretrained(part: nn.Module, hf_path: str, seed: int):
+    """Fill a materialised (possibly sharded) model part from a Hugging Face folder, this rank's slices
+    only, through its family's loader; LoRA adapters, which no release holds, are initialised new.
+    Returns the loader's report (bytes, seconds)."""
+    report = family_of(part).load_hf(part, hf_path)
+    missing = [name for name in report.not_loaded if not is_adapter(name)]
+    if missing:
+        raise HFWeightsError(
+            f"{hf_path}: holds no tensor for {missing[0]} ({len(missing)} of the model's tensors); "
+            "the folder is not this model"
+        )
+    init_adapters(part, seed)
+    return report
 
 
 def unwrap(model: nn.Module) -> nn.Module:

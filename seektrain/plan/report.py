@@ -127,8 +127,9 @@ def _host_line(best: dict, hw: dict, lora: bool) -> list[str]:
     lines = []
     if load:
         lines.append(
-            f"host memory before training: {load:.1f} GiB per rank = {load * hw['gpus_per_node']:.1f} GiB per "
-            "node (model.hf_path: every rank reads the whole model in fp32, then keeps its shards)"
+            f"host memory while loading model.hf_path: {load:.2f} GiB per rank = "
+            f"{load * hw['gpus_per_node']:.1f} GiB per node of read buffers (each rank reads only its "
+            "own slices, straight into its shards)"
         )
     if not (host["per_rank"] or lora):
         return lines

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+from seektrain.checkpoint.hf_shard_load import PEAK_BUFFER_BYTES
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
@@ -32,7 +33,7 @@ class MemoryBreakdown:
     host_state: float = 0.0  # parallel.cpu_offload: parameters, gradients and AdamW state in host memory
     frozen: float = 0.0  # lora.enabled: the frozen base in the compute dtype
     host_staging: float = 0.0  # checkpoint.async_save: the host snapshot of what a checkpoint saves
-    host_load: float = 0.0  # model.hf_path: the whole model in fp32, read by every rank before training
+    host_load: float = 0.0  # model.hf_path: the loader's buffers while each rank reads its slices
 
     @property
     def host_total(self) -> float:
@@ -115,10 +116,9 @@ def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
     allowance = hw.context_gib * GIB + memory.FRAGMENTATION * tensors
     # an async save snapshots what a checkpoint holds (a LoRA checkpoint: the adapters, not the base)
     staging = state.params + state.optimizer if plan.job.checkpoint.async_save else 0
-    # train/setup_model.py's initial_weights: each rank reads the release whole, in fp32, then loads its
-    # shards from it (a peak before training starts, not beside the training state)
-    load = memory.FP32 * sum(memory._numel(s.shape) for s in memory.param_specs(plan.model))
-    load = load if plan.job.model.hf_path else 0
+    # model.hf_path: each rank reads its own slices straight into its shards (already counted above),
+    # through the loader's bounded buffers (checkpoint/hf_shard_load.py)
+    load = PEAK_BUFFER_BYTES if plan.job.model.hf_path else 0
     return MemoryBreakdown(params, grads, optimizer, acts, comm, allowance, host, frozen, staging, load)
 
 

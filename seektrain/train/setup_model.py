@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import JobConfig
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.presets import PRESETS
 from seektrain.models.deepseek.rope_overrides import with_rope_overrides
@@ -45,10 +44,22 @@ def configured_model_config(cfg: JobConfig) -> ModelConfig:
     return with_rope_overrides(base, rope_overrides(cfg))
 
 
-def initial_weights(cfg: JobConfig) -> dict[str, torch.Tensor] | None:
-    """Full fp32 weights to start from: the Hugging Face folder's, or None for random init."""
-    if not cfg.model.hf_path:
-        return None
-    from seektrain.models.deepseek.hf_io import from_pretrained
+def check_same_folder(hf_path: str, world_size: int) -> None:
+    """Every rank reads its own slices of ``model.hf_path``, so every rank must see the same model there
+    (node-local copies can differ): the folders' fingerprints are compared, a UserError names the
+    first rank whose copy differs from rank 0's."""
+    if world_size == 1:
+        return
+    import torch.distributed as dist
 
-    return from_pretrained(cfg.model.hf_path, dtype=torch.float32).state_dict()
+    from seektrain.checkpoint.lora_base import hf_fingerprint
+
+    mine = hf_fingerprint(hf_path)
+    every: list[str | None] = [None] * world_size
+    dist.all_gather_object(every, mine)
+    for rank, other in enumerate(every):
+        if other != every[0]:
+            raise UserError(
+                f"model.hf_path={hf_path}: rank {rank} sees a different model there than rank 0 "
+                f"(fingerprint {str(other)[:12]} vs {str(every[0])[:12]}); give every node the same copy"
+            )

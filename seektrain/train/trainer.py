@@ -48,7 +48,7 @@ from seektrain.train.precision import DynamicLossScaler
 from seektrain.train.preemption import Preemption
 from seektrain.train.progress import setup_logging
 from seektrain.train.setup_data import TrainingData, open_training_data
-from seektrain.train.setup_model import initial_weights
+from seektrain.train.setup_model import check_same_folder
 from seektrain.train.startup import resolve_start
 from seektrain.train.step import StepContext, train_step
 from seektrain.train.step_log import StepLog
@@ -132,10 +132,11 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
         )
         install_from_env(guard, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
         # [lora] a LoRA checkpoint holds no base: it is read again from model.hf_path (or re-initialised)
-        preemption.phase = "reading the initial weights"
-        weights = initial_weights(cfg) if start.checkpoint is None or plan.lora else None
-        preemption.phase = "building the model"
-        ctx = build_step_context(plan, env.device, data, guard, weights)
+        hf_path = cfg.model.hf_path if start.checkpoint is None or plan.lora else None
+        if hf_path:
+            check_same_folder(hf_path, env.world_size)  # every rank reads its slices of one model
+        preemption.phase = "building the model" + (f" and reading {hf_path}" if hf_path else "")
+        ctx = build_step_context(plan, env.device, data, guard, hf_path or None)
         start_step = 0
         if start.checkpoint is not None:
             preemption.phase = f"loading checkpoint {start.checkpoint}"
@@ -248,7 +249,7 @@ def write_run_files(plan: RunPlan, run_dir: Path, env: DistEnv) -> None:
 
 
 def build_step_context(
-    plan: RunPlan, device: torch.device, data: TrainingData, guard: FaultGuard, weights: dict | None
+    plan: RunPlan, device: torch.device, data: TrainingData, guard: FaultGuard, hf_path: str | None
 ) -> StepContext:
     """The model (built on the meta device, parallelised, then materialised), its optimizer and
     schedule, the loss scaler and the batches: everything a step changes."""
@@ -265,7 +266,7 @@ def build_step_context(
         else None
     )
     model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels(plan.compute_dtype))
-    parallel = parallelize_model(model, plan, device, state_dict=weights, loss_fn=pipeline_loss)
+    parallel = parallelize_model(model, plan, device, hf_path=hf_path, loss_fn=pipeline_loss)
     configure_aux_loss(parallel.model, job.train.aux_loss_alpha, plan.aux_loss_grad_scale)
     optimizer = build_optimizer(parallel.model, job.optim)
     scheduler = build_scheduler(optimizer, job.optim, job.train.steps)
