@@ -215,3 +215,56 @@ def test_main_cli_dispatches_convert(tmp_path):
     main = pytest.importorskip("seektrain.cli.main")
     assert main.main(["convert", "--preset", "tiny-dense", "--to-hf", str(tmp_path)]) == 0
     assert from_pretrained(tmp_path).cfg.arch == "llama"
+
+
+def test_truncated_safetensors(tmp_path, v3_dir):
+    """A download cut short: the header lists bytes the file does not have (checked before reading)."""
+    folder = _copy(v3_dir, tmp_path / "m")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) - 1000])
+    _error(
+        folder,
+        r"model\.safetensors: not a readable safetensors file \(tensor .* past the end of the file .*truncated",
+    )
+
+
+def test_weight_of_a_non_float_dtype(tmp_path, v3_dir):
+    key = "model.layers.0.self_attn.o_proj.weight"
+
+    def edit(t):
+        t[key] = t[key].to(torch.int32)
+
+    _error(
+        _copy(v3_dir, tmp_path / "m", edit), rf"^{re.escape(key)}: dtype torch\.int32 in model\.safetensors"
+    )
+
+
+def _same_folder_worker(rank: int, out_dir: str, folders: list[str]) -> None:
+    from seektrain.train.setup_model import check_same_folder
+
+    try:
+        check_same_folder(folders[rank], 2)
+        message = "no error"
+    except ValueError as err:
+        message = str(err)
+    with open(f"{out_dir}/rank{rank}.txt", "w") as fh:
+        fh.write(message)
+
+
+def test_ranks_that_see_different_folders_stop(tmp_path, v3_dir):
+    """Node-local copies of model.hf_path that differ (another release, a fine-tune) would give the
+    ranks slices of two models: the fingerprints are compared first."""
+    from functools import partial
+
+    from spawn_ranks import spawn_ranks
+
+    other = tmp_path / "other"
+    save_pretrained(build_model(get_preset("tiny-v3"), seed=1), other)
+    spawn_ranks(partial(_same_folder_worker, folders=[str(v3_dir), str(other)]), 2, str(tmp_path))
+    for rank in range(2):
+        message = (tmp_path / f"rank{rank}.txt").read_text()
+        assert re.match(
+            r"model\.hf_path=.*: rank 1 sees a different model there than rank 0 \(fingerprint", message
+        ), message
+    spawn_ranks(partial(_same_folder_worker, folders=[str(v3_dir), str(v3_dir)]), 2, str(tmp_path))
+    assert (tmp_path / "rank1.txt").read_text() == "no error"
