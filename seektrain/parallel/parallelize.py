@@ -17,7 +17,7 @@ either: the plan's platform policy adds what one platform needs (e.g. gloo's col
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -43,6 +43,7 @@ class ParallelModel:
     parts: list[nn.Module]
     stage_ids: list[int]
     schedule: object | None = None
+    load_reports: list = field(default_factory=list)  # one per part read from model.hf_path
 
     @property
     def has_first_stage(self) -> bool:
@@ -127,6 +128,7 @@ def parallelize_model(
         from seektrain.parallel import pipeline
 
         parts, ids = pipeline.rank_stages(model, plan, plan.meshes.pp.get_local_rank())
+    reports = []
     for part in parts:
         _parallelize_part(part, plan, device)
         # Offloaded shards are materialised in host memory; buffers (the balancing biases) are not FSDP's
@@ -135,15 +137,16 @@ def parallelize_model(
         if hf_path is None:
             part.init_weights(plan.job.train.seed)
         else:
-            log.info(load_pretrained(part, hf_path, plan.job.train.seed).describe(f"model.hf_path={hf_path}"))
+            reports.append(load_pretrained(part, hf_path, plan.job.train.seed))
+            log.info(reports[-1].describe(f"model.hf_path={hf_path}"))
         if plan.cpu_offload:
             _buffers_to(part, device)
     if plan.uses_ddp:
         parts = [apply_ddp(parts[0], plan.meshes.dp_cp)]
     if plan.pp == 1:
-        return ParallelModel(parts[0], parts, ids)
+        return ParallelModel(parts[0], parts, ids, load_reports=reports)
     schedule = pipeline.build_schedule(parts, ids, plan, device, loss_fn)
-    return ParallelModel(_merged_view(parts), parts, ids, schedule)
+    return ParallelModel(_merged_view(parts), parts, ids, schedule, reports)
 
 
 class _PartsView(nn.Module):
