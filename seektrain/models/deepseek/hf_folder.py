@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from seektrain.checkpoint.hf_shard_load import FP8, SliceRead
-from seektrain.checkpoint.local_shards import Box, LocalShard
+from seektrain.checkpoint.local_shards import LocalShard
 from seektrain.checkpoint.safetensors_slices import HFWeightsError, TensorInfo, read_header
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.hf_config import config_from_hf, quant_block_size, read_config_json
@@ -28,6 +28,7 @@ from seektrain.models.deepseek.hf_weights import (
     fused_alternatives,
     hf_layout,
     is_ignored,
+    part_region,
     part_shape,
     scale_shape,
 )
@@ -78,7 +79,9 @@ def _read_index(index: str) -> dict[str, str]:
         raise HFWeightsError(f"{index}: unreadable index ({type(exc).__name__}: {str(exc)[:200]})") from None
     for key, shard in names.items():
         if not isinstance(shard, str) or os.path.basename(shard) != shard or not shard:
-            raise HFWeightsError(f"{index}: weight_map[{key!r}] = {shard!r} is not a file name of this folder")
+            raise HFWeightsError(
+                f"{index}: weight_map[{key!r}] = {shard!r} is not a file name of this folder"
+            )
     return names
 
 
@@ -169,7 +172,7 @@ class HFFolder:
             return None
         out = []
         for entry in entries:
-            region, stored_dims = _region(shard.full_shape, entry.part)
+            region, stored_dims = part_region(shard.full_shape, entry.part)
             lo = [max(a, r) for (a, _), (r, _) in zip(shard.box, region)]
             hi = [min(b, r) for (_, b), (_, r) in zip(shard.box, region)]
             if any(low >= high for low, high in zip(lo, hi)):
@@ -183,18 +186,6 @@ class HFFolder:
                 scale = (self._names[scale_key], scale_key)
             out.append(SliceRead(file, entry.hf_key, box, dest, scale))
         return out
-
-
-def _region(full: tuple[int, ...], part: tuple[str, int] | None) -> tuple[Box, range]:
-    """The box of our tensor (shape ``full``) that a stored tensor holding ``part`` of it fills, and
-    which of our dimensions the stored tensor has."""
-    whole = tuple((0, d) for d in full)
-    if part is None:
-        return whole, range(len(full))
-    kind, e = part
-    half = full[1] // 2
-    rows = {"down": (0, full[1]), "gate": (0, half), "up": (half, full[1])}[kind]
-    return ((e, e + 1), rows, *whole[2:]), range(1, len(full))
 
 
 def _match(cfg: ModelConfig, shapes: dict, names: dict[str, str], path: str) -> list[tuple[str, Entry]]:
@@ -233,4 +224,3 @@ def _match(cfg: ModelConfig, shapes: dict, names: dict[str, str], path: str) -> 
     if clash:
         raise HFWeightsError(f"{path}: both fused and per-expert tensors given for {sorted(clash)[0]}")
     return plan
-

@@ -13,39 +13,23 @@ Every user error (missing folder/file/tensor, wrong shape, unknown tensor, unsup
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from seektrain.checkpoint.hf_shard_load import DEFAULT_THREADS, LoadReport, load_local_shards
 from seektrain.checkpoint.safetensors_slices import HFWeightsError
-from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.hf_config import HFConfigError, config_from_hf, config_to_hf, read_config_json
-from seektrain.models.deepseek.hf_folder import INDEX_FILE, SINGLE_FILE, HFFolder, open_folder
-from seektrain.models.deepseek.hf_weights import (
-    FP8_DTYPES,
-    Entry,
-    dtype_name,
-    hf_layout,
-    part_shape,
-    part_view,
-    shard_plan,
-)
+from seektrain.models.deepseek.hf_config import HFConfigError, config_from_hf, read_config_json
+from seektrain.models.deepseek.hf_export import DEFAULT_MAX_SHARD_BYTES, export_release
+from seektrain.models.deepseek.hf_folder import HFFolder, open_folder
 from seektrain.models.deepseek.transformer import Transformer, build_model
 from seektrain.models.hub import resolve_local_path
 from seektrain.models.kernels import Kernels
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # what the official releases and transformers use
-_SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
-_FP8_NAMES = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -116,57 +100,16 @@ def save_pretrained(
     ``dtype`` casts the weights (default: the embedding's dtype); the MoE balancing bias always stays
     fp32. Above ``max_shard_bytes`` the weights are split into ``model-0000k-of-0000n.safetensors`` with a
     ``model.safetensors.index.json``. Weight files of an earlier save in ``path`` are removed first so a
-    stale shard can never be mixed in.
+    stale shard can never be mixed in (``hf_export.export_release``, which writes piece by piece).
     """
-    path = os.fspath(path)
-    cfg = model.cfg
     state = model.state_dict()
+
+    def read(requests):
+        return [state[name][tuple(slice(lo, hi) for lo, hi in box)].detach().cpu() for name, box in requests]
+
+    shapes = {name: tuple(t.shape) for name, t in state.items()}
     out_dtype = dtype or state["embed_tokens.weight"].dtype
-    if out_dtype in FP8_DTYPES:
-        raise UserError("saving FP8 weights is not supported; choose bf16, fp16 or fp32")
-
-    def cast(entry: Entry) -> torch.dtype:
-        return torch.float32 if entry.ours.endswith("e_score_correction_bias") else out_dtype
-
-    entries = hf_layout(cfg, {name: tuple(t.shape) for name, t in state.items()})
-    sizes = []
-    for entry in entries:
-        numel = 1
-        for dim in part_shape(tuple(state[entry.ours].shape), entry.part):
-            numel *= dim
-        sizes.append(numel * torch.empty((), dtype=cast(entry)).element_size())
-    ranges = shard_plan(sizes, max_shard_bytes)
-    names = (
-        [SINGLE_FILE]
-        if len(ranges) == 1
-        else [f"model-{i + 1:05d}-of-{len(ranges):05d}.safetensors" for i in range(len(ranges))]
-    )
-
-    os.makedirs(path, exist_ok=True)
-    for old in os.listdir(path):
-        if _SHARD_NAME.match(old) or old == INDEX_FILE:
-            os.remove(os.path.join(path, old))
-    weight_map = {}
-    for name, (start, end) in zip(names, ranges):
-        tensors = {}
-        for entry in entries[start:end]:
-            # copy=True: per-expert slices share storage, and safetensors refuses shared tensors
-            tensors[entry.hf_key] = (
-                part_view(state[entry.ours], entry.part)
-                .detach()
-                .to(device="cpu", dtype=cast(entry), copy=True)
-                .contiguous()
-            )
-            weight_map[entry.hf_key] = name
-        save_file(tensors, os.path.join(path, name), metadata={"format": "pt"})
-        del tensors
-    if len(names) > 1:
-        with open(os.path.join(path, INDEX_FILE), "w", encoding="utf-8") as fh:
-            json.dump({"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}, fh, indent=2)
-    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as fh:
-        json.dump(config_to_hf(cfg, dtype_name(out_dtype)), fh, indent=2)
-        fh.write("\n")
-    return names
+    return export_release(model.cfg, shapes, read, path, out_dtype, max_shard_bytes)
 
 
 __all__ = ["DEFAULT_MAX_SHARD_BYTES", "HFConfigError", "HFWeightsError", "from_pretrained", "save_pretrained"]

@@ -13,8 +13,8 @@ release layout differs from ours in three ways:
   ``enorm``/``hnorm``/``eh_proj``, ``shared_head.norm`` (our ``mtp.{k}.norm``) and copies of the
   embedding and output head (``embed_tokens``, ``shared_head.head``) that we write but never read.
 
-The official V3 weights are FP8 (e4m3) with one fp32 ``weight_scale_inv`` per 128x128 block;
-``dequantize_fp8`` expands them.
+The official V3 weights are FP8 (e4m3) with one fp32 ``weight_scale_inv`` per 128x128 block, expanded
+slice by slice on load (``checkpoint/hf_shard_load.py``).
 """
 
 from __future__ import annotations
@@ -140,17 +140,22 @@ def part_view(tensor: torch.Tensor, part: tuple[str, int] | None) -> torch.Tenso
     return tensor[e, :half] if kind == "gate" else tensor[e, half:]
 
 
+def part_region(
+    full: tuple[int, ...], part: tuple[str, int] | None
+) -> tuple[tuple[tuple[int, int], ...], range]:
+    """The box of our tensor (shape ``full``) that a stored tensor holding ``part`` of it fills, and
+    which of our dimensions the stored tensor has."""
+    whole = tuple((0, d) for d in full)
+    if part is None:
+        return whole, range(len(full))
+    kind, e = part
+    half = full[1] // 2
+    rows = {"down": (0, full[1]), "gate": (0, half), "up": (half, full[1])}[kind]
+    return ((e, e + 1), rows, *whole[2:]), range(1, len(full))
+
+
 def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
     return math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1])
-
-
-def dequantize_fp8(
-    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype: torch.dtype
-) -> torch.Tensor:
-    """weight * scale, with one scale per ``block`` (rows x cols); edge blocks may be partial."""
-    rows, cols = weight.shape
-    scale = scale_inv.float().repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :cols]
-    return (weight.float() * scale).to(dtype)
 
 
 def shard_plan(sizes: list[int], max_shard_bytes: int) -> list[tuple[int, int]]:

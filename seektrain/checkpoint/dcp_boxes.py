@@ -1,0 +1,66 @@
+"""Read boxes (a ``[start, stop)`` range per dimension) of tensors from a DCP checkpoint in this one
+process, without reading the rest of those tensors: the streaming export's source.
+
+DCP's own planner reads whole tensors into a plain state dict; ``BoxPlanner`` (DCP's documented
+extension point, a ``LoadPlanner``) asks for just the boxes instead, so DCP reads only the saved chunks
+that overlap them (each saved chunk is one training rank's shard of one tensor, read whole and narrowed).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+from seektrain.checkpoint.local_shards import Box
+
+
+class BoxPlanner(DefaultLoadPlanner):
+    """Loads ``boxes[fqn] = (box, buffer)``: the buffer (the box's shape) receives that box of ``fqn``."""
+
+    def __init__(self, boxes: dict[str, tuple[Box, torch.Tensor]]):
+        super().__init__()
+        self.boxes = boxes
+
+    def create_local_plan(self) -> LoadPlan:
+        requests = []
+        for fqn, (box, buffer) in self.boxes.items():
+            meta = self.metadata.state_dict_metadata.get(fqn)
+            if meta is None:
+                raise KeyError(f"{fqn} is not in the checkpoint")
+            chunk = ChunkStorageMetadata(torch.Size([lo for lo, _ in box]), buffer.size())
+            requests += create_read_items_for_chunk_list(fqn, meta, [chunk])
+        return LoadPlan(requests)
+
+    def lookup_tensor(self, index) -> torch.Tensor:
+        return self.boxes[index.fqn][1]
+
+    def commit_tensor(self, read_item, tensor) -> None:  # the buffer was written in place
+        pass
+
+
+def read_boxes(ckpt: str | Path, boxes: dict[str, tuple[Box, torch.dtype]]) -> dict[str, torch.Tensor]:
+    """``{fqn: (box, dtype)}`` -> ``{fqn: that box of the tensor}``, from checkpoint folder ``ckpt``."""
+    buffers = {
+        fqn: (box, torch.empty(tuple(hi - lo for lo, hi in box), dtype=dtype))
+        for fqn, (box, dtype) in boxes.items()
+    }
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({}, storage_reader=FileSystemReader(str(ckpt)), planner=BoxPlanner(buffers), no_dist=True)
+    return {fqn: buffer for fqn, (_, buffer) in buffers.items()}
+
+
+def tensor_shapes(ckpt: str | Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's full shape in the checkpoint, from its metadata."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    return {k: tuple(v.size) for k, v in meta.items() if isinstance(v, TensorStorageMetadata)}
