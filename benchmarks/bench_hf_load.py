@@ -12,9 +12,10 @@ load and before the raw read (``/proc/sys/vm/drop_caches``; as root, otherwise t
 table says so).
 
 Per rank: ``share`` = the bytes of its local tensors; ``peak`` = the process's peak resident memory
-(``ru_maxrss``) minus its resident memory before the model was built (torch, the process group and the
-modules ``parallelize_model`` imports are already there: the same layout of tiny-v3 is built first), so ``peak / share`` is what the load costs beyond the shards it keeps; the target is
-at most 1.25 plus the loader's buffer (``PEAK_BUFFER_BYTES``) over the share.
+(``VmHWM``) minus its resident memory before the model was built (torch, the process group and the
+modules ``parallelize_model`` imports are already there: the same layout of tiny-v3 is built first),
+so ``peak / share`` is what the load costs beyond the shards it keeps; the target is at most 1.25 plus
+the loader's buffer (``PEAK_BUFFER_BYTES``) over the share.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import socket
 import subprocess
@@ -138,11 +138,13 @@ def raw_read(folder: Path) -> tuple[float, int]:
     return time.perf_counter() - start, total
 
 
-def _rss_bytes() -> int:
+def _status_bytes(field: str) -> int:
+    """``VmRSS`` (resident now) or ``VmHWM`` (its peak) of this process, from /proc/self/status. Not
+    ``ru_maxrss``: that survives ``execve``, so a spawned rank would report its parent's peak."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
-    return 0
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def _worker(rank: int, world: int, port: int, folder: str, sets: list[str], out: str) -> None:
@@ -169,11 +171,11 @@ def _worker(rank: int, world: int, port: int, folder: str, sets: list[str], out:
     warm_plan = RunPlan.resolve(warm, configured_model_config(warm), world, "cpu")
     del parallelize_model(build_model(warm_plan.model, device="meta"), warm_plan, torch.device("cpu")).parts
     dist.barrier()
-    before = _rss_bytes()
+    before = _status_bytes("VmRSS")
     start = time.perf_counter()
     pm = parallelize_model(build_model(plan.model, device="meta"), plan, torch.device("cpu"), folder)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    peak = _status_bytes("VmHWM") - before
     share = 0
     for part in pm.parts:
         for tensor in part.state_dict().values():

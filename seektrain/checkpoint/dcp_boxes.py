@@ -23,15 +23,19 @@ from seektrain.checkpoint.local_shards import Box
 
 
 class BoxPlanner(DefaultLoadPlanner):
-    """Loads ``boxes[fqn] = (box, buffer)``: the buffer (the box's shape) receives that box of ``fqn``."""
+    """Loads ``boxes[(fqn, box)] = buffer``: the buffer (the box's shape) receives that box of ``fqn``
+    (one tensor may be asked for several boxes with different starts)."""
 
-    def __init__(self, boxes: dict[str, tuple[Box, torch.Tensor]]):
+    def __init__(self, boxes: dict[tuple[str, Box], torch.Tensor]):
         super().__init__()
         self.boxes = boxes
+        self._by_start = {(fqn, tuple(lo for lo, _ in box)): buf for (fqn, box), buf in boxes.items()}
+        if len(self._by_start) != len(boxes):  # DCP names a read's destination by the box's start only
+            raise ValueError("two boxes of one tensor with the same start in one read")
 
     def create_local_plan(self) -> LoadPlan:
         requests = []
-        for fqn, (box, buffer) in self.boxes.items():
+        for (fqn, box), buffer in self.boxes.items():
             meta = self.metadata.state_dict_metadata.get(fqn)
             if meta is None:
                 raise KeyError(f"{fqn} is not in the checkpoint")
@@ -40,27 +44,33 @@ class BoxPlanner(DefaultLoadPlanner):
         return LoadPlan(requests)
 
     def lookup_tensor(self, index) -> torch.Tensor:
-        return self.boxes[index.fqn][1]
+        return self._by_start[(index.fqn, tuple(index.offset))]
 
     def commit_tensor(self, read_item, tensor) -> None:  # the buffer was written in place
         pass
 
 
-def read_boxes(ckpt: str | Path, boxes: dict[str, tuple[Box, torch.dtype]]) -> dict[str, torch.Tensor]:
-    """``{fqn: (box, dtype)}`` -> ``{fqn: that box of the tensor}``, from checkpoint folder ``ckpt``."""
+def read_boxes(
+    ckpt: str | Path, wanted: list[tuple[str, Box]], dtypes: dict[str, torch.dtype]
+) -> list[torch.Tensor]:
+    """The boxes ``wanted`` ((fqn, box) pairs) of checkpoint folder ``ckpt``, in order, each in its
+    saved dtype (``dtypes``, from ``tensor_specs``); a pair asked for twice is read once."""
     buffers = {
-        fqn: (box, torch.empty(tuple(hi - lo for lo, hi in box), dtype=dtype))
-        for fqn, (box, dtype) in boxes.items()
+        (fqn, box): torch.empty(tuple(hi - lo for lo, hi in box), dtype=dtypes[fqn]) for fqn, box in wanted
     }
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         dcp.load({}, storage_reader=FileSystemReader(str(ckpt)), planner=BoxPlanner(buffers), no_dist=True)
-    return {fqn: buffer for fqn, (_, buffer) in buffers.items()}
+    return [buffers[(fqn, box)] for fqn, box in wanted]
 
 
-def tensor_shapes(ckpt: str | Path) -> dict[str, tuple[int, ...]]:
-    """Every tensor's full shape in the checkpoint, from its metadata."""
+def tensor_specs(ckpt: str | Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Every tensor's full shape and saved dtype in the checkpoint, from its metadata."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
-    return {k: tuple(v.size) for k, v in meta.items() if isinstance(v, TensorStorageMetadata)}
+    return {
+        k: (tuple(v.size), v.properties.dtype)
+        for k, v in meta.items()
+        if isinstance(v, TensorStorageMetadata)
+    }

@@ -90,10 +90,20 @@ def load_local_shards(
 ) -> LoadReport:
     """Copy every local tensor of ``module`` that ``source`` holds from the folder (see the module
     docstring); ``report.not_loaded`` names the others, left as they were."""
+    return fill_shards(local_shards(module), source, threads, chunk_bytes)
+
+
+def fill_shards(
+    shards: list[LocalShard],
+    source: WeightSource,
+    threads: int = DEFAULT_THREADS,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> LoadReport:
+    """Fill each shard's ``local`` tensor (its ``box`` of the full tensor) from ``source``."""
     start = time.perf_counter()
     report = LoadReport(threads=threads)
     chunks: list[_Chunk] = []
-    for shard in local_shards(module):
+    for shard in shards:
         reads = source.reads(shard)
         if reads is None:
             report.not_loaded.append(shard.name)

@@ -68,19 +68,41 @@ def _random_preset(args: argparse.Namespace):
 
 
 def _save_hf(model, args: argparse.Namespace) -> str:
-    from seektrain.checkpoint.atomic import write_swapped
-    from seektrain.models.deepseek.hf_config import config_to_hf
     from seektrain.models.deepseek.hf_io import save_pretrained
 
     if args.merge_lora:
         model = _merged(model, _lora_source(args)[1])
+    return _write_hf(
+        args,
+        model.cfg,
+        lambda tmp: save_pretrained(model, tmp, dtype=args.dtype, max_shard_bytes=args.max_shard_size),
+    )
 
-    out = _check_hf_target(args, config_to_hf(model.cfg, "float32"))
+
+def _streamed_hf(args: argparse.Namespace) -> str | None:
+    """--from-checkpoint --to-hf written piece by piece (checkpoint/hf_export_run.py), the model never
+    whole in this process; None where that does not apply (a LoRA checkpoint of a preset base)."""
+    from seektrain.checkpoint.hf_export_run import streamed_export
+
+    found = streamed_export(args.from_checkpoint, args.base, args.dtype)
+    if found is None:
+        return None
+    cfg, write_weights = found
+    return _write_hf(args, cfg, lambda tmp: write_weights(tmp, args.max_shard_size))
+
+
+def _write_hf(args: argparse.Namespace, cfg, write_weights) -> str:
+    """The --to-hf folder: weights (``write_weights(tmp_dir)`` -> their file names), the tokenizer,
+    swapped into place only once complete."""
+    from seektrain.checkpoint.atomic import write_swapped
+    from seektrain.models.deepseek.hf_config import config_to_hf
+
+    out = _check_hf_target(args, config_to_hf(cfg, "float32"))
     tokenizer = _tokenizer_source(args)
 
     def write(tmp: Path) -> tuple[list[str], list[str]]:
-        weights = save_pretrained(model, tmp, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
-        return weights, (write_hf_tokenizer(tokenizer, tmp, model.cfg.vocab_size) if tokenizer else [])
+        weights = write_weights(tmp)
+        return weights, (write_hf_tokenizer(tokenizer, tmp, cfg.vocab_size) if tokenizer else [])
 
     weights, extra = write_swapped(out, write)
     also = f"; {', '.join(extra)}" if extra else "; no tokenizer (pass --tokenizer to add one)"
@@ -379,9 +401,15 @@ def run(args: argparse.Namespace) -> int:
             _check_hf_target(args, None)
         if sink == "to_peft":
             _check_peft_target(args)
-        model = SOURCES[source](args)
-        with user_path(f"--{sink.replace('_', '-')} {getattr(args, sink)}"):  # a folder we cannot write
-            message = SINKS[sink](model, args)
+        target = user_path(f"--{sink.replace('_', '-')} {getattr(args, sink)}")  # a folder we cannot write
+        message = None
+        if (source, sink) == ("from_checkpoint", "to_hf"):
+            with target:
+                message = _streamed_hf(args)
+        if message is None:
+            model = SOURCES[source](args)
+            with user_path(f"--{sink.replace('_', '-')} {getattr(args, sink)}"):
+                message = SINKS[sink](model, args)
     except UserError as exc:
         print(f"seektrain convert: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

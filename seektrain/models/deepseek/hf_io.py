@@ -82,10 +82,15 @@ def load_hf_weights(
     and possibly sharded) from the folder ``path``, each rank reading only its own slices, in the
     dtypes the module holds; ``report.not_loaded`` names the tensors the folder does not have (LoRA
     adapters). The folder's config must describe ``module.cfg``'s shapes."""
-    opened = open_folder(os.fspath(path), what)
-    full = build_model(module.cfg, device="meta", init=False)  # the shapes of the whole model
-    folder = HFFolder(opened, {name: tuple(t.shape) for name, t in full.state_dict(keep_vars=True).items()})
-    return load_local_shards(module, folder, threads=threads)
+    return load_local_shards(module, open_hf_source(path, module.cfg, what), threads=threads)
+
+
+def open_hf_source(path: str | os.PathLike, cfg: ModelConfig, what: str = "model.hf_path") -> HFFolder:
+    """The folder ``path`` matched to the whole model of ``cfg`` (headers checked, nothing read yet):
+    the source of slice reads for any box of any of its tensors."""
+    full = build_model(cfg, device="meta", init=False)
+    shapes = {name: tuple(t.shape) for name, t in full.state_dict(keep_vars=True).items()}
+    return HFFolder(open_folder(os.fspath(path), what), shapes)
 
 
 # ------------------------------------------------------------------------------------------ writing
