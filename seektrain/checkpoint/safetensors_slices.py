@@ -124,8 +124,9 @@ def read_box(fd: int, info: TensorInfo, box: tuple[tuple[int, int], ...], path: 
     file's dtype with the box's shape)."""
     itemsize = info.dtype.itemsize
     starts, run = box_runs(info.shape, box)
-    buffer = bytearray(len(starts) * run * itemsize)
-    view = memoryview(buffer)
+    shape = tuple(hi - lo for lo, hi in box)
+    out = torch.empty(len(starts) * run * itemsize, dtype=torch.uint8)  # not zero-filled, unlike bytearray
+    view = memoryview(out.numpy())
     pos = 0
     for start in starts:
         want = run * itemsize
@@ -135,7 +136,4 @@ def read_box(fd: int, info: TensorInfo, box: tuple[tuple[int, int], ...], path: 
             if got == 0:
                 raise HFWeightsError(f"{path}: ends before the bytes its header lists (truncated)")
             pos, offset, want = pos + got, offset + got, want - got
-    shape = tuple(hi - lo for lo, hi in box)
-    if not buffer:
-        return torch.empty(shape, dtype=info.dtype)
-    return torch.frombuffer(buffer, dtype=torch.uint8).view(info.dtype).view(shape)
+    return out.view(info.dtype).view(shape)
