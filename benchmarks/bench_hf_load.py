@@ -49,6 +49,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--shard-mib", type=int, default=256, help="release shard size")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--kinds", default="bf16,fp8")
+    ap.add_argument("--train-preset", default="small-v3-sparse", help="model of the training-start part")
+    ap.add_argument("--skip-train", action="store_true")
     return ap.parse_args()
 
 
@@ -212,6 +214,61 @@ def run_layout(folder: Path, world: int, sets: list[str], out: Path) -> list[dic
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
+def train_peak(run: Path, sets: list[str]) -> float:
+    """Peak resident GiB over the ranks of a 2-step FSDP=2 ``seektrain train`` (metrics.jsonl's
+    ``mem_peak_rss_gib``, rank 0's process: the CLI's own numbers)."""
+    shutil.rmtree(run, ignore_errors=True)
+    cmd = [sys.executable, "-m", "seektrain.cli.main", "train", "--nproc-per-node", "2"]
+    for item in [
+        f"run.dir={run}",
+        "train.steps=2",
+        "train.seq_len=128",
+        "train.global_batch_size=2",
+        "train.micro_batch_size=1",
+        "parallel.dp_shard=2",
+        "checkpoint.interval=0",
+        "run.progress_bar=false",
+        "metrics.tensorboard=false",
+        *sets,
+    ]:
+        cmd += ["--set", item]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return max(r.get("mem_peak_rss_gib", 0.0) for r in records)
+
+
+def training_start(args, root: Path) -> None:
+    """The same 2-step run from a preset's random init and from its Hugging Face folder: LoRA and a
+    full fine-tune, FSDP=2; the folder's start must cost at most 10% more peak memory."""
+    folder = root / f"{args.train_preset}-hf"
+    if not (folder / "config.json").exists():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "seektrain.cli.main",
+                "convert",
+                "--preset",
+                args.train_preset,
+                "--to-hf",
+                str(folder),
+                "--dtype",
+                "bf16",
+                "--max-shard-size",
+                "100MB",
+            ],
+            check=True,
+            capture_output=True,
+        )
+    print(f"\ntraining start, {args.train_preset}, FSDP=2, 2 steps (peak resident GiB of rank 0)")
+    print("| run | from the preset (random init) | from model.hf_path | ratio |")
+    print("|---|---|---|---|")
+    for mode, sets in {"LoRA": ["lora.enabled=true"], "full fine-tune": []}.items():
+        preset = train_peak(root / "run-preset", [f"model.preset={args.train_preset}", *sets])
+        hf = train_peak(root / "run-hf", [f"model.hf_path={folder}", *sets])
+        print(f"| {mode} | {preset:.2f} | {hf:.2f} | {hf / preset:.3f} |", flush=True)
+
+
 def main() -> None:
     args = parse()
     from seektrain.checkpoint.hf_shard_load import PEAK_BUFFER_BYTES
@@ -246,6 +303,8 @@ def main() -> None:
                 f"| {raw_s:.1f}{'' if cold else ' (warm)'} | {max(r['bytes_read'] for r in rows) / 1e9:.2f} |",
                 flush=True,
             )
+    if not args.skip_train:
+        training_start(args, root)
 
 
 if __name__ == "__main__":

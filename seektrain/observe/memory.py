@@ -27,6 +27,15 @@ def _rss_bytes() -> int | None:
 
 
 def _peak_rss_bytes() -> int:
+    """Peak resident set size of this process: Linux's ``VmHWM``, since ``ru_maxrss`` survives
+    ``execve`` (a worker started by a large parent would report the parent's peak)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
 
