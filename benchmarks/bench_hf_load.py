@@ -237,6 +237,75 @@ def train_peak(run: Path, sets: list[str]) -> float:
     return max(r.get("mem_peak_rss_gib", 0.0) for r in records)
 
 
+_PEAK_OF = """
+import sys
+from pathlib import Path
+{body}
+for line in Path("/proc/self/status").read_text().splitlines():
+    if line.startswith("VmHWM:"):
+        print("VMHWM", int(line.split()[1]) * 1024)
+"""
+_STREAMED = "from seektrain.cli.main import main\nassert main(sys.argv[1:]) == 0"
+_IN_MEMORY = """
+from seektrain.checkpoint.export import load_run_checkpoint
+from seektrain.models.deepseek.hf_io import save_pretrained
+model, _ = load_run_checkpoint(sys.argv[1])
+save_pretrained(model, sys.argv[2], max_shard_bytes=256 * 2**20)
+"""
+
+
+def _peak_of(body: str, *argv: str) -> tuple[float, float]:
+    """(peak resident bytes, seconds) of a fresh python process running ``body``."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK_OF.format(body=body), *argv], check=True, capture_output=True, text=True
+    )
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("VMHWM"))
+    return float(line.split()[1]), time.perf_counter() - start
+
+
+def export_peaks(folder: Path, root: Path) -> None:
+    """The bf16 folder as a training checkpoint (``convert --to-checkpoint``, fp32), then exported back
+    to a release folder: streamed (``convert --from-checkpoint --to-hf``) beside the whole-model way
+    (the checkpoint loaded whole, then ``save_pretrained``), peak resident memory of each process."""
+    run = root / "export-run"
+    if not (run / "checkpoints").exists():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "seektrain.cli.main",
+                "convert",
+                "--from-hf",
+                str(folder),
+                "--to-checkpoint",
+                str(run),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    for out in ("export-streamed", "export-in-memory"):
+        shutil.rmtree(root / out, ignore_errors=True)
+    gib = 2**30
+    streamed, t_streamed = _peak_of(
+        _STREAMED,
+        "convert",
+        "--from-checkpoint",
+        str(run),
+        "--to-hf",
+        str(root / "export-streamed"),
+        "--max-shard-size",
+        "256MB",
+    )
+    whole, t_whole = _peak_of(_IN_MEMORY, str(run), str(root / "export-in-memory"))
+    size = sum(p.stat().st_size for p in (root / "export-streamed").glob("*.safetensors"))
+    print(f"\nexport of the fp32 checkpoint ({size / 1e9:.2f} GB of fp32 safetensors written)")
+    print("| export | peak resident (GiB) | time (s) |")
+    print("|---|---|---|")
+    print(f"| streamed (convert --from-checkpoint --to-hf) | {streamed / gib:.2f} | {t_streamed:.1f} |")
+    print(f"| whole model in memory, then save_pretrained | {whole / gib:.2f} | {t_whole:.1f} |", flush=True)
+
+
 def training_start(args, root: Path) -> None:
     """The same 2-step run from a preset's random init and from its Hugging Face folder: LoRA and a
     full fine-tune, FSDP=2; the folder's start must cost at most 10% more peak memory."""
@@ -303,6 +372,7 @@ def main() -> None:
                 f"| {raw_s:.1f}{'' if cold else ' (warm)'} | {max(r['bytes_read'] for r in rows) / 1e9:.2f} |",
                 flush=True,
             )
+    export_peaks(folders["bf16"], root)
     if not args.skip_train:
         training_start(args, root)
 
