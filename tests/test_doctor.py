@@ -126,3 +126,17 @@ def test_comm_bus_bandwidth_on_four_ranks(tmp_path):
 def test_comm_needs_ranks(tmp_path):
     proc = _doctor(tmp_path, "--comm")
     assert proc.returncode == 2 and "--comm measures collectives between ranks" in proc.stderr
+
+
+def test_model_folder_read_speed(tmp_path):
+    """With model.hf_path the doctor measures the raw read rate of its weight files (the figure the
+    start-up log's load rate is read against); without one it does not."""
+    from seektrain.models import build_model, get_preset
+    from seektrain.models.deepseek.hf_io import save_pretrained
+
+    save_pretrained(build_model(get_preset("tiny-dense"), seed=0), tmp_path / "hf", max_shard_bytes=500_000)
+    checks = _checks(_doctor(tmp_path, "--json", "--set", f"model.hf_path={tmp_path / 'hf'}"))
+    detail = checks["model read speed"]["detail"]
+    assert checks["model read speed"]["status"] == "ok" and "GB/s raw read of" in detail, detail
+    assert "weight file(s), page cache dropped" in detail
+    assert "model read speed" not in _checks(_doctor(tmp_path, "--json"))

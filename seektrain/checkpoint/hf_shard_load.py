@@ -74,7 +74,8 @@ class LoadReport:
         rate = self.bytes_read / max(self.seconds, 1e-9) / 1e9
         return (
             f"{what}: read {self.bytes_read / 1e9:.2f} GB into {self.tensors} local tensors in "
-            f"{self.seconds:.1f} s ({rate:.2f} GB/s, {self.threads} threads)"
+            f"{self.seconds:.1f} s ({rate:.2f} GB/s, {self.threads} threads; `seektrain doctor` with this "
+            "model.hf_path measures the disk's raw read rate)"
         )
 
 

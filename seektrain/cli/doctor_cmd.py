@@ -83,6 +83,7 @@ def _options(args: argparse.Namespace):
         iters=args.iters,
         multi_node=args.nnodes != "1",
         checkpoint_bytes=_checkpoint_bytes(cfg),
+        hf_path=cfg.model.hf_path or None,
     )
 
 

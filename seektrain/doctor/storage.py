@@ -140,3 +140,53 @@ def shared_storage_check(run_dir: Path, rank: int, world: int, barrier, all_gath
     return Check(
         "ok", "shared storage", f"{run_dir}: all {world} ranks on {nodes} host(s) see each other's files"
     )
+
+
+def model_read_checks(hf_path: str | None, read_mib: int) -> list[Check]:
+    """The raw read rate of ``model.hf_path``'s weight files (up to ``read_mib`` MiB of them, the page
+    cache of each file dropped first with ``posix_fadvise``, so it is the disk's rate and not memory's):
+    the figure the start-up log's load rate compares with."""
+    if not hf_path:
+        return []
+    from seektrain.models.hub import resolve_local_path
+
+    try:
+        folder = Path(resolve_local_path(hf_path, "model.hf_path"))
+    except ValueError as err:
+        return [Check("warn", "model read speed", str(err))]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return [Check("warn", "model read speed", f"{folder}: no safetensors files to read")]
+    try:
+        nbytes, seconds = read_speed(files, read_mib * 2**20)
+    except OSError as err:
+        return [Check("blocker", "model read speed", f"{folder}: cannot be read ({err.strerror or err})")]
+    rate = nbytes / max(seconds, 1e-9) / 1e9
+    return [
+        Check(
+            "ok",
+            "model read speed",
+            f"{rate:.2f} GB/s raw read of {folder} ({nbytes / 2**20:.0f} MiB of {len(files)} weight "
+            "file(s), page cache dropped)",
+        )
+    ]
+
+
+def read_speed(files: list[Path], limit: int) -> tuple[int, float]:
+    """(bytes, seconds) reading ``files`` in order, 8 MiB at a time, up to ``limit`` bytes."""
+    total, start = 0, time.perf_counter()
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            while total < limit:
+                chunk = os.read(fd, min(8 * 2**20, limit - total))
+                if not chunk:
+                    break
+                total += len(chunk)
+        finally:
+            os.close(fd)
+        if total >= limit:
+            break
+    return total, time.perf_counter() - start
