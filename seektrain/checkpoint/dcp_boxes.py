@@ -23,8 +23,7 @@ from seektrain.checkpoint.local_shards import Box
 
 
 class BoxPlanner(DefaultLoadPlanner):
-    """Loads ``boxes[(fqn, box)] = buffer``: the buffer (the box's shape) receives that box of ``fqn``
-    (one tensor may be asked for several boxes with different starts)."""
+    """Loads ``boxes[(fqn, box)] = buffer``: the buffer (the box's shape) receives that box of ``fqn``."""
 
     def __init__(self, boxes: dict[tuple[str, Box], torch.Tensor]):
         super().__init__()
@@ -54,14 +53,31 @@ def read_boxes(
     ckpt: str | Path, wanted: list[tuple[str, Box]], dtypes: dict[str, torch.dtype]
 ) -> list[torch.Tensor]:
     """The boxes ``wanted`` ((fqn, box) pairs) of checkpoint folder ``ckpt``, in order, each in its
-    saved dtype (``dtypes``, from ``tensor_specs``); a pair asked for twice is read once."""
+    saved dtype (``dtypes``, from ``tensor_specs``). The boxes of one tensor are read as their bounding
+    box, once: DCP reads a whole saved chunk for every box that overlaps it, so many small boxes of one
+    chunk (an export's per-expert pieces) would read that chunk many times."""
+    bounds: dict[str, list[list[int]]] = {}
+    for fqn, box in wanted:
+        if fqn not in bounds:
+            bounds[fqn] = [[lo, hi] for lo, hi in box]
+        else:
+            for d, (lo, hi) in enumerate(box):
+                bounds[fqn][d] = [min(bounds[fqn][d][0], lo), max(bounds[fqn][d][1], hi)]
     buffers = {
-        (fqn, box): torch.empty(tuple(hi - lo for lo, hi in box), dtype=dtypes[fqn]) for fqn, box in wanted
+        (fqn, tuple((lo, hi) for lo, hi in bound)): torch.empty(
+            tuple(hi - lo for lo, hi in bound), dtype=dtypes[fqn]
+        )
+        for fqn, bound in bounds.items()
     }
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         dcp.load({}, storage_reader=FileSystemReader(str(ckpt)), planner=BoxPlanner(buffers), no_dist=True)
-    return [buffers[(fqn, box)] for fqn, box in wanted]
+    by_fqn = {fqn: (box, buffer) for (fqn, box), buffer in buffers.items()}
+    out = []
+    for fqn, box in wanted:
+        bound, buffer = by_fqn[fqn]
+        out.append(buffer[tuple(slice(lo - b0, hi - b0) for (lo, hi), (b0, _) in zip(box, bound))])
+    return out
 
 
 def tensor_specs(ckpt: str | Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
