@@ -67,19 +67,6 @@ def model_config(args):
     )
 
 
-def _quantize(w, block: int = 128):
-    import math
-
-    import torch
-
-    rows, cols = w.shape
-    pad = torch.zeros(math.ceil(rows / block) * block, math.ceil(cols / block) * block)
-    pad[:rows, :cols] = w.float().abs()
-    scale = pad.view(pad.shape[0] // block, block, -1, block).amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
-    full = scale.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
-    return (w.float() / full).to(torch.float8_e4m3fn), scale
-
-
 def write_folders(args, root: Path) -> dict[str, Path]:
     """The bf16 release folder, and its FP8 rewrite shard by shard (never the whole model at once)."""
     import torch
@@ -88,6 +75,7 @@ def write_folders(args, root: Path) -> dict[str, Path]:
 
     from seektrain.models import build_model
     from seektrain.models.deepseek.hf_io import save_pretrained
+    from seektrain.models.deepseek.hf_weights import fp8_quantization_config, quantize_fp8
 
     bf16, fp8 = root / "bf16", root / "fp8"
     if not (bf16 / "config.json").exists():
@@ -104,19 +92,14 @@ def write_folders(args, root: Path) -> dict[str, Path]:
                 for key in fh.keys():
                     t = fh.get_tensor(key)
                     if key.startswith("model.layers.") and key.endswith("proj.weight") and t.dim() == 2:
-                        out[key], out[key + "_scale_inv"] = _quantize(t)
+                        out[key], out[key + "_scale_inv"] = quantize_fp8(t)
                     else:
                         out[key] = t
             save_file(out, fp8 / shard, metadata={"format": "pt"})
             names.update(dict.fromkeys(out, shard))
         (fp8 / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": names}))
         config = json.loads((bf16 / "config.json").read_text())
-        config["quantization_config"] = {
-            "activation_scheme": "dynamic",
-            "fmt": "e4m3",
-            "quant_method": "fp8",
-            "weight_block_size": [128, 128],
-        }
+        config["quantization_config"] = fp8_quantization_config()
         (fp8 / "config.json").write_text(json.dumps(config))
     return {"bf16": bf16, "fp8": fp8}
 
@@ -340,7 +323,7 @@ def training_start(args, root: Path) -> None:
 
 def main() -> None:
     args = parse()
-    from seektrain.checkpoint.hf_shard_load import PEAK_BUFFER_BYTES
+    from seektrain.models.hf_slice_reader import PEAK_BUFFER_BYTES
 
     root = Path(args.dir)
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout

@@ -10,7 +10,6 @@ put into our tensor names: independent of the sliced reader under test.
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import torch
@@ -19,16 +18,7 @@ from safetensors.torch import save_file
 
 from seektrain.models import build_model
 from seektrain.models.deepseek.hf_io import save_pretrained
-from seektrain.models.deepseek.hf_weights import hf_layout, part_view
-
-
-def quantize_fp8(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = w.shape
-    pad = torch.zeros(math.ceil(rows / block) * block, math.ceil(cols / block) * block)
-    pad[:rows, :cols] = w.float().abs()
-    scale = pad.view(pad.shape[0] // block, block, -1, block).amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
-    full = scale.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
-    return (w.float() / full).to(torch.float8_e4m3fn), scale
+from seektrain.models.deepseek.hf_weights import fp8_quantization_config, hf_layout, part_view, quantize_fp8
 
 
 def write_release(model, out, dtype=torch.bfloat16, fp8_block: int | None = None, shards: int = 3) -> str:
@@ -39,7 +29,7 @@ def write_release(model, out, dtype=torch.bfloat16, fp8_block: int | None = None
         tensors = {k: fh.get_tensor(k) for k in fh.keys()}
     if fp8_block:
         for key in [k for k in tensors if k.startswith("model.layers.") and k.endswith("proj.weight")]:
-            tensors[key], tensors[key + "_scale_inv"] = quantize_fp8(tensors[key], fp8_block)
+            tensors[key], tensors[key + "_scale_inv"] = quantize_fp8(tensors[key], (fp8_block, fp8_block))
     os.makedirs(out, exist_ok=True)
     keys = sorted(tensors)
     names = {}
@@ -54,12 +44,7 @@ def write_release(model, out, dtype=torch.bfloat16, fp8_block: int | None = None
         json.dump({"metadata": {}, "weight_map": names}, fh)
     config = json.load(open(os.path.join(staging, "config.json")))
     if fp8_block:
-        config["quantization_config"] = {
-            "activation_scheme": "dynamic",
-            "fmt": "e4m3",
-            "quant_method": "fp8",
-            "weight_block_size": [fp8_block, fp8_block],
-        }
+        config["quantization_config"] = fp8_quantization_config((fp8_block, fp8_block))
     with open(os.path.join(out, "config.json"), "w") as fh:
         json.dump(config, fh)
     for name in os.listdir(staging):

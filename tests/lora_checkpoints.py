@@ -59,3 +59,10 @@ def make_lora_run(
         manager.save(step, model, None, {"step": step, LORA: lora_record(job, cfg, torch.float32)})
     manager.close()
     return model.eval()
+
+
+def export_merged(run: Path, out: Path) -> int:
+    """``seektrain convert --from-checkpoint RUN --merge-lora --to-hf OUT`` in this process: its status."""
+    from seektrain.cli.convert import main as convert
+
+    return convert(["convert", "--from-checkpoint", str(run), "--merge-lora", "--to-hf", str(out)])

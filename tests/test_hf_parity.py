@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from seektrain.models import ModelConfig, RopeScaling, build_model, count_params, get_preset  # noqa: E402
 from seektrain.models.deepseek.hf_io import from_pretrained, save_pretrained  # noqa: E402
+from seektrain.models.deepseek.hf_weights import fp8_quantization_config, quantize_fp8  # noqa: E402
 from seektrain.platform import policy_for  # noqa: E402
 
 TOL = 1e-4
@@ -259,16 +260,6 @@ def test_export_writes_release_layout_with_mtp_and_shards(tmp_path):
 
 
 # ------------------------------------------------------------------------- official FP8 release layout
-def _quantize_fp8(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = w.shape
-    pad = torch.zeros(math.ceil(rows / block) * block, math.ceil(cols / block) * block)
-    pad[:rows, :cols] = w.abs()
-    amax = pad.view(pad.shape[0] // block, block, -1, block).amax(dim=(1, 3)).clamp(min=1e-12)
-    scale = amax / 448.0
-    full = scale.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
-    return (w / full).to(torch.float8_e4m3fn), scale
-
-
 def test_official_fp8_layout_dequantises(tmp_path):
     cfg = ModelConfig(
         name="fp8",
@@ -306,7 +297,7 @@ def test_official_fp8_layout_dequantises(tmp_path):
         for key in fh.keys():
             t = fh.get_tensor(key)
             if key.startswith("model.layers.") and key.endswith("proj.weight"):
-                quantized[key], scales[key] = _quantize_fp8(t)
+                quantized[key], scales[key] = quantize_fp8(t)
                 quantized[key + "_scale_inv"] = scales[key]
             else:
                 quantized[key] = t
@@ -324,12 +315,7 @@ def test_official_fp8_layout_dequantises(tmp_path):
     weight_map = {k: name for name, names in shards.items() for k in names}
     (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {
-        "activation_scheme": "dynamic",
-        "fmt": "e4m3",
-        "quant_method": "fp8",
-        "weight_block_size": [128, 128],
-    }
+    config["quantization_config"] = fp8_quantization_config()
     (dst / "config.json").write_text(json.dumps(config))
 
     loaded = from_pretrained(dst)

@@ -134,6 +134,12 @@ def test_fsdp2_x_tp2_x_ep2(tmp_path, folders):
     assert set().union(*(range(a, b) for a, b in experts)) == set(range(8)), sorted(experts)
 
 
+def test_fsdp2_cpu_offload(tmp_path, folders):
+    """Offloaded shards live in host memory: the loader fills them there."""
+    ranks = _load(tmp_path, folders["fp8"], 2, "parallel.dp_shard=2", "parallel.cpu_offload=true")
+    assert _owners(ranks, "layers.1.self_attn.o_proj.weight") == [(0, 64), (64, 128)]
+
+
 def test_lora_fsdp2_bf16_base(tmp_path, folders):
     ranks = _load(
         tmp_path, folders["fp8"], 2, "parallel.dp_shard=2", "lora.enabled=true", "precision.dtype=bf16"

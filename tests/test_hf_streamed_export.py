@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from lora_checkpoints import make_lora_run
+from lora_checkpoints import export_merged, make_lora_run
 from run_cli import seektrain, train
 from seektrain.checkpoint.export import load_checkpoint_model, load_run_checkpoint, read_all_tensors
 from seektrain.checkpoint.finder import resolve_checkpoint
@@ -77,22 +77,8 @@ def test_fsdp_run_exports_streamed_bit_equal(tmp_path):
 
 
 def test_merged_lora_streamed_equals_the_in_memory_merge(tmp_path, capsys):
-    from seektrain.cli.convert import main as convert
-
     make_lora_run(tmp_path / "run", "tiny-v3", tmp_path / "base")
-    assert (
-        convert(
-            [
-                "convert",
-                "--from-checkpoint",
-                str(tmp_path / "run"),
-                "--merge-lora",
-                "--to-hf",
-                str(tmp_path / "merged"),
-            ]
-        )
-        == 0
-    )
+    assert export_merged(tmp_path / "run", tmp_path / "merged") == 0
     model, ckpt = load_run_checkpoint(tmp_path / "run")
     save_pretrained(_merged(model, lora_settings(ckpt)), tmp_path / "in-memory")
     streamed, whole = _tensors(tmp_path / "merged"), _tensors(tmp_path / "in-memory")

@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 
-from lora_checkpoints import make_lora_run
+from lora_checkpoints import export_merged, make_lora_run
 from seektrain.checkpoint.export import load_run_checkpoint
 from seektrain.cli.convert import main as convert
 
@@ -47,19 +47,7 @@ def test_peft_and_merged_exports_have_our_logits(preset, tmp_path, capsys):
     )
     said = capsys.readouterr().out
     assert "lora_dropout written as 0" in said and ("MTP adapters left out" in said) == (preset == "tiny-v3")
-    assert (
-        convert(
-            [
-                "convert",
-                "--from-checkpoint",
-                str(tmp_path / "run"),
-                "--merge-lora",
-                "--to-hf",
-                str(tmp_path / "merged"),
-            ]
-        )
-        == 0
-    )
+    assert export_merged(tmp_path / "run", tmp_path / "merged") == 0
     assert sorted(p.name for p in (tmp_path / "peft").iterdir()) == [
         "adapter_config.json",
         "adapter_model.safetensors",

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from seektrain.checkpoint.local_shards import Box
+from seektrain.models.hf_slice_reader import Box
 
 
 class BoxPlanner(DefaultLoadPlanner):

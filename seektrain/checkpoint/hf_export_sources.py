@@ -4,7 +4,7 @@ tensors from, box by box, so that no process ever holds the whole model:
 * ``checkpoint_boxes``: a full training checkpoint (DCP, any layout it was saved from): each box read
   from the saved chunks that overlap it (``dcp_boxes.py``).
 * ``merged_lora_boxes``: a LoRA checkpoint, whose base is its Hugging Face folder (read slice by slice,
-  ``hf_shard_load.py``) and whose adapters are in the checkpoint: each box is ``W + alpha/r · B @ A``
+  ``models/hf_slice_reader.py``) and whose adapters are in the checkpoint: each box is ``W + alpha/r · B @ A``
   over just that box's rows and columns, with the base held as training held it (``base_dtype``:
   weights cast down, the balancing bias fp32) and the sum in fp32, as ``lora_export.merged_state_dict``.
 """
@@ -16,8 +16,7 @@ from pathlib import Path
 import torch
 
 from seektrain.checkpoint.dcp_boxes import read_boxes, tensor_specs
-from seektrain.checkpoint.hf_shard_load import fill_shards
-from seektrain.checkpoint.local_shards import Box, LocalShard
+from seektrain.models.hf_slice_reader import Box, LocalShard, fill_shards
 from seektrain.models.lora_export import adapter_pairs
 
 MODEL = "model."  # the trainer's checkpoints hold the model's state dict under "model"

@@ -8,23 +8,11 @@ tensor-parallel dimension), so a loader that fills these boxes fills exactly wha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-Box = tuple[tuple[int, int], ...]
-
-
-@dataclass(frozen=True)
-class LocalShard:
-    """``local`` (writes go into the module) is ``box`` of the tensor of shape ``full_shape``."""
-
-    name: str
-    local: torch.Tensor
-    box: Box
-    full_shape: tuple[int, ...]
+from seektrain.models.hf_slice_reader import LocalShard
 
 
 def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:

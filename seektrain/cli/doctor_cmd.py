@@ -83,8 +83,21 @@ def _options(args: argparse.Namespace):
         iters=args.iters,
         multi_node=args.nnodes != "1",
         checkpoint_bytes=_checkpoint_bytes(cfg),
-        hf_path=cfg.model.hf_path or None,
+        hf_folder=_hf_folder(cfg.model.hf_path),
     )
+
+
+def _hf_folder(hf_path: str) -> Path | None:
+    """model.hf_path's local folder (a hub id resolved in the cache), whose read rate the doctor measures;
+    one that is not there is the start-up's error to give, not the doctor's."""
+    if not hf_path:
+        return None
+    from seektrain.models.hub import resolve_local_path
+
+    try:
+        return Path(resolve_local_path(hf_path, "model.hf_path"))
+    except ValueError:
+        return None
 
 
 def _checkpoint_bytes(cfg) -> int | None:

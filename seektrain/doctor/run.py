@@ -25,7 +25,7 @@ class DoctorOptions:
     iters: int = 5
     multi_node: bool = False
     checkpoint_bytes: int | None = None  # what checkpoint.keep + 1 checkpoints of the model take
-    hf_path: str | None = None  # model.hf_path: its raw read rate is measured
+    hf_folder: Path | None = None  # model.hf_path's folder: its raw read rate is measured
     read_mib: int = 1024
 
 
@@ -38,7 +38,7 @@ def node_checks(opts: DoctorOptions, in_launch: bool = False) -> list[Check]:
     if not in_launch or opts.ports is not None:
         checks += network.port_checks(opts.ports)
     checks += storage.disk_checks(opts.run_dir, opts.min_free_gib, opts.write_mib, opts.checkpoint_bytes)
-    checks += storage.model_read_checks(opts.hf_path, opts.read_mib)
+    checks += storage.model_read_checks(opts.hf_folder, opts.read_mib)
     return checks
 
 

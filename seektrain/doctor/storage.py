@@ -142,18 +142,12 @@ def shared_storage_check(run_dir: Path, rank: int, world: int, barrier, all_gath
     )
 
 
-def model_read_checks(hf_path: str | None, read_mib: int) -> list[Check]:
-    """The raw read rate of ``model.hf_path``'s weight files (up to ``read_mib`` MiB of them, the page
-    cache of each file dropped first with ``posix_fadvise``, so it is the disk's rate and not memory's):
-    the figure the start-up log's load rate compares with."""
-    if not hf_path:
+def model_read_checks(folder: Path | None, read_mib: int) -> list[Check]:
+    """The raw read rate of ``model.hf_path``'s weight files (``folder``, a hub id resolved by the CLI):
+    up to ``read_mib`` MiB of them, the page cache of each file dropped first with ``posix_fadvise``, so
+    it is the disk's rate and not memory's; the figure the start-up log's load rate compares with."""
+    if folder is None:
         return []
-    from seektrain.models.hub import resolve_local_path
-
-    try:
-        folder = Path(resolve_local_path(hf_path, "model.hf_path"))
-    except ValueError as err:
-        return [Check("warn", "model read speed", str(err))]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         return [Check("warn", "model read speed", f"{folder}: no safetensors files to read")]

@@ -54,9 +54,9 @@ class ModelFamily:
     tp_plan: str  # "module:function": (model, tp_mesh, sequence_parallel) -> parallelize_module plan
     pipeline: PipelineRules
     keep_fp32: Callable[[nn.Module], None]  # after a cast to a low dtype: restore what must stay fp32
-    # (module, Hugging Face folder) -> LoadReport: fill a materialised, possibly sharded model or stage
-    # from the folder, each rank reading its own slices (``checkpoint/hf_shard_load.py``)
-    load_hf: Callable[[nn.Module, str], object]
+    # (local shards, cfg, Hugging Face folder) -> LoadReport: fill a rank's local tensors (the boxes of
+    # the full tensors it holds) from the folder, reading only those slices (``models/hf_slice_reader.py``)
+    load_hf: Callable[[list, ModelConfig, str], object]
 
 
 FAMILIES: dict[str, ModelFamily] = {

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from seektrain.checkpoint.safetensors_slices import HFWeightsError
+from seektrain.checkpoint.local_shards import local_shards
 from seektrain.models.deepseek.init import init_adapters
 from seektrain.models.lora import add_adapters, freeze_base, is_adapter
 from seektrain.models.registry import family_of, is_family_model, model_blocks
+from seektrain.models.safetensors_slices import HFWeightsError
 from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
 from seektrain.parallel.data_parallel import apply_ddp, apply_fsdp, fsdp_mixed_precision
 from seektrain.parallel.mesh import build_meshes
@@ -178,7 +179,7 @@ def load_pretrained(part: nn.Module, hf_path: str, seed: int):
     """Fill a materialised (possibly sharded) model part from a Hugging Face folder, this rank's slices
     only, through its family's loader; LoRA adapters, which no release holds, are initialised new.
     Returns the loader's report (bytes, seconds)."""
-    report = family_of(part).load_hf(part, hf_path)
+    report = family_of(part).load_hf(local_shards(part), part.cfg, hf_path)
     missing = [name for name in report.not_loaded if not is_adapter(name)]
     if missing:
         raise HFWeightsError(

@@ -7,10 +7,10 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from seektrain.checkpoint.hf_shard_load import PEAK_BUFFER_BYTES
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
+from seektrain.models.hf_slice_reader import PEAK_BUFFER_BYTES
 from seektrain.plan import memory
 from seektrain.plan.hardware import Hardware
 from seektrain.plan.run_plan import RunPlan
@@ -117,7 +117,7 @@ def memory_breakdown(plan: RunPlan, hw: Hardware) -> MemoryBreakdown:
     # an async save snapshots what a checkpoint holds (a LoRA checkpoint: the adapters, not the base)
     staging = state.params + state.optimizer if plan.job.checkpoint.async_save else 0
     # model.hf_path: each rank reads its own slices straight into its shards (already counted above),
-    # through the loader's bounded buffers (checkpoint/hf_shard_load.py)
+    # through the loader's bounded buffers (models/hf_slice_reader.py)
     load = PEAK_BUFFER_BYTES if plan.job.model.hf_path else 0
     return MemoryBreakdown(params, grads, optimizer, acts, comm, allowance, host, frozen, staging, load)
 

@@ -5,7 +5,7 @@ merged into its Hugging Face base (``checkpoint/hf_export_sources.py``).
 The source is a ``BoxReader``: given (our tensor name, box) requests it returns those boxes. Every stored
 tensor is cut into row pieces of at most ``PIECE_BYTES`` (fp32-sized), consecutive pieces are asked for
 in groups of about ``GROUP_BYTES``, and each safetensors file is written front to back
-(``checkpoint/safetensors_writer.py``), so host memory while exporting is one group plus what the
+(``models/safetensors_writer.py``), so host memory while exporting is one group plus what the
 source needs to produce it, whatever the model's size. The files, the index and config.json are
 those of the release (``hf_weights.hf_layout``).
 """
@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from seektrain.checkpoint.safetensors_writer import write_streamed
 from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.hf_config import config_to_hf
@@ -34,6 +33,7 @@ from seektrain.models.deepseek.hf_weights import (
     part_shape,
     shard_plan,
 )
+from seektrain.models.safetensors_writer import write_streamed
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # what the official releases and transformers use
 PIECE_BYTES = 64 * 2**20

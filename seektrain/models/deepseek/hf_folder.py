@@ -2,7 +2,7 @@
 tensor, every tensor matched to our parameters and checked against the model's shapes (headers only,
 before any weight is read), and the slice reads that fill any box of any of our tensors.
 
-``reads`` is the family's half of the rank-sharded load (``checkpoint/hf_shard_load.py`` does the
+``reads`` is the family's half of the rank-sharded load (``models/hf_slice_reader.py`` does the
 reading): a box of our tensor maps onto the stored tensors that hold it. Most map one to one; a fused
 expert tensor ``[E, 2I, H]`` is stored as one ``gate_proj`` and one ``up_proj`` ``[I, H]`` per expert
 (``down_proj`` ``[H, I]``), so an expert-parallel or FSDP box over experts reads its own experts only, and
@@ -18,9 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-from seektrain.checkpoint.hf_shard_load import FP8, SliceRead
-from seektrain.checkpoint.local_shards import LocalShard
-from seektrain.checkpoint.safetensors_slices import HFWeightsError, TensorInfo, read_header
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.hf_config import config_from_hf, quant_block_size, read_config_json
 from seektrain.models.deepseek.hf_weights import (
@@ -32,7 +29,9 @@ from seektrain.models.deepseek.hf_weights import (
     part_shape,
     scale_shape,
 )
+from seektrain.models.hf_slice_reader import FP8, LocalShard, SliceRead
 from seektrain.models.hub import resolve_local_path
+from seektrain.models.safetensors_slices import HFWeightsError, TensorInfo, read_header
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 load, and its MTP layer) and anything transformers 5 writes; ``save_pretrained`` writes the release
 layout, which transformers, vLLM and our own loader read back. ``load_hf_weights`` fills a sharded
 model (or a pipeline stage of one), each rank reading only the slices it holds
-(``hf_folder.py`` maps our tensors onto the stored ones, ``checkpoint/hf_shard_load.py`` reads them:
+(``hf_folder.py`` maps our tensors onto the stored ones, ``models/hf_slice_reader.py`` reads them:
 ``pread``, never unpickled, never memory-mapped); ``from_pretrained`` is the same read of a whole model.
 
 Every user error (missing folder/file/tensor, wrong shape, unknown tensor, unsupported config) is a
@@ -17,17 +17,22 @@ import logging
 import os
 
 import torch
-from torch import nn
 
-from seektrain.checkpoint.hf_shard_load import DEFAULT_THREADS, LoadReport, load_local_shards
-from seektrain.checkpoint.safetensors_slices import HFWeightsError
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.hf_config import HFConfigError, config_from_hf, read_config_json
 from seektrain.models.deepseek.hf_export import DEFAULT_MAX_SHARD_BYTES, export_release
 from seektrain.models.deepseek.hf_folder import HFFolder, open_folder
 from seektrain.models.deepseek.transformer import Transformer, build_model
+from seektrain.models.hf_slice_reader import (
+    DEFAULT_THREADS,
+    LoadReport,
+    LocalShard,
+    fill_shards,
+    whole_shards,
+)
 from seektrain.models.hub import resolve_local_path
 from seektrain.models.kernels import Kernels
+from seektrain.models.safetensors_slices import HFWeightsError
 
 log = logging.getLogger(__name__)
 
@@ -69,20 +74,24 @@ def from_pretrained(
     model.to_empty(device=device)
     if opened.cfg.tie_word_embeddings:  # to_empty re-creates parameters one module at a time: re-tie
         model.lm_head.weight = model.embed_tokens.weight
-    report = load_local_shards(model, folder)
+    report = fill_shards(whole_shards(model), folder)
     if report.not_loaded:
         raise HFWeightsError(f"{folder.path}: holds no tensor for {report.not_loaded[0]}")
     return model
 
 
 def load_hf_weights(
-    module: nn.Module, path: str | os.PathLike, what: str = "model.hf_path", threads: int = DEFAULT_THREADS
+    shards: list[LocalShard],
+    cfg: ModelConfig,
+    path: str | os.PathLike,
+    what: str = "model.hf_path",
+    threads: int = DEFAULT_THREADS,
 ) -> LoadReport:
-    """Fill the local tensors of ``module`` (this family's model or a pipeline stage of it, materialised
-    and possibly sharded) from the folder ``path``, each rank reading only its own slices, in the
-    dtypes the module holds; ``report.not_loaded`` names the tensors the folder does not have (LoRA
-    adapters). The folder's config must describe ``module.cfg``'s shapes."""
-    return load_local_shards(module, open_hf_source(path, module.cfg, what), threads=threads)
+    """Fill ``shards`` (a materialised model's or pipeline stage's local tensors, each the box of the
+    full tensor this rank holds) from the folder ``path``, reading only those slices, into the shards'
+    dtypes; ``report.not_loaded`` names the tensors the folder does not have (LoRA adapters). The
+    folder must hold the model of ``cfg``."""
+    return fill_shards(shards, open_hf_source(path, cfg, what), threads=threads)
 
 
 def open_hf_source(path: str | os.PathLike, cfg: ModelConfig, what: str = "model.hf_path") -> HFFolder:

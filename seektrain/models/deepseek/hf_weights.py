@@ -14,7 +14,7 @@ release layout differs from ours in three ways:
   embedding and output head (``embed_tokens``, ``shared_head.head``) that we write but never read.
 
 The official V3 weights are FP8 (e4m3) with one fp32 ``weight_scale_inv`` per 128x128 block, expanded
-slice by slice on load (``checkpoint/hf_shard_load.py``).
+slice by slice on load (``models/hf_slice_reader.py``).
 """
 
 from __future__ import annotations
@@ -156,6 +156,31 @@ def part_region(
 
 def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
     return math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1])
+
+
+def quantize_fp8(
+    weight: torch.Tensor, block: tuple[int, int] = (128, 128)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 2-D weight in DeepSeek-V3's release form: e4m3 values and one fp32 ``weight_scale_inv`` per
+    ``block`` (its absolute maximum over 448, e4m3's largest value); edge blocks may be partial. What
+    the loader's dequantisation inverts, used to build FP8 folders (tests, benchmarks)."""
+    rows, cols = weight.shape
+    b0, b1 = block
+    pad = torch.zeros(math.ceil(rows / b0) * b0, math.ceil(cols / b1) * b1)
+    pad[:rows, :cols] = weight.float().abs()
+    scale = pad.view(pad.shape[0] // b0, b0, -1, b1).amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+    full = scale.repeat_interleave(b0, 0)[:rows].repeat_interleave(b1, 1)[:, :cols]
+    return (weight.float() / full).to(torch.float8_e4m3fn), scale
+
+
+def fp8_quantization_config(block: tuple[int, int] = (128, 128)) -> dict:
+    """The ``quantization_config`` of config.json that goes with ``quantize_fp8``'s weights."""
+    return {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": list(block),
+    }
 
 
 def shard_plan(sizes: list[int], max_shard_bytes: int) -> list[tuple[int, int]]:

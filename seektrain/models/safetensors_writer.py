@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
-from seektrain.checkpoint.safetensors_slices import DTYPES
+from seektrain.models.safetensors_slices import DTYPES
 
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
@@ -40,7 +40,7 @@ def write_streamed(
         fh.write(text)
         for piece in pieces:
             data = piece.detach().contiguous().view(torch.uint8).numpy()
-            fh.write(memoryview(data))
+            fh.write(data.data)
             written += data.nbytes
     if written != offset:
         raise RuntimeError(f"{path}: {written} bytes of tensor data written, the header lists {offset}")

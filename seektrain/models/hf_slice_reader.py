@@ -2,11 +2,12 @@
 bytes of the slices it holds, straight into its local tensors, in their dtype.
 
 The model family says which stored tensor slices make up a box of one of its tensors (``WeightSource``,
-e.g. ``models/deepseek/hf_folder.py``); this module does the reading: ``local_shards`` gives every local
-tensor's box, the family's reads are split into chunks of at most ``CHUNK_BYTES`` (fp32-sized) along
-their first dimension, and a few threads ``pread`` them (``safetensors_slices.py``). FP8 block-scaled
-weights (DeepSeek-V3's release) are dequantised chunk by chunk with just the scale blocks the chunk
-touches: the same arithmetic as a whole-tensor dequantisation, element for element.
+e.g. ``models/deepseek/hf_folder.py``); this module does the reading: given every local tensor's box
+(``whole_shards`` for a plain model, ``checkpoint/local_shards.py`` for a sharded one), the family's
+reads are split into chunks of at most ``CHUNK_BYTES`` (fp32-sized) along their first dimension, and a
+few threads ``pread`` them (``safetensors_slices.py``). FP8 block-scaled weights (DeepSeek-V3's
+release) are dequantised chunk by chunk with just the scale blocks the chunk touches: the same
+arithmetic as a whole-tensor dequantisation, element for element.
 
 Memory while loading: the rank's own shards (allocated before, by ``to_empty``) plus, per thread, one
 chunk in the file's dtype, its fp32 form and its scale (about ``3 * CHUNK_BYTES``): at the default
@@ -26,14 +27,41 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from seektrain.checkpoint.local_shards import Box, LocalShard, local_shards
-from seektrain.checkpoint.safetensors_slices import HFWeightsError, TensorInfo, read_box
+from seektrain.models.safetensors_slices import HFWeightsError, TensorInfo, read_box
 
 CHUNK_BYTES = 16 * 2**20  # one read, as fp32 elements
 DEFAULT_THREADS = 4
 # per thread: a chunk in the file's dtype (at most fp32-sized), its fp32 form and its expanded FP8 scale
 PEAK_BUFFER_BYTES = DEFAULT_THREADS * 3 * CHUNK_BYTES
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+Box = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class LocalShard:
+    """``local`` (writes go into the module) is ``box`` of the tensor of shape ``full_shape``: the whole
+    of it for a plain model (``whole_shards``), a rank's part of it under a layout
+    (``checkpoint/local_shards.py``, which knows DTensors)."""
+
+    name: str
+    local: torch.Tensor
+    box: Box
+    full_shape: tuple[int, ...]
+
+
+def whole_shards(module: nn.Module) -> list[LocalShard]:
+    """Every state-dict entry of a plain (unsharded) ``module`` as a shard of all of itself, each tensor
+    once: a tied weight is listed under its first name only."""
+    seen: set[int] = set()
+    out = []
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            shape = tuple(tensor.shape)
+            out.append(LocalShard(name, tensor.detach(), tuple((0, d) for d in shape), shape))
+    return out
 
 
 @dataclass(frozen=True)
@@ -86,21 +114,14 @@ class _Chunk:
     target: torch.Tensor  # the local view it fills (same shape as the box)
 
 
-def load_local_shards(
-    module: nn.Module, source: WeightSource, threads: int = DEFAULT_THREADS, chunk_bytes: int = CHUNK_BYTES
-) -> LoadReport:
-    """Copy every local tensor of ``module`` that ``source`` holds from the folder (see the module
-    docstring); ``report.not_loaded`` names the others, left as they were."""
-    return fill_shards(local_shards(module), source, threads, chunk_bytes)
-
-
 def fill_shards(
     shards: list[LocalShard],
     source: WeightSource,
     threads: int = DEFAULT_THREADS,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> LoadReport:
-    """Fill each shard's ``local`` tensor (its ``box`` of the full tensor) from ``source``."""
+    """Fill each shard's ``local`` tensor (its ``box`` of the full tensor) from ``source`` (see the
+    module docstring); ``report.not_loaded`` names the shards the folder does not hold, left as they were."""
     start = time.perf_counter()
     report = LoadReport(threads=threads)
     chunks: list[_Chunk] = []

@@ -126,7 +126,7 @@ def read_box(fd: int, info: TensorInfo, box: tuple[tuple[int, int], ...], path: 
     starts, run = box_runs(info.shape, box)
     shape = tuple(hi - lo for lo, hi in box)
     out = torch.empty(len(starts) * run * itemsize, dtype=torch.uint8)  # not zero-filled, unlike bytearray
-    view = memoryview(out.numpy())
+    view = out.numpy().data
     pos = 0
     for start in starts:
         want = run * itemsize
