@@ -42,10 +42,6 @@ def one_process_run(tmp_path_factory):
 # measured 43.7 min on this 2-core machine after issues 21, 22 and 24 added their layout tests, against a
 # 30-minute budget. Each entry names what still guards its path in CI.
 SLOW_IN_CI = {
-    # on an AVX2-only CPU the two ranks' measured activations differ by a few hundred bytes, so the table
-    # splits rows the docs merge (issue 35's tolerance work, still open); test_plan_accuracy's per-row
-    # accuracy tests still run in CI
-    "tests/test_plan_accuracy.py::test_docs_table_is_the_measurement",
     "tests/test_slurm.py::test_sigterm_saves_requeues_and_the_requeued_job_resumes",  # sbatch e2e + sigterm runs
     "tests/test_model_parallel.py::test_parameter_memory_per_rank",  # planner state-bytes rows
     "tests/test_model_parallel.py::test_tp2_x_pp2[tiny-v3]",  # tp2_x_pp2_other_models
