@@ -1,6 +1,7 @@
 """``convert --from-checkpoint RUN --to-hf`` written piece by piece (checkpoint/hf_export_run.py): a
 2-step FSDP=2 run's export, sharded with an index as the releases are, loads bit-equal in our loader
-(against the checkpoint's own tensors) and in transformers, and holds exactly the tensors of the
+(against the checkpoint's own tensors) and in transformers (every tensor it holds equal to the
+files'), and holds exactly the tensors of the
 in-memory export (the whole model loaded, then ``save_pretrained``); the merged LoRA export agrees
 with the in-memory merge as well."""
 
@@ -38,6 +39,23 @@ def _tensors(folder) -> dict[str, torch.Tensor]:
     return out
 
 
+def _stored(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:
+    """What transformers 5 should hold under ``key``: the file's tensor, or for its fused in-memory
+    experts (``...mlp.experts.gate_up_proj`` / ``down_proj``) the per-expert tensors stacked."""
+    if key in tensors or not key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        return tensors[key]
+    base, kind = key.rsplit(".", 1)
+    experts = range(len({k for k in tensors if k.startswith(base + ".") and k.endswith(".down_proj.weight")}))
+    if kind == "down_proj":
+        return torch.stack([tensors[f"{base}.{e}.down_proj.weight"] for e in experts])
+    return torch.stack(
+        [
+            torch.cat([tensors[f"{base}.{e}.gate_proj.weight"], tensors[f"{base}.{e}.up_proj.weight"]])
+            for e in experts
+        ]
+    )
+
+
 def _logits(model, vocab: int) -> torch.Tensor:
     tokens = torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -72,6 +90,9 @@ def test_fsdp_run_exports_streamed_bit_equal(tmp_path):
 
     transformers.logging.set_verbosity_error()
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    held = theirs.state_dict()
+    wrong = [k for k in held if not torch.equal(held[k], _stored(streamed, k))]
+    assert not wrong, f"transformers holds {len(wrong)} tensors other than the files', e.g. {wrong[0]}"
     vocab = ours.cfg.vocab_size
     assert (_logits(theirs, vocab) - _logits(ours.eval(), vocab)).abs().max().item() < 1e-4
 
