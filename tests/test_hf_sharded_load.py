@@ -134,6 +134,25 @@ def test_fsdp2_x_tp2_x_ep2(tmp_path, folders):
     assert set().union(*(range(a, b) for a, b in experts)) == set(range(8)), sorted(experts)
 
 
+def test_hsdp_2x2(tmp_path, folders):
+    """HSDP: replicated over dp_replicate, sharded over dp_shard: the two replicas load the same shards."""
+    ranks = _load(
+        tmp_path,
+        folders["bf16"],
+        4,
+        "parallel.dp_replicate=2",
+        "parallel.dp_shard=2",
+        "train.micro_batch_size=1",
+    )
+    assert _owners(ranks, "layers.1.self_attn.o_proj.weight") == [(0, 64), (0, 64), (64, 128), (64, 128)]
+
+
+def test_cp2(tmp_path, folders):
+    """Context parallelism shards no weight (FSDP over the cp ranks does): the same shards as FSDP=2."""
+    ranks = _load(tmp_path, folders["fp8"], 2, "parallel.cp=2", "parallel.dp_shard=1", "train.seq_len=128")
+    assert _owners(ranks, "layers.1.self_attn.o_proj.weight") == [(0, 64), (64, 128)]
+
+
 def test_fsdp2_cpu_offload(tmp_path, folders):
     """Offloaded shards live in host memory: the loader fills them there."""
     ranks = _load(tmp_path, folders["fp8"], 2, "parallel.dp_shard=2", "parallel.cpu_offload=true")
