@@ -134,6 +134,19 @@ def test_fsdp2_x_tp2_x_ep2(tmp_path, folders):
     assert set().union(*(range(a, b) for a, b in experts)) == set(range(8)), sorted(experts)
 
 
+def test_fsdp3_uneven_shards(tmp_path, folders):
+    """Three ranks: 128 rows shard 43 / 43 / 42 (FSDP2's uneven last shard)."""
+    ranks = _load(
+        tmp_path,
+        folders["fp8"],
+        3,
+        "parallel.dp_shard=3",
+        "train.micro_batch_size=1",
+        "train.global_batch_size=3",
+    )
+    assert _owners(ranks, "layers.1.self_attn.o_proj.weight") == [(0, 43), (43, 86), (86, 128)]
+
+
 def test_hsdp_2x2(tmp_path, folders):
     """HSDP: replicated over dp_replicate, sharded over dp_shard: the two replicas load the same shards."""
     ranks = _load(
