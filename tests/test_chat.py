@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from chat_fixture import EOS, build_chat_tokenizer
+from chat_fixtures import EOS, build_chat_tokenizer
 from run_cli import seektrain
 from seektrain.cli.chat_cmd import _answer
 from seektrain.data.chat_template import load_chat_template

@@ -10,7 +10,7 @@ import json
 
 import torch
 
-from chat_fixture import (
+from chat_fixtures import (
     ANSWERS,
     EOS,
     QUESTIONS,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chat_fixture import BOS, EOS, TEMPLATE, build_chat_tokenizer, write_chat_jsonl
+from chat_fixtures import BOS, EOS, TEMPLATE, build_chat_tokenizer, write_chat_jsonl
 from seektrain.data.chat_template import load_chat_template
 from seektrain.data.hf_tokenizer import write_hf_tokenizer
 from seektrain.data.prepare import RowOptions, prepare_dataset
