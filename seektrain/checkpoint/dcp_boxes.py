@@ -19,6 +19,8 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from seektrain.checkpoint.manager import describe_error
+from seektrain.errors import UserError
 from seektrain.models.hf_slice_reader import Box
 
 
@@ -69,9 +71,18 @@ def read_boxes(
         )
         for fqn, bound in bounds.items()
     }
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load({}, storage_reader=FileSystemReader(str(ckpt)), planner=BoxPlanner(buffers), no_dist=True)
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(
+                {}, storage_reader=FileSystemReader(str(ckpt)), planner=BoxPlanner(buffers), no_dist=True
+            )
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise UserError(
+            f"checkpoint {ckpt} cannot be read ({describe_error(err)}); pick another checkpoint"
+        ) from None
     by_fqn = {fqn: (box, buffer) for (fqn, box), buffer in buffers.items()}
     out = []
     for fqn, box in wanted:

@@ -17,6 +17,7 @@ from seektrain.checkpoint.lora_base import saved_base_folder
 from seektrain.checkpoint.lora_checkpoint import lora_settings, spec_of
 from seektrain.checkpoint.run_files import checkpoint_model_config
 from seektrain.config.dtypes import dtype_from_name
+from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
 
 
@@ -33,8 +34,10 @@ def streamed_export(
     ckpt = resolve_checkpoint(source)
     cfg = checkpoint_model_config(ckpt)
     saved = lora_settings(ckpt)
+    meta = build_model(cfg, device="meta", init=False)
+    shapes = {name: tuple(t.shape) for name, t in meta.state_dict(keep_vars=True).items()}
     if saved is None:
-        shapes = checkpoint_shapes(ckpt)
+        _check_fits(ckpt, cfg, shapes)
         read = checkpoint_boxes(ckpt)
         out_dtype = dtype or torch.float32
     else:
@@ -42,8 +45,6 @@ def streamed_export(
         if base.get("kind") != "hf":
             return None
         folder = saved_base_folder(ckpt, base, base_dir)
-        meta = build_model(cfg, device="meta", init=False)
-        shapes = {name: tuple(t.shape) for name, t in meta.state_dict(keep_vars=True).items()}
         base_dtype = dtype_from_name(str(saved.get("base_dtype", "float32")))
         hf = open_hf_source(str(folder), cfg, "--base")
         read = merged_lora_boxes(ckpt, hf, shapes, base_dtype, spec_of(saved).scaling)
@@ -53,3 +54,16 @@ def streamed_export(
         return export_release(cfg, shapes, read, out, out_dtype, max_shard_bytes)
 
     return cfg, write
+
+
+def _check_fits(ckpt: Path, cfg: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Every tensor of the run dir's model is in the checkpoint with its shape (before a byte is written:
+    an export would otherwise pair one model's config.json with another's tensors)."""
+    held = checkpoint_shapes(ckpt)
+    for name, shape in shapes.items():
+        if held.get(name) != shape:
+            got = f"holds {held[name]}" if name in held else "has no such tensor"
+            raise UserError(
+                f"checkpoint {ckpt} does not fit model {cfg.name} of its run dir ({name}: the checkpoint "
+                f"{got}, the model needs {shape})"
+            )
