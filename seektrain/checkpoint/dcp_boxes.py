@@ -71,24 +71,26 @@ def read_boxes(
         )
         for fqn, bound in bounds.items()
     }
-    try:
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(
-                {}, storage_reader=FileSystemReader(str(ckpt)), planner=BoxPlanner(buffers), no_dist=True
-            )
-    except BaseException as err:  # DCP's CheckpointException is a BaseException
-        if isinstance(err, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise UserError(
-            f"checkpoint {ckpt} cannot be read ({describe_error(err)}); pick another checkpoint"
-        ) from None
+    load_here({}, ckpt, "cannot be read", "pick another checkpoint", planner=BoxPlanner(buffers))
     by_fqn = {fqn: (box, buffer) for (fqn, box), buffer in buffers.items()}
     out = []
     for fqn, box in wanted:
         bound, buffer = by_fqn[fqn]
         out.append(buffer[tuple(slice(lo - b0, hi - b0) for (lo, hi), (b0, _) in zip(box, bound))])
     return out
+
+
+def load_here(state: dict, ckpt: str | Path, problem: str, fix: str, planner=None) -> None:
+    """``dcp.load`` of ``state`` from checkpoint folder ``ckpt`` in this one process (no process group);
+    any failure is one ``UserError`` line: ``checkpoint {ckpt} {problem} ({DCP's reason}); {fix}``."""
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, storage_reader=FileSystemReader(str(ckpt)), planner=planner, no_dist=True)
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise UserError(f"checkpoint {ckpt} {problem} ({describe_error(err)}); {fix}") from None
 
 
 def tensor_specs(ckpt: str | Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

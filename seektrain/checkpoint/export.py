@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
+from seektrain.checkpoint.dcp_boxes import load_here
 from seektrain.checkpoint.finder import CHECKPOINTS, complete_checkpoints, resolve_checkpoint, step_dir_name
 from seektrain.checkpoint.lora_checkpoint import load_lora_model, lora_settings
-from seektrain.checkpoint.manager import CheckpointError, CheckpointManager, describe_error
+from seektrain.checkpoint.manager import CheckpointError, CheckpointManager
 from seektrain.checkpoint.run_files import MODEL_CONFIG, checkpoint_model_config, write_model_source
 from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
@@ -33,16 +34,7 @@ def load_checkpoint_model(ckpt: Path, model_cfg: ModelConfig) -> Transformer:
     """A plain fp32 model with the weights (and MoE balancing biases) of checkpoint ``ckpt``."""
     model = build_model(model_cfg, init=False)
     state = {"model": model.state_dict()}
-    try:
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
-    except BaseException as err:  # DCP's CheckpointException is a BaseException
-        if isinstance(err, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise UserError(
-            f"checkpoint {ckpt} does not fit model {model_cfg.name} of its run dir ({describe_error(err)})"
-        ) from None
+    load_here(state, ckpt, f"does not fit model {model_cfg.name} of its run dir", "pick another checkpoint")
     model.load_state_dict(state["model"])
     return model.eval()
 
