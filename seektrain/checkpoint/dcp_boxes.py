@@ -25,18 +25,16 @@ from seektrain.models.hf_slice_reader import Box
 
 
 class BoxPlanner(DefaultLoadPlanner):
-    """Loads ``boxes[(fqn, box)] = buffer``: the buffer (the box's shape) receives that box of ``fqn``."""
+    """Loads ``boxes[fqn] = (box, buffer)``: the buffer (the box's shape) receives that box of ``fqn``
+    (one box per tensor: DCP names a read's destination by the tensor and the box's start)."""
 
-    def __init__(self, boxes: dict[tuple[str, Box], torch.Tensor]):
+    def __init__(self, boxes: dict[str, tuple[Box, torch.Tensor]]):
         super().__init__()
         self.boxes = boxes
-        self._by_start = {(fqn, tuple(lo for lo, _ in box)): buf for (fqn, box), buf in boxes.items()}
-        if len(self._by_start) != len(boxes):  # DCP names a read's destination by the box's start only
-            raise ValueError("two boxes of one tensor with the same start in one read")
 
     def create_local_plan(self) -> LoadPlan:
         requests = []
-        for (fqn, box), buffer in self.boxes.items():
+        for fqn, (box, buffer) in self.boxes.items():
             meta = self.metadata.state_dict_metadata.get(fqn)
             if meta is None:
                 raise KeyError(f"{fqn} is not in the checkpoint")
@@ -45,7 +43,7 @@ class BoxPlanner(DefaultLoadPlanner):
         return LoadPlan(requests)
 
     def lookup_tensor(self, index) -> torch.Tensor:
-        return self._by_start[(index.fqn, tuple(index.offset))]
+        return self.boxes[index.fqn][1]
 
     def commit_tensor(self, read_item, tensor) -> None:  # the buffer was written in place
         pass
@@ -66,16 +64,16 @@ def read_boxes(
             for d, (lo, hi) in enumerate(box):
                 bounds[fqn][d] = [min(bounds[fqn][d][0], lo), max(bounds[fqn][d][1], hi)]
     buffers = {
-        (fqn, tuple((lo, hi) for lo, hi in bound)): torch.empty(
-            tuple(hi - lo for lo, hi in bound), dtype=dtypes[fqn]
+        fqn: (
+            tuple((lo, hi) for lo, hi in bound),
+            torch.empty(tuple(hi - lo for lo, hi in bound), dtype=dtypes[fqn]),
         )
         for fqn, bound in bounds.items()
     }
     load_here({}, ckpt, "cannot be read", "pick another checkpoint", planner=BoxPlanner(buffers))
-    by_fqn = {fqn: (box, buffer) for (fqn, box), buffer in buffers.items()}
     out = []
     for fqn, box in wanted:
-        bound, buffer = by_fqn[fqn]
+        bound, buffer = buffers[fqn]
         out.append(buffer[tuple(slice(lo - b0, hi - b0) for (lo, hi), (b0, _) in zip(box, bound))])
     return out
 

@@ -47,7 +47,8 @@ def streamed_export(
         folder = saved_base_folder(ckpt, base, base_dir)
         base_dtype = dtype_from_name(str(saved.get("base_dtype", "float32")))
         hf = open_hf_source(str(folder), cfg, "--base")
-        read = merged_lora_boxes(ckpt, hf, shapes, base_dtype, spec_of(saved).scaling)
+        params = {name for name, _ in meta.named_parameters()}
+        read = merged_lora_boxes(ckpt, hf, shapes, params, base_dtype, spec_of(saved).scaling)
         out_dtype = dtype or base_dtype
 
     def write(out: Path, max_shard_bytes: int) -> list[str]:

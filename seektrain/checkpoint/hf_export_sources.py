@@ -17,6 +17,7 @@ import torch
 
 from seektrain.checkpoint.dcp_boxes import read_boxes, tensor_specs
 from seektrain.models.hf_slice_reader import Box, LocalShard, fill_shards
+from seektrain.models.lora import frozen_dtype
 from seektrain.models.lora_export import adapter_pairs
 
 MODEL = "model."  # the trainer's checkpoints hold the model's state dict under "model"
@@ -38,20 +39,24 @@ def checkpoint_boxes(ckpt: Path):
 
 
 def merged_lora_boxes(
-    ckpt: Path, base, shapes: dict[str, tuple[int, ...]], base_dtype: torch.dtype, scaling: float
+    ckpt: Path,
+    base,
+    shapes: dict[str, tuple[int, ...]],
+    params: set[str],
+    base_dtype: torch.dtype,
+    scaling: float,
 ):
     """A ``BoxReader`` of the merged model: ``base`` is the base folder as the family opened it (a
-    ``WeightSource``, e.g. ``models/deepseek/hf_folder.HFFolder``), ``shapes`` our full shapes."""
+    ``WeightSource``, e.g. ``models/deepseek/hf_folder.HFFolder``), ``shapes`` our full shapes,
+    ``params`` the names that are parameters (held in ``base_dtype`` by training; buffers are not)."""
     specs = tensor_specs(ckpt)
     dtypes = {k: dtype for k, (_, dtype) in specs.items()}
     names = {k[len(MODEL) :]: k[len(MODEL) :] for k in specs if k.startswith(MODEL)}
     pairs = adapter_pairs(names)  # base weight -> (A name, B name)
 
     def held(name: str, value: torch.Tensor) -> torch.Tensor:
-        """The base as training held it: parameters in ``base_dtype`` when that is narrower."""
-        if name.endswith("e_score_correction_bias") or value.dtype.itemsize <= base_dtype.itemsize:
-            return value
-        return value.to(base_dtype)
+        """The base as training held it (``freeze_base``'s rule)."""
+        return value.to(frozen_dtype(value.dtype, base_dtype)) if name in params else value
 
     def read(requests: list[tuple[str, Box]]) -> list[torch.Tensor]:
         shards = [

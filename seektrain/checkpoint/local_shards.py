@@ -12,13 +12,12 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from seektrain.models.hf_slice_reader import LocalShard
+from seektrain.models.hf_slice_reader import LocalShard, state_tensors, whole_shard
 
 
 def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:
     if not isinstance(tensor, DTensor):
-        shape = tuple(tensor.shape)
-        return LocalShard(name, tensor.detach(), tuple((0, d) for d in shape), shape)
+        return whole_shard(name, tensor)
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     full = tuple(tensor.shape)
@@ -33,13 +32,5 @@ def local_shard(name: str, tensor: torch.Tensor) -> LocalShard:
 
 
 def local_shards(module: nn.Module) -> list[LocalShard]:
-    """Every state-dict entry of ``module`` (parameters and persistent buffers, by their state-dict
-    names), each tensor once: a tied weight is listed under its first name only."""
-    seen: set[int] = set()
-    out = []
-    for name, tensor in module.state_dict(keep_vars=True).items():
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
-        out.append(local_shard(name, tensor))
-    return out
+    """This rank's shard of every tensor of ``module`` (``state_tensors``: each tensor once)."""
+    return [local_shard(name, tensor) for name, tensor in state_tensors(module)]

@@ -33,7 +33,6 @@ CHUNK_BYTES = 16 * 2**20  # one read, as fp32 elements
 DEFAULT_THREADS = 4
 # per thread: a chunk in the file's dtype (at most fp32-sized), its fp32 form and its expanded FP8 scale
 PEAK_BUFFER_BYTES = DEFAULT_THREADS * 3 * CHUNK_BYTES
-FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 Box = tuple[tuple[int, int], ...]
@@ -51,17 +50,34 @@ class LocalShard:
     full_shape: tuple[int, ...]
 
 
-def whole_shards(module: nn.Module) -> list[LocalShard]:
-    """Every state-dict entry of a plain (unsharded) ``module`` as a shard of all of itself, each tensor
-    once: a tied weight is listed under its first name only."""
+def state_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every state-dict entry of ``module`` (parameters and persistent buffers, by their state-dict
+    names), each tensor once: a tied weight is listed under its first name only."""
     seen: set[int] = set()
     out = []
     for name, tensor in module.state_dict(keep_vars=True).items():
         if id(tensor) not in seen:
             seen.add(id(tensor))
-            shape = tuple(tensor.shape)
-            out.append(LocalShard(name, tensor.detach(), tuple((0, d) for d in shape), shape))
+            out.append((name, tensor))
     return out
+
+
+def whole_shard(name: str, tensor: torch.Tensor) -> LocalShard:
+    shape = tuple(tensor.shape)
+    return LocalShard(name, tensor.detach(), tuple((0, d) for d in shape), shape)
+
+
+def whole_shards(module: nn.Module) -> list[LocalShard]:
+    """Every tensor of a plain (unsharded) ``module`` as a shard of all of itself."""
+    return [whole_shard(name, tensor) for name, tensor in state_tensors(module)]
+
+
+def row_ranges(rows: int, row_elems: int, limit_bytes: int) -> Iterator[tuple[int, int]]:
+    """``[lo, hi)`` ranges over ``rows`` rows of ``row_elems`` elements each, at most ``limit_bytes`` of
+    fp32 per range (at least one row): the pieces a tensor is read or written in."""
+    step = max(1, limit_bytes // max(4 * row_elems, 1))
+    for lo in range(0, rows, step):
+        yield lo, min(lo + step, rows)
 
 
 @dataclass(frozen=True)
@@ -168,13 +184,9 @@ def _chunks(shard: LocalShard, reads: list[SliceRead], chunk_bytes: int) -> Iter
         if not shape:
             yield _Chunk(read, read.box, target)
             continue
-        row_bytes = math.prod(shape[1:]) * 4
-        rows = max(1, chunk_bytes // max(row_bytes, 1))
-        first_lo, first_hi = read.box[0]
-        for lo in range(first_lo, first_hi, rows):
-            hi = min(lo + rows, first_hi)
-            box = ((lo, hi), *read.box[1:])
-            yield _Chunk(read, box, target[lo - first_lo : hi - first_lo])
+        first = read.box[0][0]
+        for lo, hi in row_ranges(shape[0], math.prod(shape[1:]), chunk_bytes):
+            yield _Chunk(read, ((first + lo, first + hi), *read.box[1:]), target[lo:hi])
 
 
 def _fill(chunk: _Chunk, source: WeightSource, fds: dict[str, int]) -> int:

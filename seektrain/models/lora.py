@@ -236,6 +236,12 @@ def add_adapters(model: nn.Module, spec: LoraSpec) -> list[str]:
 
 
 @torch.no_grad()
+def frozen_dtype(held: torch.dtype, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a frozen base parameter held in ``held`` is kept in under base dtype ``dtype``: cast
+    down to it when wider, never up."""
+    return dtype if held.is_floating_point and held.itemsize > dtype.itemsize else held
+
+
 def freeze_base(model: nn.Module, dtype: torch.dtype) -> None:
     """Every parameter that is not an adapter: no gradient, stored in ``dtype`` (the compute dtype: a
     frozen weight needs no fp32 master)."""
@@ -243,7 +249,7 @@ def freeze_base(model: nn.Module, dtype: torch.dtype) -> None:
         if is_adapter(name):
             continue
         param.requires_grad_(False)
-        if param.is_floating_point() and param.dtype != dtype and param.dtype.itemsize > dtype.itemsize:
+        if frozen_dtype(param.dtype, dtype) != param.dtype:
             param.data = param.data.to(dtype)
 
 

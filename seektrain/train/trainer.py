@@ -132,11 +132,11 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
         )
         install_from_env(guard, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
         # [lora] a LoRA checkpoint holds no base: it is read again from model.hf_path (or re-initialised)
-        hf_path = cfg.model.hf_path if start.checkpoint is None or plan.lora else None
+        hf_path = (cfg.model.hf_path or None) if start.checkpoint is None or plan.lora else None
         if hf_path:
             check_same_folder(hf_path, env.world_size)  # every rank reads its slices of one model
         preemption.phase = "building the model" + (f" and reading {hf_path}" if hf_path else "")
-        ctx = build_step_context(plan, env.device, data, guard, hf_path or None)
+        ctx = build_step_context(plan, env.device, data, guard, hf_path)
         start_step = 0
         if start.checkpoint is not None:
             preemption.phase = f"loading checkpoint {start.checkpoint}"

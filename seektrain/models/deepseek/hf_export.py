@@ -33,6 +33,7 @@ from seektrain.models.deepseek.hf_weights import (
     part_shape,
     shard_plan,
 )
+from seektrain.models.hf_slice_reader import Box, row_ranges
 from seektrain.models.safetensors_writer import write_streamed
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # what the official releases and transformers use
@@ -40,7 +41,6 @@ PIECE_BYTES = 64 * 2**20
 GROUP_BYTES = 256 * 2**20
 _SHARD_NAME = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
 
-Box = tuple[tuple[int, int], ...]
 BoxReader = Callable[[list[tuple[str, Box]]], list[torch.Tensor]]
 
 
@@ -100,18 +100,14 @@ def _pieces(
     group_bytes = 0
     for entry, shape, dtype in items:
         region, stored_dims = part_region(shapes[entry.ours], entry.part)
-        row_dim = stored_dims[0] if shape else None
-        rows = shape[0] if shape else 1
-        row_bytes = math.prod(shape[1:]) * 4 if shape else 4
-        step = max(1, PIECE_BYTES // max(row_bytes, 1))
-        for lo in range(0, rows, step):
-            hi = min(lo + step, rows)
+        row_elems = math.prod(shape[1:]) if shape else 1
+        for lo, hi in row_ranges(shape[0] if shape else 1, row_elems, PIECE_BYTES):
             box = list(region)
-            if row_dim is not None:
-                first = region[row_dim][0]
-                box[row_dim] = (first + lo, first + hi)
+            if shape:
+                first = region[stored_dims[0]][0]
+                box[stored_dims[0]] = (first + lo, first + hi)
             group.append((entry.ours, tuple(box), (hi - lo, *shape[1:]) if shape else (), dtype))
-            group_bytes += (hi - lo) * row_bytes
+            group_bytes += 4 * (hi - lo) * row_elems
             if group_bytes >= GROUP_BYTES:
                 yield from _read_group(group, read)
                 group, group_bytes = [], 0

@@ -21,6 +21,7 @@ import torch
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.hf_config import config_from_hf, quant_block_size, read_config_json
 from seektrain.models.deepseek.hf_weights import (
+    FP8_DTYPES,
     Entry,
     fused_alternatives,
     hf_layout,
@@ -29,7 +30,7 @@ from seektrain.models.deepseek.hf_weights import (
     part_shape,
     scale_shape,
 )
-from seektrain.models.hf_slice_reader import FP8, LocalShard, SliceRead
+from seektrain.models.hf_slice_reader import LocalShard, SliceRead
 from seektrain.models.hub import resolve_local_path
 from seektrain.models.safetensors_slices import HFWeightsError, TensorInfo, read_header
 
@@ -152,7 +153,7 @@ class HFFolder:
         want = part_shape(self._shapes[entry.ours], entry.part)
         if info.shape != want:
             raise HFWeightsError(f"{key}: expected shape {want}, got {info.shape} in {file}")
-        if info.dtype in FP8:
+        if info.dtype in FP8_DTYPES:
             scale_key = key + "_scale_inv"
             if scale_key not in self._names:
                 raise HFWeightsError(f"{scale_key}: missing tensor (the FP8 weight {key} in {file} needs it)")
@@ -180,7 +181,7 @@ class HFFolder:
             dest = tuple((lo[d] - a, hi[d] - a) for d, (a, _) in enumerate(shard.box))
             file = self._names[entry.hf_key]
             scale = None
-            if self.info(file, entry.hf_key).dtype in FP8:
+            if self.info(file, entry.hf_key).dtype in FP8_DTYPES:
                 scale_key = entry.hf_key + "_scale_inv"
                 scale = (self._names[scale_key], scale_key)
             out.append(SliceRead(file, entry.hf_key, box, dest, scale))
