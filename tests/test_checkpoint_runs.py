@@ -22,6 +22,8 @@ import torch
 
 from run_cli import TINY, metrics, train
 from seektrain.checkpoint.export import read_all_tensors as load_tensors
+from seektrain.models import get_preset
+from tolerances import model_rel
 
 CKPT = ["train.steps=6", "checkpoint.interval=2", "train.deterministic=true"]
 
@@ -121,7 +123,8 @@ def test_reshard_two_ranks_to_one_process(straight, tmp_path):
     shutil.rmtree(run / "checkpoints" / "step-00000006")
     (run / "metrics.jsonl").unlink()
     train(run, *CKPT, "train.steps=5")
-    assert step_losses(run)[5] == pytest.approx(step_losses(straight)[5], rel=1e-5)
+    rel = model_rel(get_preset("tiny-v3"), 64)  # the same weights: only the reduction order differs
+    assert step_losses(run)[5] == pytest.approx(step_losses(straight)[5], rel=rel)
 
 
 def test_sigterm_saves_a_loadable_checkpoint_and_nan_is_skipped(tmp_path):
@@ -234,4 +237,5 @@ def test_start_from_hugging_face_weights_on_two_ranks(straight, tmp_path):
     tokens, labels = batch.tokens, batch.labels
     with torch.no_grad():
         expected, _ = model_loss(model(tokens, mtp_tokens=tokens), labels, cfg.train.mtp_loss_weight)
-    assert step_losses(tmp_path / "run")[1] == pytest.approx(float(expected), rel=1e-5)
+    rel = model_rel(model.cfg, 64)  # 2 ranks' sum of halves vs one forward over the batch
+    assert step_losses(tmp_path / "run")[1] == pytest.approx(float(expected), rel=rel)

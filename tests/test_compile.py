@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from compare_runs import FP32
 from run_cli import losses, train
 
 
@@ -14,7 +15,9 @@ def test_compiled_blocks_train_like_eager(tmp_path):
     train(tmp_path / "eager", *common)
     proc = train(tmp_path / "compiled", *common, "train.compile=true")
     assert "train.compile: 4 blocks compile at their first call" in proc.stdout
-    assert losses(tmp_path / "compiled") == pytest.approx(losses(tmp_path / "eager"), rel=1e-5, abs=1e-6)
+    # fused kernels round at other points: a 3-step AdamW trajectory, the layout tests' loss tolerance
+    want = losses(tmp_path / "eager")
+    assert losses(tmp_path / "compiled") == pytest.approx(want, rel=FP32.loss_rel, abs=FP32.loss_abs)
 
 
 def test_moe_blocks_do_not_recompile_per_micro_batch():

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from compare_runs import FP32
 from seektrain.config.schema import OptimSection
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.moe import GroupedExperts
@@ -20,6 +21,7 @@ from seektrain.models.deepseek.presets import get_preset
 from seektrain.models.deepseek.transformer import build_model
 from seektrain.plan.layout_checks import check_model
 from spawn_ranks import spawn_ranks
+from tolerances import model_rel, model_tol
 
 PRESETS = ("tiny-v2", "tiny-v3")
 WORLD, ROWS_PER_RANK, SEQ, STEPS = 2, 2, 32, 5
@@ -195,13 +197,14 @@ def reference() -> dict:
 
 
 # ------------------------------------------------------------------------------------------ tests
-def _assert_grads_match(got: dict, want: dict) -> None:
+def _assert_grads_match(got: dict, want: dict, cfg: ModelConfig) -> None:
+    """Expert-sharded grouped products and the averaged data-parallel gradients sum the same terms in
+    another order: each gradient within the model chain's rounding of its own scale."""
     assert got.keys() == want.keys()
     for name, grad in want.items():
         assert got[name].shape == grad.shape, name
-        torch.testing.assert_close(
-            got[name], grad, rtol=0, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
-        )
+        tol = model_tol(cfg, SEQ, grad.abs().max(), backward=True)
+        torch.testing.assert_close(got[name], grad, **tol, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -209,9 +212,10 @@ def _assert_grads_match(got: dict, want: dict) -> None:
 def test_first_step_loss_and_gradients_match_one_process(ranks, reference, preset, mode):
     want = reference[preset, "grads"]
     got = ranks[0][preset, mode]
-    assert got["losses"][0] == pytest.approx(want["losses"][0], abs=1e-5)
+    cfg = get_preset(preset)
+    assert got["losses"][0] == pytest.approx(want["losses"][0], rel=model_rel(cfg, SEQ))
     assert ranks[1][preset, mode]["losses"][0] == got["losses"][0]
-    _assert_grads_match(got["grads"], want["grads"])
+    _assert_grads_match(got["grads"], want["grads"], cfg)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -219,7 +223,9 @@ def test_training_with_fsdp_matches_one_process(ranks, reference, preset):
     """5 AdamW steps with the balancing-bias update: same losses, same weights, identical biases."""
     want = reference[preset]
     for r in range(WORLD):
-        assert ranks[r][preset, "fsdp"]["losses"] == pytest.approx(want["losses"], rel=1e-5, abs=1e-5)
+        got = ranks[r][preset, "fsdp"]["losses"]  # step 1 on equal weights; then the AdamW trajectory
+        assert got[0] == pytest.approx(want["losses"][0], rel=model_rel(get_preset(preset), SEQ))
+        assert got[1:] == pytest.approx(want["losses"][1:], rel=FP32.loss_rel, abs=FP32.loss_abs)
     got0, got1 = ranks[0][preset, "fsdp"]["biases"], ranks[1][preset, "fsdp"]["biases"]
     assert len(got0) == len(want["biases"]) == (4 if preset == "tiny-v3" else 0)
     for b0, b1, ref in zip(got0, got1, want["biases"]):

@@ -18,7 +18,9 @@ import torch
 from run_cli import train
 from seektrain.checkpoint.export import load_run_checkpoint
 from seektrain.cli.convert import main as convert
+from seektrain.models import get_preset
 from test_checkpoint_runs import load_tensors, same_contents, step_losses
+from tolerances import model_rel
 
 LORA_RUN = [
     "train.steps=3",
@@ -74,7 +76,8 @@ def test_reshard_two_ranks_to_one_process(straight, base, tmp_path):
     shutil.rmtree(run / "checkpoints" / "step-00000003")
     (run / "metrics.jsonl").unlink()
     train(run, *LORA_RUN, f"model.hf_path={base}")
-    assert step_losses(run)[3] == pytest.approx(step_losses(straight)[3], rel=1e-5)
+    rel = model_rel(get_preset("tiny-v3"), 64)  # the step-2 weights: only the reduction order differs
+    assert step_losses(run)[3] == pytest.approx(step_losses(straight)[3], rel=rel)
 
 
 def test_the_trained_adapters_export_with_our_logits(straight, base, tmp_path):

@@ -21,6 +21,7 @@ from seektrain.models.kernels import Kernels
 from seektrain.observe.counting import ModuleFlopCounter
 from seektrain.platform import PlatformPolicy, policy_for
 from seektrain.platform import cpu_policy as cpu_policy_module
+from tolerances import model_rel, model_tol
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,11 +102,13 @@ def test_cpu_kernels_give_default_outputs_and_gradients():
     with ModuleFlopCounter(padded) as padded_count:
         padded_losses, padded_grads = _loss_and_grads(padded, tokens)
     assert padded_count.total > plain_count.total  # the padded paths did run
-    torch.testing.assert_close(padded_losses.loss_sum, plain_losses.loss_sum, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(padded_losses.mtp, plain_losses.mtp, rtol=1e-5, atol=1e-5)
+    rel = model_rel(cfg, 40)  # padding changes only the reduction order
+    torch.testing.assert_close(padded_losses.loss_sum, plain_losses.loss_sum, rtol=rel, atol=0)
+    torch.testing.assert_close(padded_losses.mtp, plain_losses.mtp, rtol=rel, atol=0)
     for name, grad in plain_grads.items():  # equal up to rounding (measured: within 1.1e-6 of the scale)
         assert grad is not None and grad.abs().max() > 0, name
-        assert (padded_grads[name] - grad).abs().max() <= 1e-5 * grad.abs().max(), name
+        tol = model_tol(cfg, 40, grad.abs().max(), backward=True)
+        torch.testing.assert_close(padded_grads[name], grad, **tol, msg=lambda m, name=name: f"{name}: {m}")
 
 
 _PREPARE = """

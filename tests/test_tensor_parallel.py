@@ -15,9 +15,13 @@ from seektrain.models import get_preset
 from seektrain.models.deepseek.transformer import build_model
 from seektrain.plan.layout_checks import check_model
 from spawn_ranks import spawn_ranks
+from tolerances import model_rel, model_tol
 
 WORLD = 2
 STEPS = 5
+# torch's clip coefficient is max_norm / (norm + 1e-6): short of 0.5 by 1e-6 / norm < 2e-6 (norm > 0.5),
+# plus the rounding of the scaled gradients' squares summed in fp64 (~1e-7)
+CLIP_REL = 3e-6
 # (preset, sequence parallel)
 CASES = [("tiny-dense", True), ("tiny-v2", True), ("tiny-v3", True), ("tiny-v3", False)]
 
@@ -92,9 +96,11 @@ def _case(preset: str, sp: bool, mesh) -> dict:
 
     batch = _batch(cfg, 7)
     ref_loss, tp_loss = _step(ref, *batch, tp=False), _step(model, *batch, tp=True)
-    result["loss_diff"] = abs(ref_loss - tp_loss)
+    result["loss_diff"] = abs(ref_loss - tp_loss) / abs(ref_loss)
     grads = {n: p.grad for n, p in model.named_parameters()}
-    result["grad_diff"] = max(float((_full(grads[n]) - p.grad).abs().max()) for n, p in ref_params.items())
+    result["grad_diff"] = max(  # relative to each gradient's scale
+        float((_full(grads[n]) - p.grad).abs().max() / p.grad.abs().max()) for n, p in ref_params.items()
+    )
     result["missing_grads"] = [n for n, g in grads.items() if g is None]
     from seektrain.train.grad import clip_grad_norm
 
@@ -143,10 +149,11 @@ def test_tp_matches_single_process(results, preset, sp):
         assert r["names_equal"]
         assert r["init_diff"] == 0.0  # layout-independent init: the same weights, bit for bit
         assert r["missing_grads"] == []
-        assert r["loss_diff"] < 1e-5
-        assert r["grad_diff"] < 1e-5
+        cfg = get_preset(preset)  # sharded matmuls sum the same products in another order
+        assert r["loss_diff"] <= model_rel(cfg, 16)
+        assert r["grad_diff"] <= model_tol(cfg, 16, 1.0, backward=True)["atol"]
         # clipping scales the DTensor gradients exactly as the plain ones (norm > 0.5, so it did clip)
-        assert r["norm_diff"] < 1e-6 and r["clipped_norm"] == pytest.approx(0.5, rel=1e-5)
+        assert r["norm_diff"] < 1e-6 and r["clipped_norm"] == pytest.approx(0.5, rel=CLIP_REL)
         assert r["clipped_grad_diff"] < 1e-6
         # AdamW's first steps amplify the last-bit differences of reordered sums a little: 2.24e-5 relative
         # at step 4 on an AVX2-only AMD EPYC (8-lane sums), where 2e-5 had held on AVX-512 machines.

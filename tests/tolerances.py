@@ -25,3 +25,30 @@ def fp32_matmul_tol(k: int, magnitude: float, dtype: torch.dtype = torch.float32
     measured for the expert products here (20 seeds); a real error (an adapter off by 1%) is orders above."""
     eps = torch.finfo(dtype).eps
     return dict(atol=c * math.sqrt(k) * eps * float(magnitude), rtol=0.0)
+
+
+def forward_chain_k(cfg, seq_len: int) -> int:
+    """The summed reduction length of a model's forward (and, doubled, of forward + backward): per layer
+    the attention projections and output (about 4 x hidden), the score and value products (head dim +
+    sequence length) and the MLP (hidden + intermediate), then the LM head. Rounding differences of two
+    reduction orders add up along this chain, so it is the ``k`` of ``fp32_matmul_tol`` for a whole
+    model's logits, losses and gradients (up to the constant, which covers softmax and norms)."""
+    inner = max(cfg.intermediate_size, cfg.moe_intermediate_size)
+    per_layer = 5 * cfg.hidden_size + inner + cfg.head_dim + seq_len
+    return cfg.num_hidden_layers * per_layer + cfg.hidden_size
+
+
+def model_tol(cfg, seq_len: int, magnitude: float, backward: bool = False, c: float = 2.0) -> dict:
+    """``assert_close`` keywords for a whole model's outputs (logits, gradients) computed two ways that
+    differ only in reduction order (packing, padding, sharding, a fused kernel): ``fp32_matmul_tol``
+    over ``forward_chain_k`` (twice that for gradients, whose chain runs forward then back)."""
+    k = forward_chain_k(cfg, seq_len) * (2 if backward else 1)
+    return fp32_matmul_tol(k, magnitude, c=c)
+
+
+def model_rel(cfg, seq_len: int, backward: bool = False, c: float = 2.0) -> float:
+    """The relative tolerance of a loss (a mean of per-token cross-entropies whose logits carry the
+    chain's rounding, ``c * sqrt(k) * eps`` of their scale) computed two ways that differ only in
+    reduction order; for ``pytest.approx(..., rel=)``."""
+    k = forward_chain_k(cfg, seq_len) * (2 if backward else 1)
+    return c * math.sqrt(k) * torch.finfo(torch.float32).eps
