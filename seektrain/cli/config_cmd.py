@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from seektrain.cli.config_args import add_config_args
 from seektrain.config.loader import config_to_toml, load_config
 
 
@@ -16,8 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="inspect configs and list their keys")
     verbs = p.add_subparsers(dest="config_verb", required=True)
     show = verbs.add_parser("show", help="print the resolved config as TOML")
-    show.add_argument("--config", help="TOML config file")
-    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_config_args(show, "TOML config file")
     show.add_argument("--comments", action="store_true", help="put each key's help above it")
     show.set_defaults(handler=run_show)
     keys = verbs.add_parser("keys", help="list every config key: section.key, type, default, help")
@@ -37,8 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="processes (GPUs) of the run, for DeepSpeed's batch rule when the file needs it",
     )
-    ds.add_argument("--config", help="TOML config the DeepSpeed file is applied over (default: built-in)")
-    ds.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_config_args(ds, "TOML config the DeepSpeed file is applied over (default: built-in)")
     ds.set_defaults(handler=run_from_deepspeed)
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from seektrain.cli.arg_types import float_in, int_in
+from seektrain.cli.config_args import add_config_args, config_argv
 from seektrain.errors import UserError
 
 
@@ -19,15 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(exit 1 on a blocker); --comm measures collective bandwidth",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--config", help="TOML config whose run.dir (and model, for checkpoint sizes) to check")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config key, as for train",
-    )
+    add_config_args(p, "TOML config whose run.dir (and model, for checkpoint sizes) to check")
     p.add_argument("--run-dir", help="the run folder to check (default: the config's run.dir)")
     p.add_argument(
         "--ports",
@@ -115,10 +108,7 @@ def _checkpoint_bytes(cfg) -> int | None:
 def _worker_argv(args: argparse.Namespace) -> list[str]:
     """The same check for the workers, without the launch options (torchrun has them)."""
     argv = ["doctor"] + (["--json"] if args.json else []) + (["--comm"] if args.comm else [])
-    if args.config:
-        argv += ["--config", args.config]
-    for item in args.overrides:
-        argv += ["--set", item]
+    argv += config_argv(args)
     for flag, value in (("--run-dir", args.run_dir), ("--ports", args.ports), ("--sizes", args.sizes)):
         if value:
             argv += [flag, value]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 
 from seektrain.cli.arg_types import int_in
+from seektrain.cli.config_args import add_config_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("flops", help="per-module FLOPs and parameter breakdown of one training step")
-    p.add_argument("--config", help="TOML config file (default: the built-in run)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_config_args(p, "TOML config file (default: the built-in run)")
     p.add_argument("--depth", type=int_in(0), default=2, help="module nesting depth to show")
     p.add_argument("--batch", type=int_in(1), default=1, help="sequences in the measured batch")
     p.set_defaults(handler=run)

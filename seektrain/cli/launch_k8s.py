@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from seektrain.cli.config_args import add_config_args
 from seektrain.cli.launch_output import write_launch_file
 from seektrain.errors import UserError
 from seektrain.launch.image import DEFAULT_IMAGE
@@ -23,15 +24,7 @@ def register(targets: argparse._SubParsersAction) -> None:
         description="Write the manifests (multi-document YAML) that train --config on "
         "--nodes pods of --gpus-per-node GPUs; apply them with kubectl apply -f.",
     )
-    p.add_argument("--config", help="TOML config file (default: the built-in tiny-v3 run)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config key (repeatable)",
-    )
+    add_config_args(p, "TOML config file (default: the built-in tiny-v3 run)")
     p.add_argument("--nodes", type=int, required=True, help="pods, one per node")
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs (and worker processes) per pod")
     p.add_argument(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from seektrain.cli.config_args import add_config_args
 from seektrain.launch.image import DEFAULT_IMAGE
 
 
@@ -16,14 +17,11 @@ def register(launch_sub: argparse._SubParsersAction) -> None:
         "The config and the layout are checked now; run.dir must be absolute (shared storage).",
         epilog="docs/multinode.md#slurm explains the script",
     )
-    p.add_argument("--config", required=True, help="TOML config file (on storage every node sees)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config key (repeatable), written into the script",
+    add_config_args(
+        p,
+        "TOML config file (on storage every node sees)",
+        required=True,
+        set_help="override one config key (repeatable), written into the script",
     )
     p.add_argument("--nodes", type=int, required=True, help="number of nodes")
     p.add_argument(

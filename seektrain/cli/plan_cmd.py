@@ -7,6 +7,7 @@ import argparse
 import json
 
 from seektrain.cli.arg_types import int_in
+from seektrain.cli.config_args import add_config_args
 from seektrain.errors import UserError
 
 
@@ -15,8 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "plan", help="predict memory and speed of every layout on given hardware, print the best"
     )
     p.add_argument("--model", help="preset name (seektrain models) or a Hugging Face model folder")
-    p.add_argument("--config", help="TOML config file (its model, batch, precision and schedule)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_config_args(p, "TOML config file (its model, batch, precision and schedule)")
     p.add_argument(
         "--gpus",
         type=int_in(1),

@@ -7,6 +7,7 @@ import os
 import sys
 
 from seektrain.cli.arg_types import float_in, int_in
+from seektrain.cli.config_args import add_config_args, config_argv
 from seektrain.launch.elastic import LaunchOptions, launch
 from seektrain.launch.preflight import check_layout
 
@@ -17,15 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="train a model (the built-in default when no --config is given)",
         epilog="every config key with its type, default and help: seektrain config keys",
     )
-    p.add_argument("--config", help="TOML config file (default: the built-in tiny-v3 run)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config key (repeatable; `seektrain config keys` lists them)",
-    )
+    add_config_args(p, "TOML config file (default: the built-in tiny-v3 run)")
     p.add_argument(
         "--deepspeed",
         metavar="DS_CONFIG.json",
@@ -59,12 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
-    argv = ["train"]
-    if args.config:
-        argv += ["--config", args.config]
-    for item in args.overrides:
-        argv += ["--set", item]
-    return argv
+    return ["train", *config_argv(args)]
 
 
 def run(args: argparse.Namespace) -> int:
