@@ -1,8 +1,8 @@
 """The two kinds of error that end a command with one line instead of a traceback.
 
-Why two narrow types: the CLI used to print every ``ValueError`` and ``OSError`` as a one-line "user
-error", torch's own bugs and ours included, and their tracebacks were lost. Now only these are one line
-(``cli/errors.py``); anything else is a bug whose traceback goes to ``train.log``.
+Why two narrow types: printing every ``ValueError`` and ``OSError`` as a one-line "user error" would
+hide torch's own bugs and ours, tracebacks lost. Only these are one line (``cli/errors.py``); anything
+else is a bug whose traceback goes to ``train.log``.
 
 * ``UserError``: the input is wrong (a config key, a flag, a data folder, a checkpoint, a model file).
   Raised where the input is read, with a message naming the input and the fix. It subclasses

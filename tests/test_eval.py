@@ -45,9 +45,9 @@ def test_val_loss_is_an_exported_metric():
 
 
 def test_every_evaluation_reads_the_same_batches(tmp_path):
-    """Each evaluation reads the split from its start: two in a row get the same micro-batches (the
-    loader used to go on where the last one stopped, so every ``val_loss`` measured other windows and a
-    resumed run's differed from an uninterrupted run's, which the kill soak found)."""
+    """Each evaluation reads the split from its start: two in a row get the same micro-batches (a loader
+    that went on where the last one stopped would measure other windows at every ``val_loss``, and a
+    resumed run's would differ from an uninterrupted run's)."""
     from types import SimpleNamespace
 
     import torch

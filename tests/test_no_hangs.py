@@ -1,7 +1,7 @@
-"""No wait without an end (issue 22, item 8): a rendezvous port another program holds and an MLflow server
-that is not there each end within seconds with one line (they used to take 120 s until killed and 317 s).
+"""No wait without an end: a rendezvous port another program holds and an MLflow server that is not there
+each end within seconds with one line (left to their libraries' defaults they wait 120 s and 317 s).
 The absurd GPU count (``plan --gpus 1000000000``) and ``--rdzv-timeout nan|inf|-3`` are rows of
-tests/test_bad_input.py. The bounds are generous for a loaded 2-core machine and far below the old waits.
+tests/test_bad_input.py. The bounds are generous for a loaded 2-core machine and far below those waits.
 """
 
 from __future__ import annotations

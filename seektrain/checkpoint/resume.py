@@ -11,8 +11,8 @@ that means, and restoring the small pieces of state that live in ``trainer_state
   another run; its own ``model_config.json`` gives the model.
 
 Why refuse a different model: a training checkpoint only loads into the model it was written for, and
-training a run dir's checkpoints under another config used to be "resolved" silently by ignoring the
-config. Now a mismatch is an error that says how to start fresh. The exception is a run dir made by
+silently ignoring the config (or the checkpoint) would train something other than what the user asked
+for. A mismatch is an error that says how to start fresh. The exception is a run dir made by
 ``seektrain convert --to-checkpoint``: its model is the converted one (often no preset at all), so its
 checkpoints define the model and ``model.preset`` is not compared (``run_files.MODEL_SOURCE``).
 

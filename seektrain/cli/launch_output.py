@@ -1,6 +1,6 @@
 """`launch ... -o FILE`: write a generated launch file without ever replacing what we did not write.
 
-Why: ``-o`` used to overwrite any file, a user's notes or the very config being read. Now an existing
+Why: a plain ``-o`` would overwrite any file, a user's notes or the very config being read. An existing
 file is replaced only when its first lines carry the header ``seektrain launch`` writes (it is a launch
 file we made, so regenerating it is the point) or with ``--force``; the config read by the same command
 is never replaced, not even with ``--force`` (paths compared after resolving links). The new file is
