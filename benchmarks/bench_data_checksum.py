@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from seektrain.data.batch_loader import DistributedBatchLoader
 from seektrain.data.blocks import BLOCK_TOKENS
 from seektrain.data.dataset import TokenDataset
-from seektrain.data.loader import DistributedBatchLoader
 from seektrain.data.manifest import Manifest, Split, TokenizerInfo, write_manifest
 from seektrain.data.prepare import ShardWriter
 

@@ -51,7 +51,7 @@ def reset_peak(device: torch.device) -> None:
 def peak_mem_gib(device: torch.device) -> float:
     """CUDA: ``max_memory_allocated`` since the row began. CPU: the process's peak resident memory so far
     (not per row: the CPU has no resettable peak)."""
-    from seektrain.observe.memory import memory_stats
+    from seektrain.observe.memory_stats import memory_stats
 
     stats = memory_stats(device)
     return stats.get("mem_peak_gib", stats.get("mem_peak_rss_gib"))

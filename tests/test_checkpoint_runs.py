@@ -214,8 +214,8 @@ def test_start_from_hugging_face_weights_on_two_ranks(straight, tmp_path):
     from seektrain.checkpoint.export import load_run_checkpoint
     from seektrain.cli.convert import main as convert
     from seektrain.config.loader import load_config
+    from seektrain.data.batch_loader import DistributedBatchLoader
     from seektrain.data.dataset import TokenDataset
-    from seektrain.data.loader import DistributedBatchLoader
     from seektrain.train.loss import model_loss
     from seektrain.train.setup_data import data_dir
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from seektrain.data import TokenDataset, ensure_builtin_corpus, load_tokenizer, read_manifest
+from seektrain.data.batch_loader import DistributedBatchLoader
 from seektrain.data.builtin import builtin_corpus_dir, builtin_files, stdlib_dir
-from seektrain.data.loader import DistributedBatchLoader
 
 
 def test_builtin_files_are_sorted_stdlib_sources() -> None:

@@ -19,9 +19,9 @@ import pytest
 
 from run_cli import metrics, train
 from seektrain.data.agreed import NONE, AgreedBatches
+from seektrain.data.batch_loader import DistributedBatchLoader
 from seektrain.data.blocks import BLOCK_TOKENS, BlockSums, ShardDamaged
 from seektrain.data.dataset import TokenDataset, verify_dataset
-from seektrain.data.loader import DistributedBatchLoader
 from seektrain.data.prepare import prepare_dataset
 
 TOKENS = 3 * BLOCK_TOKENS + 100  # per shard: three full blocks and a short one

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from seektrain.data import TokenDataset
-from seektrain.data.loader import DistributedBatchLoader
+from seektrain.data.batch_loader import DistributedBatchLoader
 from seektrain.data.manifest import Manifest, Split, TokenizerInfo, write_manifest
 from seektrain.data.prepare import ShardWriter
 

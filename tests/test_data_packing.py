@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from seektrain.data import TokenDataset, prepare_dataset
-from seektrain.data.loader import DistributedBatchLoader
+from seektrain.data.batch_loader import DistributedBatchLoader
 from seektrain.data.packing import row_fields, rows_of
 from seektrain.data.prepare import RowOptions
 from seektrain.models.linear_cross_entropy import IGNORE

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from run_cli import seektrain
-from seektrain.doctor.storage import shared_storage_check
+from seektrain.doctor.storage_checks import shared_storage_check
 
 FAST = ("--write-mib", "4")
 

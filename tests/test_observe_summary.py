@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
-from seektrain.observe.memory import GpuStats, gpu_stats, memory_stats
+from seektrain.observe.memory_stats import GpuStats, gpu_stats, memory_stats
 from seektrain.observe.summary import format_summary, write_summary
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from seektrain.data.batch_loader import DistributedBatchLoader
 from seektrain.data.blocks import BLOCK_TOKENS, ShardDamaged
 from seektrain.data.dataset import TokenDataset
-from seektrain.data.loader import DistributedBatchLoader
 from seektrain.data.prepare import prepare_dataset
 
 SHARD = 3 * BLOCK_TOKENS + 100  # shard_tokens: three full blocks and a short one of 100

@@ -75,7 +75,7 @@ def _worker(rank: int, out_dir: str, names: tuple[str, ...]) -> None:
         ctx = build_step_context(plan, torch.device("cpu"), data, guard, None)
         dp_rank = plan.meshes.dp.get_local_rank() if plan.dp > 1 else 0
         batch, mbs = rows(plan.model.vocab_size), plan.job.train.micro_batch_size
-        # the loader's rule: row j of the global batch goes to rank j % dp (docs in data/loader.py)
+        # the loader's rule: row j of the global batch goes to rank j % dp (docs in data/batch_loader.py)
         mine = [
             list(range(len(ROWS)))[dp_rank + m * plan.dp * mbs :][: mbs * plan.dp : plan.dp]
             for m in range(plan.accum_steps)

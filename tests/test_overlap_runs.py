@@ -81,7 +81,7 @@ def test_the_checkpoint_stall_is_logged_at_its_step_and_summarised(plain, ahead)
 
 _FAILING_LOADER = textwrap.dedent("""
     import sys, threading
-    from seektrain.data.loader import DistributedBatchLoader
+    from seektrain.data.batch_loader import DistributedBatchLoader
     from seektrain.errors import UserError
     read = DistributedBatchLoader.__next__
     def failing(self):  # batch 5, step 3's first (2 micro-batches a step), cannot be read, as from a bad shard

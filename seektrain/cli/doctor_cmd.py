@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _options(args: argparse.Namespace):
     from seektrain.config.loader import load_config
     from seektrain.doctor.comm import parse_sizes
-    from seektrain.doctor.network import parse_ports
+    from seektrain.doctor.network_checks import parse_ports
     from seektrain.doctor.run import DoctorOptions
 
     cfg = load_config(args.config, args.overrides)

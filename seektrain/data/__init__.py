@@ -29,7 +29,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "DistributedBatchLoader":
-        from seektrain.data.loader import DistributedBatchLoader
+        from seektrain.data.batch_loader import DistributedBatchLoader
 
         return DistributedBatchLoader
     raise AttributeError(f"module 'seektrain.data' has no attribute {name!r}")

@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from seektrain.doctor import environment, network, storage, system
+from seektrain.doctor import environment, network_checks, storage_checks, system
 from seektrain.doctor.report import Check, Report
 
 
@@ -33,12 +33,14 @@ def node_checks(opts: DoctorOptions, in_launch: bool = False) -> list[Check]:
     """Everything one node can check on its own. Under a launch the rendezvous port is taken by design,
     so only ports asked for with ``--ports`` are checked there."""
     checks = system.version_checks() + system.gpu_checks()
-    checks += network.interface_checks() + network.infiniband_checks()
+    checks += network_checks.interface_checks() + network_checks.infiniband_checks()
     checks += environment.environment_checks(opts.multi_node)
     if not in_launch or opts.ports is not None:
-        checks += network.port_checks(opts.ports)
-    checks += storage.disk_checks(opts.run_dir, opts.min_free_gib, opts.write_mib, opts.checkpoint_bytes)
-    checks += storage.model_read_checks(opts.hf_folder, opts.read_mib)
+        checks += network_checks.port_checks(opts.ports)
+    checks += storage_checks.disk_checks(
+        opts.run_dir, opts.min_free_gib, opts.write_mib, opts.checkpoint_bytes
+    )
+    checks += storage_checks.model_read_checks(opts.hf_folder, opts.read_mib)
     return checks
 
 
@@ -82,7 +84,11 @@ def doctor_worker(opts: DoctorOptions, timeout_s: float) -> Report | None:
             return out
 
         report.extend(
-            [storage.shared_storage_check(opts.run_dir, env.rank, env.world_size, dist.barrier, gather)]
+            [
+                storage_checks.shared_storage_check(
+                    opts.run_dir, env.rank, env.world_size, dist.barrier, gather
+                )
+            ]
         )
         if opts.comm and env.world_size < 2:
             report.extend(

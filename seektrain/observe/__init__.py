@@ -10,7 +10,7 @@ from seektrain.observe.flops import (
     model_flops_per_token,
     peak_flops,
 )
-from seektrain.observe.memory import GpuStats, gpu_stats, memory_stats
+from seektrain.observe.memory_stats import GpuStats, gpu_stats, memory_stats
 from seektrain.observe.names import EXPORTED_METRICS, STANDARD_KEYS, metric_name, tb_tag
 from seektrain.observe.profiler import FlopsRow, StepProfiler, flops_breakdown, format_flops_table
 from seektrain.observe.sink import MetricsSink

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from seektrain.data.agreed import agreed
+from seektrain.data.batch_loader import DistributedBatchLoader
 from seektrain.data.dataset import TokenDataset
-from seektrain.data.loader import DistributedBatchLoader
 from seektrain.parallel.context_parallel import local_batch
 from seektrain.train.loss import model_loss, step_denominators
 from seektrain.train.pipeline_step import pipeline_inputs, pipeline_target

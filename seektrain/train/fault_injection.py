@@ -223,7 +223,7 @@ def install_data_hooks(rank: int) -> list[str]:
 
     import numpy as np
 
-    from seektrain.data.loader import DistributedBatchLoader
+    from seektrain.data.batch_loader import DistributedBatchLoader
 
     read_batch = DistributedBatchLoader.__next__
 

@@ -14,7 +14,7 @@ import torch
 
 from seektrain.config.loader import config_to_dict
 from seektrain.observe.flops import MfuMeter, model_flops_per_token, model_matmul_shapes, peak_flops
-from seektrain.observe.memory import GpuStats, memory_stats
+from seektrain.observe.memory_stats import GpuStats, memory_stats
 from seektrain.observe.sink import MetricsSink
 from seektrain.observe.summary import format_summary, write_summary
 from seektrain.parallel.expert_parallel import all_to_all_calls

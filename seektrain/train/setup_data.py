@@ -13,9 +13,9 @@ import torch.distributed as dist
 
 from seektrain.config.schema import JobConfig
 from seektrain.data.agreed import agreed
+from seektrain.data.batch_loader import DistributedBatchLoader
 from seektrain.data.builtin import ensure_builtin_corpus
 from seektrain.data.dataset import TokenDataset
-from seektrain.data.loader import DistributedBatchLoader
 from seektrain.data.prefetch import PrefetchingLoader
 from seektrain.errors import UserError
 from seektrain.models.config import ModelConfig
