@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
@@ -34,10 +34,11 @@ class BoxPlanner(DefaultLoadPlanner):
 
     def create_local_plan(self) -> LoadPlan:
         requests = []
+        assert self.metadata is not None  # set_up_planner has run: DCP calls it before this
         for fqn, (box, buffer) in self.boxes.items():
             meta = self.metadata.state_dict_metadata.get(fqn)
-            if meta is None:
-                raise KeyError(f"{fqn} is not in the checkpoint")
+            if not isinstance(meta, TensorStorageMetadata):
+                raise KeyError(f"{fqn} is not a tensor of the checkpoint")
             chunk = ChunkStorageMetadata(torch.Size([lo for lo, _ in box]), buffer.size())
             requests += create_read_items_for_chunk_list(fqn, meta, [chunk])
         return LoadPlan(requests)

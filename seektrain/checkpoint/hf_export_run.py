@@ -14,7 +14,7 @@ import torch
 from seektrain.checkpoint.finder import resolve_checkpoint
 from seektrain.checkpoint.hf_export_sources import checkpoint_boxes, checkpoint_shapes, merged_lora_boxes
 from seektrain.checkpoint.lora_base import saved_base_folder
-from seektrain.checkpoint.lora_checkpoint import lora_settings, spec_of
+from seektrain.checkpoint.lora_checkpoint import base_record, lora_settings, spec_of
 from seektrain.checkpoint.run_files import checkpoint_model_config
 from seektrain.config.dtypes import dtype_from_name
 from seektrain.errors import UserError
@@ -41,7 +41,7 @@ def streamed_export(
         read = checkpoint_boxes(ckpt)
         out_dtype = dtype or torch.float32
     else:
-        base = saved.get("base") if isinstance(saved.get("base"), dict) else {}
+        base = base_record(saved)
         if base.get("kind") != "hf":
             return None
         folder = saved_base_folder(ckpt, base, base_dir)

@@ -83,7 +83,7 @@ def check_lora_resume(ckpt: Path, job: JobConfig, model: ModelConfig) -> None:
             )
     check_same_base(
         ckpt,
-        saved.get("base") if isinstance(saved.get("base"), dict) else {},
+        base_record(saved),
         base_reference(job.model.hf_path, job.model.preset, job.train.seed, model),
         "set model.hf_path (or model.preset and train.seed) to the base it was trained on, or "
         "checkpoint.resume=never to start fresh",
@@ -96,6 +96,12 @@ def lora_settings(ckpt: Path) -> dict | None:
     return saved if isinstance(saved, dict) else None
 
 
+def base_record(saved: dict) -> dict:
+    """The ``"base"`` part of a LoRA record: what the adapters were trained over ({} when absent)."""
+    base = saved.get("base")
+    return base if isinstance(base, dict) else {}
+
+
 def spec_of(saved: dict) -> LoraSpec:
     return LoraSpec.from_values(saved["rank"], saved["alpha"], saved["dropout"], saved["target_modules"])
 
@@ -104,7 +110,7 @@ def load_lora_model(ckpt: Path, cfg: ModelConfig, saved: dict, base_dir: str | N
     """The model LoRA checkpoint ``ckpt`` trained: its base rebuilt (a Hugging Face folder, checked
     against the recorded fingerprint, or the preset's seeded init), held in the training dtype, with the
     checkpoint's adapters (fp32) attached. ``base_dir``: a copy of the base folder elsewhere."""
-    base = saved.get("base") if isinstance(saved.get("base"), dict) else {}
+    base = base_record(saved)
     if base.get("kind") == "hf":
         from seektrain.models.deepseek.hf_io import from_pretrained
 

@@ -47,8 +47,10 @@ import logging
 import os
 import shutil
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -96,7 +98,7 @@ class _Save:
     final: Path
     state_json: str
     rng: dict[str, bytes]
-    future: object = None  # async save in flight
+    future: Future | None = None  # async save in flight
     lock: write_lock.WriteLock | None = None  # rank 0 holds the .tmp folder's write lock until commit
     retry_later: bool = False  # an interval save: under on_write_error=continue a failure is skipped
     save_s: float = 0.0  # the save() call on the training thread (async: the snapshot)
@@ -123,8 +125,10 @@ class CheckpointManager:
         self.on_write_error = on_write_error
         self.adapters_only = adapters_only
         self.pin_memory = pin_memory
-        self._stager = None  # created by the first async save, kept for the run: its buffers are reused
-        self._pruning = None  # rank 0: the deletion of checkpoints beyond `keep`, in the background
+        self._stager: Any = None  # created by the first async save, kept for the run: its buffers are reused
+        self._pruning: Future | None = (
+            None  # rank 0: the deletion of checkpoints beyond `keep`, in the background
+        )
         self._pending: _Save | None = None
         self._depth = 0  # nesting of _blocking()
         self._stall: float | None = None  # seconds the caller was blocked since take_stall_s()
@@ -220,6 +224,7 @@ class CheckpointManager:
             outcome = box[0]
         if isinstance(outcome, str):
             raise UserError(outcome)
+        assert outcome is not None  # rank 0 either chose or raised, and broadcast it
         return outcome
 
     # ------------------------------------------------------------------ save
@@ -318,7 +323,7 @@ class CheckpointManager:
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": self._saved_part(model_sd), "optim": optim_sd}
         background = self.async_save and not blocking
-        error = None
+        error: BaseException | None = None
         try:  # the RNG files come first, so that rank 0 finds every rank's when it hashes the folder
             rng.write(job.tmp, self.rank, job.rng)
             if background:
@@ -369,7 +374,9 @@ class CheckpointManager:
 
     def in_flight(self) -> bool:
         """An async save is still writing on this rank."""
-        return self._pending is not None and not self._pending.future.done()
+        return (
+            self._pending is not None and self._pending.future is not None and not self._pending.future.done()
+        )
 
     @property
     def pending(self) -> bool:
@@ -392,8 +399,10 @@ class CheckpointManager:
         if job is None:
             return
         with self._blocking():
-            error, written = None, time.perf_counter()
+            error: BaseException | None = None
+            written = time.perf_counter()
             try:
+                assert job.future is not None  # a pending save is always an async one
                 written = job.future.result()
             except (Exception, CheckpointException) as err:
                 error = err
@@ -490,7 +499,7 @@ class CheckpointManager:
         weights_only = bool(trainer_state.get("weights_only"))
         try:
             if weights_only:
-                state = {"model": get_model_state_dict(model)}
+                state: dict[str, Any] = {"model": get_model_state_dict(model)}
                 dcp.load(state, checkpoint_id=str(path), process_group=self.group)
                 set_model_state_dict(model, state["model"])
             else:

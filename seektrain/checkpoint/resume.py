@@ -219,7 +219,8 @@ def _other_lineage(ckpt: Path, run_dir: Path) -> tuple[Path, ...]:
     if not root.is_dir():
         return ()
     if ckpt.parent.resolve() == root.resolve():
-        return tuple(p for p in complete_checkpoints(root) if step_of(p) > step_of(ckpt))
+        newest = step_of(ckpt) or 0
+        return tuple(p for p in complete_checkpoints(root) if (step_of(p) or 0) > newest)
     return tuple(sorted(root.iterdir()))
 
 

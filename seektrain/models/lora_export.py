@@ -39,8 +39,11 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from typing import TypeVar
 
 import torch
+
+V = TypeVar("V")  # what adapter_pairs pairs: tensors or names
 
 PEFT_PREFIX = "base_model.model."
 _EXPERT_PARAMS = ("gate_up_proj", "down_proj")  # the module's own order: PEFT nests wrappers in it
@@ -69,9 +72,10 @@ def _base_of(name: str) -> tuple[str, str] | None:
     return None
 
 
-def adapter_pairs(state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Base weight name -> (A, B) for every adapted weight of ``state``."""
-    halves: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+def adapter_pairs(state: dict[str, V]) -> dict[str, tuple[V, V]]:
+    """Base weight name -> (A, B) for every adapted weight of ``state`` (its values: tensors, or the
+    names themselves when only the names are at hand)."""
+    halves: dict[str, dict[str, V]] = defaultdict(dict)
     for name, tensor in state.items():
         found = _base_of(name)
         if found:
