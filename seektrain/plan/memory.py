@@ -207,7 +207,7 @@ def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool, ring: bool =
     ``ring_working_bytes``) and the log-sum-exp; o_proj keeps the output re-laid-out."""
     h = cfg.num_attention_heads / tp
     lse = FP32 * h
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    qk = cfg.qk_head_dim
     v = cfg.value_head_dim
     if ring:
         kernel = a * h * (2 * qk + 2 * v) + a * h * v + lse
@@ -394,7 +394,7 @@ def ring_value_width(cfg: ModelConfig, device_type: str, dtype, packed: bool) ->
     value's own (on CUDA, MLA runs the memory-efficient kernel)."""
     from seektrain.platform.ring_blocks import block_kernel
 
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    qk = cfg.qk_head_dim
     v = cfg.value_head_dim
     return max(qk, v) if block_kernel(device_type, dtype, packed, qk == v).equal_head_dims else v
 
@@ -404,7 +404,7 @@ def ring_chunk_bytes(cfg: ModelConfig, tp: int, a: int, v_width: int) -> float:
     (``v_width``-wide) values of this tensor-parallel rank's heads (MLA: the 192-wide key of every head,
     after the up-projection; GQA: repeated to every query head). Its gradient travels in fp32."""
     h = cfg.num_attention_heads / tp
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    qk = cfg.qk_head_dim
     return a * h * (qk + v_width)
 
 
@@ -414,7 +414,7 @@ def ring_working_bytes(plan, sequences: float) -> float:
     cfg, tp, cp, seq = plan.model, plan.tp, plan.cp, plan.job.train.seq_len
     a, packed = plan.compute_dtype.itemsize, ring_packed(plan)
     h = cfg.num_attention_heads / tp
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    qk = cfg.qk_head_dim
     v = cfg.value_head_dim
     width = ring_value_width(cfg, plan.device_type, plan.compute_dtype, packed)
     per_token = RING_KV_CHUNKS * ring_chunk_bytes(cfg, tp, a, width)
