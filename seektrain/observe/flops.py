@@ -29,6 +29,7 @@ import torch
 
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.shapes import block_weights, layer_weights, weights_by_path
+from seektrain.models.registry import family_for
 
 
 # ----------------------------------------------------------------------------- FLOPs per token
@@ -197,9 +198,9 @@ def model_matmul_shapes(cfg: ModelConfig, tokens: int) -> tuple[tuple[int, int, 
     and the LM head. The probe needs representative shapes, not every one."""
     d = cfg.hidden_size
     shapes = {(tokens, d, d), (tokens, d, cfg.vocab_size)}
-    if cfg.n_routed_experts:
-        per_expert = max(1, tokens * cfg.num_experts_per_tok // cfg.n_routed_experts)
-        shapes.add((per_expert, d, cfg.moe_intermediate_size))
+    expert = family_for(cfg).costs.expert_matmul_shape(cfg, tokens)
+    if expert is not None:
+        shapes.add(expert)
     if cfg.intermediate_size:
         shapes.add((tokens, d, cfg.intermediate_size))
     return tuple(sorted(shapes))
