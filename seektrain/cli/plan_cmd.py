@@ -50,7 +50,7 @@ def job_and_model(args: argparse.Namespace, gpus: int | None = None):
     device count the default global batch follows (``args.gpus`` unless the planner chooses it)."""
     from seektrain.config.loader import load_config
     from seektrain.models.deepseek.presets import PRESETS
-    from seektrain.train.setup_model import configured_model_config
+    from seektrain.models.job_model import configured_model_config
 
     overrides = ["train.micro_batch_size=1", *args.overrides]  # the search tries micro-batch sizes itself
     if args.model:

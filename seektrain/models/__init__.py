@@ -25,14 +25,23 @@ _HOME = {
     "family_for": "registry",
     "from_pretrained": "deepseek.hf_io",
     "save_pretrained": "deepseek.hf_io",
+    "pretrained_config": "deepseek.hf_io",
+    "declared_config": "deepseek.hf_io",
+    "with_rope_overrides": "deepseek.rope_overrides",
 }
 
 __all__ = list(_HOME)
 
 if TYPE_CHECKING:
     from seektrain.models.config import ModelConfig, RopeScaling
-    from seektrain.models.deepseek.hf_io import from_pretrained, save_pretrained
+    from seektrain.models.deepseek.hf_io import (
+        declared_config,
+        from_pretrained,
+        pretrained_config,
+        save_pretrained,
+    )
     from seektrain.models.deepseek.presets import OFFICIAL_PRESETS, PRESETS, get_preset
+    from seektrain.models.deepseek.rope_overrides import with_rope_overrides
     from seektrain.models.deepseek.transformer import Transformer
     from seektrain.models.param_count import ParamCounts, count_params
     from seektrain.models.registry import ModelFamily, build_model, family_for, get_family

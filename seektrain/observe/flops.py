@@ -11,7 +11,7 @@ Formula (per token, training = forward + backward, backward = 2 x forward):
                                   the dense MLP or (router + top-k routed experts + shared experts),
                                   the LM head, and the MTP modules (eh_proj, block, head) if present.
                                   The embedding lookup is a gather, not a matmul: not counted.
-    attention: 3 x L_att x H x (qk_head_dim + v_head_dim) x T   (L_att counts MTP blocks too)
+    attention: 3 x L_att x H x (qk_head_dim + value_head_dim) x T   (L_att counts MTP blocks too)
                forward, per query token and head: QK^T is 2 T qk_dim, PV is 2 T v_dim;
                a causal mask leaves T/2 keys on average (halves it); training = 3 x forward.
                Written out: 6 x 2 x L_att x H x (qk + v)/2 x T/2.
