@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from seektrain.config.loader import load_config
-    from seektrain.models.deepseek.transformer import build_model
+    from seektrain.models import build_model
     from seektrain.models.job_model import configured_model_config
     from seektrain.observe.flops import model_flops_per_token
     from seektrain.observe.profiler import flops_breakdown, format_flops_table

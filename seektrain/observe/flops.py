@@ -27,8 +27,8 @@ import time
 
 import torch
 
+from seektrain.models import block_weights, layer_weights, weights_by_path
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.shapes import block_weights, layer_weights, weights_by_path
 from seektrain.models.registry import family_for
 
 

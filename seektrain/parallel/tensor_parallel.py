@@ -35,7 +35,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from seektrain.models.deepseek.shapes import (
+from seektrain.models import (
     COLWISE,
     REPLICATED,
     ROWWISE,

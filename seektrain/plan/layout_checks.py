@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import ParallelSection
+from seektrain.models import weights_by_path
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.shapes import weights_by_path
 from seektrain.models.registry import family_for
 from seektrain.plan.pipeline_split import MULTI_STAGE, split_layers, stages_per_rank
 

@@ -25,15 +25,8 @@ import functools
 import json
 from dataclasses import dataclass
 
+from seektrain.models import COLWISE, EXPERTS, LINEAR, ROWWISE, ROWWISE_PARTIAL, weights_by_path
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.shapes import (
-    COLWISE,
-    EXPERTS,
-    LINEAR,
-    ROWWISE,
-    ROWWISE_PARTIAL,
-    weights_by_path,
-)
 from seektrain.models.lora import LoraSpec, adapter_weights
 from seektrain.models.registry import family_for
 

@@ -26,8 +26,8 @@ import functools
 import json
 from dataclasses import dataclass
 
+from seektrain.models import EXPERTS, model_weights
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.shapes import EXPERTS, model_weights
 from seektrain.models.lora import LoraSpec
 from seektrain.models.registry import family_for
 from seektrain.plan import lora_memory
