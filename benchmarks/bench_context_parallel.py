@@ -50,8 +50,8 @@ def _overrides(args, cp: int) -> list[str]:
 
 def _plan(args, cp: int, device_type: str = "cpu"):
     from seektrain.config.loader import load_config
+    from seektrain.models.job_model import configured_model_config
     from seektrain.plan.run_plan import RunPlan
-    from seektrain.train.setup_model import configured_model_config
 
     job = load_config(None, _overrides(args, cp))
     return RunPlan.resolve(job, configured_model_config(job), cp, device_type)

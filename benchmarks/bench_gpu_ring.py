@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from bench_gpu_common import peak_mem_gib, sync
 from seektrain.models.kernels import causal_attention
-from seektrain.observe.flops import _v_dim, attention_flops_per_token
+from seektrain.observe.flops import attention_flops_per_token
 
 
 def _one_rank_group():
@@ -47,7 +47,7 @@ def ring_row(cfg, args, device, peak) -> dict:
     from seektrain.parallel.ring_attention import ring_attention
 
     group = _one_rank_group()
-    heads, qk, v = cfg.num_attention_heads, cfg.qk_head_dim if cfg.is_mla else cfg.head_dim, _v_dim(cfg)
+    heads, qk, v = cfg.num_attention_heads, cfg.qk_head_dim, cfg.value_head_dim
     gen = torch.Generator(device=device).manual_seed(0)
     shape = (args.batch, heads, args.seq)
     q, k = (torch.randn(*shape, qk, generator=gen, device=device) for _ in range(2))

@@ -144,9 +144,9 @@ def _worker(rank: int, world: int, port: int, folder: str, sets: list[str], out:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     from seektrain.config.loader import load_config
     from seektrain.models import build_model
+    from seektrain.models.job_model import configured_model_config
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
-    from seektrain.train.setup_model import configured_model_config
 
     job = load_config(None, [*sets, f"model.hf_path={folder}", "train.micro_batch_size=1"])
     plan = RunPlan.resolve(job, configured_model_config(job), world, "cpu")

@@ -29,6 +29,11 @@ class UserError(ValueError):
     """Bad input: the message names the config key, flag or file at fault and the fix."""
 
 
+class ConfigError(UserError):
+    """A user mistake in a config file or override (``seektrain.config.loader`` re-exports it; defined here
+    so that ``models/job_model.py``, which chooses the model a job names, raises it too)."""
+
+
 class RunFailure(Exception):
     """A known failure of a run on good input; the message names what happened and what to try."""
 

@@ -36,12 +36,12 @@ def folders(tmp_path_factory):
 def _worker(rank: int, out_dir: str, folder: str, sets: tuple[str, ...]) -> None:
     from seektrain.checkpoint.local_shards import local_shards
     from seektrain.config.loader import load_config
+    from seektrain.models.job_model import configured_model_config
     from seektrain.models.lora import is_adapter
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.pipeline_step import PipelineLoss
     from seektrain.train.precision import DynamicLossScaler
-    from seektrain.train.setup_model import configured_model_config
 
     job = load_config(None, [*sets, f"model.hf_path={folder}"])
     cfg = configured_model_config(job)

@@ -37,7 +37,7 @@ def test_lora_state_is_a_frozen_bf16_base_and_adamw_on_the_adapters_only():
     cfg = plan.model
     base = sum(_numel(s.shape) for s in memory.param_specs(cfg))
     blocks = cfg.num_hidden_layers + cfg.num_nextn_predict_layers  # MTP blocks have an o_proj too
-    per_block = r * cfg.num_attention_heads * cfg.v_head_dim + cfg.hidden_size * r
+    per_block = r * cfg.num_attention_heads * cfg.value_head_dim + cfg.hidden_size * r
     adapters, tensors = blocks * per_block, 2 * blocks
     state = memory.state_bytes(plan, 0)
     assert (state.frozen, state.params, state.grads, state.optimizer) == (

@@ -15,8 +15,8 @@ from run_cli import seektrain  # noqa: E402
 from seektrain.config.loader import load_config  # noqa: E402
 from seektrain.models import build_model  # noqa: E402
 from seektrain.models.deepseek.hf_io import from_pretrained, save_pretrained  # noqa: E402
+from seektrain.models.job_model import configured_model_config  # noqa: E402
 from seektrain.parallel.parallelize import load_pretrained  # noqa: E402
-from seektrain.train.setup_model import configured_model_config  # noqa: E402
 from test_hf_parity import TOL, _randomize, _v3_config  # noqa: E402
 
 ORIGINAL = 32  # a short "pre-training" context, so a 96-token sequence reaches 3x past it

@@ -26,8 +26,8 @@ from seektrain.checkpoint.lora_checkpoint import load_lora_model, lora_settings
 from seektrain.checkpoint.manager import CheckpointError, CheckpointManager
 from seektrain.checkpoint.run_files import MODEL_CONFIG, checkpoint_model_config, write_model_source
 from seektrain.errors import UserError
+from seektrain.models import Transformer, build_model
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.transformer import Transformer, build_model
 
 
 def load_checkpoint_model(ckpt: Path, model_cfg: ModelConfig) -> Transformer:

@@ -27,8 +27,7 @@ def streamed_export(
     """(model config, ``write(out_dir, max_shard_bytes) -> weight files``) for checkpoint ``source`` (a
     checkpoint folder or a run dir); ``dtype`` None keeps fp32 master weights (a full checkpoint) or the
     dtype training held the base in (LoRA, merged). None for a LoRA checkpoint of a preset base."""
-    from seektrain.models.deepseek.hf_export import export_release
-    from seektrain.models.deepseek.hf_io import open_hf_source
+    from seektrain.models import export_release, open_hf_source
     from seektrain.models.registry import build_model
 
     ckpt = resolve_checkpoint(source)

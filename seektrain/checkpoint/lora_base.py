@@ -62,7 +62,7 @@ def _safetensors_digest(path: Path, h) -> None:
 def hf_fingerprint(folder: str | os.PathLike, what: str = "model.hf_path") -> str:
     """sha256 over the model config.json builds, the index and every safetensors file's name, size,
     header and 16 sampled 4 KiB blocks (module doc: why not the whole file)."""
-    from seektrain.models.deepseek.hf_config import config_from_hf, read_config_json
+    from seektrain.models import config_from_hf, read_config_json
 
     folder = Path(folder)
     cfg = config_from_hf(read_config_json(folder, what), where=str(folder / "config.json"))

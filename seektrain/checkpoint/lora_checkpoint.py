@@ -31,8 +31,8 @@ from seektrain.checkpoint.manager import describe_error
 from seektrain.config.dtypes import dtype_from_name
 from seektrain.config.schema import JobConfig
 from seektrain.errors import UserError
+from seektrain.models import Transformer, build_model
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.transformer import Transformer, build_model
 from seektrain.models.lora import LoraSpec, add_adapters, freeze_base, is_adapter
 
 LORA = "lora"  # the trainer_state.json key
@@ -112,7 +112,7 @@ def load_lora_model(ckpt: Path, cfg: ModelConfig, saved: dict, base_dir: str | N
     checkpoint's adapters (fp32) attached. ``base_dir``: a copy of the base folder elsewhere."""
     base = base_record(saved)
     if base.get("kind") == "hf":
-        from seektrain.models.deepseek.hf_io import from_pretrained
+        from seektrain.models import from_pretrained
 
         folder = saved_base_folder(ckpt, base, base_dir)
         model = from_pretrained(folder, dtype=torch.float32, what="--base")

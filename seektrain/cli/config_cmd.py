@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from seektrain.train.setup_model import check_preset
+    from seektrain.models.job_model import check_preset
 
     cfg = load_config(args.config, args.overrides)
     check_preset(cfg)

@@ -42,8 +42,7 @@ def _load_hf(args: argparse.Namespace):
     import torch
 
     from seektrain.config.dtypes import dtype_from_name
-    from seektrain.models.deepseek.hf_config import read_config_json
-    from seektrain.models.deepseek.hf_io import from_pretrained
+    from seektrain.models import from_pretrained, read_config_json
 
     if args.dtype is None and getattr(args, "to_checkpoint", None):
         args.dtype = torch.float32  # training checkpoints hold fp32 master weights
@@ -68,7 +67,7 @@ def _random_preset(args: argparse.Namespace):
 
 
 def _save_hf(model, args: argparse.Namespace) -> str:
-    from seektrain.models.deepseek.hf_io import save_pretrained
+    from seektrain.models import save_pretrained
 
     if args.merge_lora:
         model = _merged(model, _lora_source(args)[1])
@@ -95,7 +94,7 @@ def _write_hf(args: argparse.Namespace, cfg, write_weights) -> str:
     """The --to-hf folder: weights (``write_weights(tmp_dir)`` -> their file names), the tokenizer,
     swapped into place only once complete."""
     from seektrain.checkpoint.atomic import write_swapped
-    from seektrain.models.deepseek.hf_config import config_to_hf
+    from seektrain.models import config_to_hf
 
     out = _check_hf_target(args, config_to_hf(cfg, "float32"))
     tokenizer = _tokenizer_source(args)
@@ -135,7 +134,7 @@ def _tokenizer_source(args: argparse.Namespace) -> Path | None:
 
 def _check_hf_target(args: argparse.Namespace, new_config: dict | None) -> Path:
     """The --to-hf folder, once ``check_target`` agrees that writing there loses nothing."""
-    from seektrain.models.deepseek.hf_replace import check_target
+    from seektrain.models import check_target
 
     out = Path(args.to_hf).expanduser()
     sources = tuple(Path(p).expanduser() for p in (args.from_hf,) if p and Path(p).expanduser().is_dir())
@@ -189,7 +188,7 @@ def _merged(model, saved: dict):
     """A plain model holding ``W + alpha/r · B @ A`` wherever ``model`` has adapters (``saved``: the
     checkpoint's ``"lora"`` record)."""
     from seektrain.checkpoint.lora_checkpoint import spec_of
-    from seektrain.models.deepseek.transformer import build_model
+    from seektrain.models import build_model
     from seektrain.models.lora_export import merged_state_dict
 
     state = merged_state_dict(model.state_dict(), spec_of(saved).scaling)

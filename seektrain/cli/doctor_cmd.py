@@ -96,8 +96,8 @@ def _hf_folder(hf_path: str) -> Path | None:
 def _checkpoint_bytes(cfg) -> int | None:
     """fp32 weights and two AdamW moments (12 bytes per parameter), for checkpoint.keep + 1 checkpoints."""
     try:
+        from seektrain.models.job_model import configured_model_config
         from seektrain.models.param_count import count_params
-        from seektrain.train.setup_model import configured_model_config
 
         counts = count_params(configured_model_config(cfg))
     except (OSError, ValueError):  # a Hugging Face folder that is not there: the disk check still runs

@@ -21,10 +21,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from seektrain.config.loader import load_config
-    from seektrain.models.deepseek.transformer import build_model
+    from seektrain.models import build_model
+    from seektrain.models.job_model import configured_model_config
     from seektrain.observe.flops import model_flops_per_token
     from seektrain.observe.profiler import flops_breakdown, format_flops_table
-    from seektrain.train.setup_model import configured_model_config
 
     cfg = load_config(args.config, args.overrides)
     model_cfg = configured_model_config(cfg)
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         f"\ncounted {measured:.4g} FLOPs; analytic formula (no causal discount) {analytic:.4g}; "
         f"MFU uses the causal count {model_flops_per_token(model_cfg, seq) * args.batch * seq:.4g}"
     )
-    if model_cfg.is_mla and model_cfg.v_head_dim < model_cfg.qk_head_dim:
+    if model_cfg.value_head_dim < model_cfg.qk_head_dim:
         print(
             "(on CPU, MLA attention zero-pads values to the key size to use the flash kernel; the counted "
             "FLOPs include that padding, the analytic ones do not)"

@@ -49,8 +49,8 @@ def job_and_model(args: argparse.Namespace, gpus: int | None = None):
     """The job config and model the plan is for; --model replaces the config's model. ``gpus``: the
     device count the default global batch follows (``args.gpus`` unless the planner chooses it)."""
     from seektrain.config.loader import load_config
-    from seektrain.models.deepseek.presets import PRESETS
-    from seektrain.train.setup_model import configured_model_config
+    from seektrain.models import PRESETS
+    from seektrain.models.job_model import configured_model_config
 
     overrides = ["train.micro_batch_size=1", *args.overrides]  # the search tries micro-batch sizes itself
     if args.model:
@@ -72,7 +72,7 @@ def job_and_model(args: argparse.Namespace, gpus: int | None = None):
         overrides.append(f"train.global_batch_size={batch}")
     job = load_config(args.config, overrides)
     if job.model.hf_path:  # the plan needs config.json only: the weights may not be downloaded yet
-        from seektrain.models.deepseek.hf_io import declared_config
+        from seektrain.models import declared_config
 
         return job, declared_config(job.model.hf_path)
     return job, configured_model_config(job)

@@ -14,11 +14,9 @@ from pathlib import Path
 
 from seektrain.config.schema import JobConfig
 from seektrain.config.toml_values import toml_value
-from seektrain.errors import UserError
+from seektrain.errors import ConfigError, UserError
 
-
-class ConfigError(UserError):
-    """A user mistake in a config file or override."""
+__all__ = ["ConfigError", "UserError"]  # ConfigError lives in seektrain.errors so models/ can raise it too
 
 
 # Keys that moved: an old config gets one line naming the new key instead of "unknown key".
@@ -168,7 +166,7 @@ def _check(ok: bool, msg: str) -> None:
 def validate(cfg: JobConfig) -> JobConfig:
     """Checks that need no knowledge of the launched world size: first every key against the range,
     choices and finiteness its schema line declares, then the few rules that relate keys. (Whether
-    ``model.preset`` names a preset is asked where the model is chosen, ``train/setup_model.py``, and
+    ``model.preset`` names a preset is asked where the model is chosen, ``models/job_model.py``, and
     whether a tracker's package is installed by ``RunPlan.resolve``: this package knows nothing of either.)"""
     for dotted, section, f in leaf_keys(cfg):
         bounds = f.metadata.get("bounds")

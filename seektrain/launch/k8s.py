@@ -147,7 +147,7 @@ def checkpoint_volume_size(cfg) -> str:
     """A claim size that holds ``checkpoint.keep`` checkpoints plus the one being written: fp32 weights
     and two fp32 AdamW moments (12 bytes a parameter), a quarter on top, at least 10Gi."""
     from seektrain.models import count_params
-    from seektrain.train.setup_model import configured_model_config
+    from seektrain.models.job_model import configured_model_config
 
     counts = count_params(configured_model_config(cfg))
     total_bytes = (counts.total + counts.mtp) * 12 * (cfg.checkpoint.keep + 1) * 1.25

@@ -35,8 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seektrain.errors import UserError
-from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.shapes import (
+from seektrain.models import (
     COLWISE,
     EXPERTS,
     LINEAR,
@@ -46,6 +45,7 @@ from seektrain.models.deepseek.shapes import (
     Weight,
     weights_by_path,
 )
+from seektrain.models.config import ModelConfig
 
 GROUPS = ("attention", "mlp", "shared_experts", "experts")
 _GROUP_WHAT = {

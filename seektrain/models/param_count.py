@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from seektrain.models import GroupedExperts
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.moe import GroupedExperts
 
 
 @dataclass(frozen=True)
@@ -22,9 +22,10 @@ class ParamCounts:
 
 
 def count_params(cfg: ModelConfig) -> ParamCounts:
-    from seektrain.models.deepseek.transformer import build_model
+    from seektrain.models import Transformer, build_model
 
     model = build_model(cfg, device="meta")
+    assert isinstance(model, Transformer)  # the DeepSeek family's module: ``mtp``, ``embed_tokens``
     mtp = sum(p.numel() for p in model.mtp.parameters())
     total = sum(p.numel() for p in model.parameters()) - mtp
     inactive = 0

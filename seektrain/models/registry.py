@@ -23,7 +23,7 @@ from torch import nn
 
 from seektrain.errors import UserError
 from seektrain.models.config import ARCHITECTURES, ModelConfig
-from seektrain.models.deepseek import shapes
+from seektrain.models.deepseek import costs, shapes
 from seektrain.models.deepseek.hf_config import ARCH_BY_HF
 from seektrain.models.deepseek.hf_io import load_hf_weights
 from seektrain.models.deepseek.transformer import Transformer, keep_fp32_buffers
@@ -44,6 +44,35 @@ class PipelineRules:
 
 
 @dataclass(frozen=True)
+class FamilyCosts:
+    """What the planner, the FLOP counter, the layout checks and the TP plan ask of a family beyond its
+    shape description, so that generic code reads no family-only config field (DeepSeek's:
+    ``models/deepseek/costs.py``). Activation terms are bytes per token of one tensor-parallel rank
+    (``tp`` ranks, ``a`` bytes per element of the compute dtype) that the family's modules save for
+    backward (``plan/memory.py`` adds the norms, the dense MLP and the head)."""
+
+    # (cfg, a, tp, pad_values, ring) -> attention's saved bytes per token (ring: context parallelism's)
+    attention_bytes: Callable[[ModelConfig, int, int, bool, bool], float]
+    # (cfg, a, tp, pad_values) -> what selective checkpointing keeps of attention, o_proj's output aside
+    selective_attention_bytes: Callable[[ModelConfig, int, int, bool], float]
+    # (cfg, a, tp, ep) -> a MoE layer's MLP saved bytes per token (``cfg.is_moe_layer``)
+    moe_bytes: Callable[[ModelConfig, int, int, int], float]
+    # (cfg, a, tp, ep) -> (kept, tail) of a selectively checkpointed MoE layer's MLP
+    selective_moe_bytes: Callable[[ModelConfig, int, int, int], tuple[float, float]]
+    # cfg -> width of a block's norms that TP replicates (the residual norms are sequence-sharded)
+    replicated_norm_width: Callable[[ModelConfig], int]
+    # cfg -> the routed experts expert parallelism splits (0: dense)
+    routed_experts: Callable[[ModelConfig], int]
+    # (cfg, tokens) -> one routed expert's (m, k, n) matmul for ``tokens`` rows, None when dense
+    expert_matmul_shape: Callable[[ModelConfig, int], tuple[int, int, int] | None]
+    # decoder block -> [(module, start)]: outputs whose columns from ``start`` every head shares, their
+    # gradient summed over the tp group
+    tp_summed_outputs: Callable[[nn.Module], list[tuple[nn.Module, int]]]
+    # decoder block -> whether its MLP is the family's MoE layer (TP's ``MoETensorParallel``)
+    is_moe_block: Callable[[nn.Module], bool]
+
+
+@dataclass(frozen=True)
 class ModelFamily:
     name: str
     config_class: type
@@ -57,6 +86,7 @@ class ModelFamily:
     # (local shards, cfg, Hugging Face folder) -> LoadReport: fill a rank's local tensors (the boxes of
     # the full tensors it holds) from the folder, reading only those slices (``models/hf_slice_reader.py``)
     load_hf: Callable[[list, ModelConfig, str], object]
+    costs: FamilyCosts
 
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -73,6 +103,17 @@ FAMILIES: dict[str, ModelFamily] = {
         ),
         keep_fp32=keep_fp32_buffers,
         load_hf=load_hf_weights,
+        costs=FamilyCosts(
+            attention_bytes=costs.attention_bytes,
+            selective_attention_bytes=costs.selective_attention_bytes,
+            moe_bytes=costs.moe_bytes,
+            selective_moe_bytes=costs.selective_moe_bytes,
+            replicated_norm_width=costs.replicated_norm_width,
+            routed_experts=costs.routed_experts,
+            expert_matmul_shape=costs.expert_matmul_shape,
+            tp_summed_outputs=costs.tp_summed_outputs,
+            is_moe_block=costs.is_moe_block,
+        ),
     ),
 }
 

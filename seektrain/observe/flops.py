@@ -11,7 +11,7 @@ Formula (per token, training = forward + backward, backward = 2 x forward):
                                   the dense MLP or (router + top-k routed experts + shared experts),
                                   the LM head, and the MTP modules (eh_proj, block, head) if present.
                                   The embedding lookup is a gather, not a matmul: not counted.
-    attention: 3 x L_att x H x (qk_head_dim + v_head_dim) x T   (L_att counts MTP blocks too)
+    attention: 3 x L_att x H x (qk_head_dim + value_head_dim) x T   (L_att counts MTP blocks too)
                forward, per query token and head: QK^T is 2 T qk_dim, PV is 2 T v_dim;
                a causal mask leaves T/2 keys on average (halves it); training = 3 x forward.
                Written out: 6 x 2 x L_att x H x (qk + v)/2 x T/2.
@@ -27,8 +27,9 @@ import time
 
 import torch
 
+from seektrain.models import block_weights, layer_weights, weights_by_path
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.shapes import block_weights, layer_weights, weights_by_path
+from seektrain.models.registry import family_for
 
 
 # ----------------------------------------------------------------------------- FLOPs per token
@@ -197,9 +198,9 @@ def model_matmul_shapes(cfg: ModelConfig, tokens: int) -> tuple[tuple[int, int, 
     and the LM head. The probe needs representative shapes, not every one."""
     d = cfg.hidden_size
     shapes = {(tokens, d, d), (tokens, d, cfg.vocab_size)}
-    if cfg.n_routed_experts:
-        per_expert = max(1, tokens * cfg.num_experts_per_tok // cfg.n_routed_experts)
-        shapes.add((per_expert, d, cfg.moe_intermediate_size))
+    expert = family_for(cfg).costs.expert_matmul_shape(cfg, tokens)
+    if expert is not None:
+        shapes.add(expert)
     if cfg.intermediate_size:
         shapes.add((tokens, d, cfg.intermediate_size))
     return tuple(sorted(shapes))

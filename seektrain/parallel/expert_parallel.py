@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from seektrain.models.deepseek.moe import GroupedExperts, MoE, count_slots, grouped_swiglu
+from seektrain.models import GroupedExperts, MoE, count_slots, grouped_swiglu
 from seektrain.models.lora import expert_adapters
 from seektrain.parallel.tp_styles import SumGrad
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from seektrain.models.deepseek.shapes import LINEAR, REPLICATED, Weight, weights_by_path
+from seektrain.models import LINEAR, REPLICATED, Weight, weights_by_path
 from seektrain.plan.fp8_flops import experts_convert, linear_kept
 
 EXPERT_ROW_MULTIPLE = 16  # torchao's FP8 grouped GEMM: every expert's token group a multiple of 16 rows

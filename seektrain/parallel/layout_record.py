@@ -29,7 +29,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from seektrain.models.deepseek.moe import GroupedExperts
+from seektrain.models import GroupedExperts
 from seektrain.models.lora import is_adapter, trainable_counts
 from seektrain.parallel.context_parallel import cp_degree
 

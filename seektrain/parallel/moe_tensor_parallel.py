@@ -30,7 +30,7 @@ from torch.distributed.tensor import Partial, Placement, Replicate
 from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from seektrain.models.deepseek.moe import GroupedExperts, MoE, grouped_swiglu
+from seektrain.models import GroupedExperts, MoE, grouped_swiglu
 from seektrain.models.lora import expert_adapters
 from seektrain.parallel.expert_parallel import ExpertParallelExperts, shard_expert_weights
 from seektrain.parallel.tp_styles import SumGrad

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from seektrain.checkpoint.local_shards import local_shards
-from seektrain.models.deepseek.init import init_adapters
+from seektrain.models import init_adapters
 from seektrain.models.lora import add_adapters, freeze_base, is_adapter
 from seektrain.models.registry import family_of, is_family_model, model_blocks
 from seektrain.models.safetensors_slices import HFWeightsError

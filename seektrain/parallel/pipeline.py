@@ -26,7 +26,7 @@ from torch.distributed.pipelining.schedules import (
     ScheduleZBVZeroBubble,
 )
 
-from seektrain.models.deepseek.transformer import ModelOutput
+from seektrain.models import ModelOutput
 from seektrain.models.registry import family_of
 from seektrain.plan.pipeline_split import MULTI_STAGE, stage_ids
 

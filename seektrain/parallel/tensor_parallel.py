@@ -35,8 +35,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from seektrain.models.deepseek.moe import MoE
-from seektrain.models.deepseek.shapes import (
+from seektrain.models import (
     COLWISE,
     REPLICATED,
     ROWWISE,
@@ -46,7 +45,7 @@ from seektrain.models.deepseek.shapes import (
     VOCAB_HEAD,
     weights_by_path,
 )
-from seektrain.models.registry import family_of
+from seektrain.models.registry import FamilyCosts, family_of
 from seektrain.parallel.moe_tensor_parallel import MoETensorParallel
 from seektrain.parallel.tp_styles import AdaptedColwise, AdaptedRowwise, LocalParams, SumGrad
 
@@ -99,7 +98,9 @@ def _has(model: nn.Module, path: str) -> bool:
     return True
 
 
-def _block_plan(block: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: DeviceMesh) -> dict:
+def _block_plan(
+    block: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: DeviceMesh, costs: FamilyCosts
+) -> dict:
     """The styles of one decoder block's containers: attention and the MLP take the all-gathered input
     (an MoE block: ``MoETensorParallel``); its leaves' styles come from the shape description."""
     gather = dict(input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True)
@@ -111,15 +112,16 @@ def _block_plan(block: nn.Module, prefix: str, seq: Placement, sp: bool, mesh: D
             use_local_output=True,
         ),
         f"{prefix}.mlp": MoETensorParallel(seq, sp)
-        if isinstance(block.mlp, MoE)
+        if costs.is_moe_block(block)
         else PrepareModuleInput(**gather),
     }
-    attn = block.self_attn
-    if hasattr(attn, "kv_a_proj_with_mqa"):
-        # MLA: the decoupled RoPE key (the last columns of kv_a_proj_with_mqa's output) is shared by all
-        # heads: each rank's heads contribute only part of its gradient.
-        group, start = mesh.get_group(), attn.kv_lora_rank
-        attn.kv_a_proj_with_mqa.register_forward_hook(lambda mod, inp, out: SumGrad.apply(out, group, start))
+    # columns every head shares (MLA's decoupled RoPE key): each rank's heads contribute only part of
+    # their gradient
+    for module, start in costs.tp_summed_outputs(block):
+        group = mesh.get_group()
+        module.register_forward_hook(
+            lambda mod, inp, out, group=group, start=start: SumGrad.apply(out, group, start)
+        )
     return plan
 
 
@@ -127,11 +129,12 @@ def transformer_tp_plan(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> dict
     """The ``parallelize_module`` plan of a ``Transformer`` (or a pipeline stage of one): the block
     containers' styles, then one style per described weight the model holds (``models/deepseek/shapes.py``)."""
     seq = Shard(1) if sp else Replicate()
+    costs = family_of(model).costs
     plan: dict[str, ParallelStyle] = {}
     for name, layer in model.layers.items():
-        plan.update(_block_plan(layer, f"layers.{name}", seq, sp, tp_mesh))
+        plan.update(_block_plan(layer, f"layers.{name}", seq, sp, tp_mesh, costs))
     for k, mtp in enumerate(getattr(model, "mtp", None) or []):
-        plan.update(_block_plan(mtp.block, f"mtp.{k}.block", seq, sp, tp_mesh))
+        plan.update(_block_plan(mtp.block, f"mtp.{k}.block", seq, sp, tp_mesh, costs))
     for weight in weights_by_path(model.cfg).values():
         if weight.tp in _LEAF_STYLES and _has(model, weight.path):
             plan[weight.path] = _LEAF_STYLES[weight.tp](seq, sp)

@@ -5,8 +5,8 @@ needs nothing of parallel/."""
 
 from __future__ import annotations
 
+from seektrain.models import EXPERTS, LINEAR, Weight, weights_by_path
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.shapes import EXPERTS, LINEAR, Weight, weights_by_path
 
 RECIPE_MULTIPLE = {
     "rowwise": 16,

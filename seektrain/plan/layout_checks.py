@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import ParallelSection
+from seektrain.models import weights_by_path
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.shapes import weights_by_path
+from seektrain.models.registry import family_for
 from seektrain.plan.pipeline_split import MULTI_STAGE, split_layers, stages_per_rank
 
 
@@ -167,10 +168,11 @@ def ep_model_error(cfg: ModelConfig, ep: int) -> str | None:
         return None
     if not cfg.is_moe:
         return f"parallel.ep={ep} needs a MoE model but {cfg.name!r} is dense: set parallel.ep=1"
-    if cfg.n_routed_experts % ep:
+    experts = family_for(cfg).costs.routed_experts(cfg)
+    if experts % ep:
         return (
-            f"parallel.ep={ep} does not divide the {cfg.n_routed_experts} routed experts of {cfg.name!r}: "
-            f"choose a divisor of {cfg.n_routed_experts}"
+            f"parallel.ep={ep} does not divide the {experts} routed experts of {cfg.name!r}: "
+            f"choose a divisor of {experts}"
         )
     return None
 

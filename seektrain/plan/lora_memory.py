@@ -25,16 +25,10 @@ import functools
 import json
 from dataclasses import dataclass
 
+from seektrain.models import COLWISE, EXPERTS, LINEAR, ROWWISE, ROWWISE_PARTIAL, weights_by_path
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.shapes import (
-    COLWISE,
-    EXPERTS,
-    LINEAR,
-    ROWWISE,
-    ROWWISE_PARTIAL,
-    weights_by_path,
-)
 from seektrain.models.lora import LoraSpec, adapter_weights
+from seektrain.models.registry import family_for
 
 FP32 = 4
 
@@ -93,10 +87,9 @@ def _block_adapters(cfg: ModelConfig, lora: LoraSpec, block: int) -> list[Adapte
 
 
 def _norm_widths(cfg: ModelConfig) -> tuple[float, float]:
-    """(sequence-sharded, replicated) norm widths in one decoder block: the two residual norms, and MLA's
-    q_a/kv_a norms."""
-    replicated = (cfg.kv_lora_rank or 0) + (cfg.q_lora_rank or 0) if cfg.is_mla else 0
-    return 2 * cfg.hidden_size, replicated
+    """(sequence-sharded, replicated) norm widths in one decoder block: the two residual norms, and those
+    TP replicates (``FamilyCosts.replicated_norm_width``: MLA's q_a/kv_a norms)."""
+    return 2 * cfg.hidden_size, family_for(cfg).costs.replicated_norm_width(cfg)
 
 
 # projections that read one tensor (a block's attention input, an MLP's input): one saved input between them

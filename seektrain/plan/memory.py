@@ -26,9 +26,10 @@ import functools
 import json
 from dataclasses import dataclass
 
+from seektrain.models import EXPERTS, model_weights
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.shapes import EXPERTS, model_weights
 from seektrain.models.lora import LoraSpec
+from seektrain.models.registry import family_for
 from seektrain.plan import lora_memory
 from seektrain.plan.pipeline_split import stage_ids
 from seektrain.plan.recompute import SELECTIVE, checkpoint_every
@@ -199,47 +200,20 @@ def _norm(width: int, a: int, tp: int) -> float:
     return sharded + (a * width if tp > 1 else 0)
 
 
-def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool, ring: bool = False) -> float:
-    """Bytes per token saved by attention (after its input norm): flash attention keeps q, k, v, the
-    output and the fp32 log-sum-exp; o_proj keeps its (re-laid-out) input. ``ring``: context
-    parallelism's ring attention (``parallel/ring_attention.py``) keeps its inputs q, k, v and its output
-    as they are (the compute dtype, values unpadded: it pads them again in backward,
-    ``ring_working_bytes``) and the log-sum-exp; o_proj keeps the output re-laid-out."""
-    h = cfg.num_attention_heads / tp
-    lse = FP32 * h
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
-    v = cfg.value_head_dim
-    if ring:
-        kernel = a * h * (2 * qk + 2 * v) + a * h * v + lse
-    elif not cfg.is_mla:
-        return a * h * qk * 5 + lse  # q, k and v (GQA expanded), output, o_proj input
-    else:
-        v_kernel = qk if pad_values and v < qk else v  # the CPU flash kernel gets values zero-padded to qk
-        kernel = a * h * (2 * qk + 2 * v_kernel + v) + lse
-    if not cfg.is_mla:
-        return kernel
-    assert cfg.kv_lora_rank is not None  # an MLA config (cfg.is_mla)
-    low_rank = (FP32 + 2 * a) * cfg.kv_lora_rank + a * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
-    if cfg.q_lora_rank is not None:
-        low_rank += (FP32 + 2 * a) * cfg.q_lora_rank + a * cfg.q_lora_rank
-    return low_rank + kernel
-
-
 def _swiglu(width: float, a: int) -> float:
     """gate and up outputs, silu(gate), and the product down_proj keeps."""
     return 4 * a * width
 
 
 def _moe(cfg: ModelConfig, a: int, tp: int, ep: int) -> float:
-    """Router scores (fp32), and per routed slot the dispatched token, the grouped SwiGLU's tensors and
-    the weighted output. Under TP without EP each rank computes the slots of its E/tp experts."""
-    k = cfg.num_experts_per_tok / tp  # TP: E/tp experts per rank; TP×EP: each tp rank its share of tokens
-    router = 2 * FP32 * cfg.n_routed_experts
-    routed = k * (
-        2 * a * cfg.hidden_size + _swiglu(cfg.moe_intermediate_size, a) + a * cfg.moe_intermediate_size
-    )
-    shared = _swiglu(cfg.n_shared_experts * cfg.moe_intermediate_size / tp, a)
-    return router + routed + shared
+    """A MoE layer's MLP, by its family (``FamilyCosts.moe_bytes``)."""
+    return family_for(cfg).costs.moe_bytes(cfg, a, tp, ep)
+
+
+def _attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool, ring: bool = False) -> float:
+    """Bytes per token saved by attention after its input norm, by its family
+    (``FamilyCosts.attention_bytes``)."""
+    return family_for(cfg).costs.attention_bytes(cfg, a, tp, pad_values, ring)
 
 
 def layer_activation_bytes(
@@ -270,39 +244,19 @@ def _row_output(d: int, a: int, tp: int) -> float:
 
 
 def _selective_attention(cfg: ModelConfig, a: int, tp: int, pad_values: bool) -> float:
-    """The projections' outputs, the attention kernel's output and fp32 log-sum-exp, o_proj's output."""
-    h = cfg.num_attention_heads / tp
-    v_kernel = cfg.value_head_dim
-    if pad_values and cfg.is_mla and v_kernel < cfg.qk_head_dim:
-        v_kernel = cfg.qk_head_dim  # the CPU flash kernel gets values zero-padded to qk (see _attention)
-    kernel = a * h * v_kernel + FP32 * h
-    if cfg.is_mla:  # the low-rank projections are replicated under TP, the up-projections split by head
-        assert cfg.kv_lora_rank is not None
-        latents = cfg.kv_lora_rank + cfg.qk_rope_head_dim + (cfg.q_lora_rank or 0)
-        projections = a * latents + a * h * (cfg.qk_head_dim + cfg.qk_nope_head_dim + cfg.v_head_dim)
-    else:
-        projections = a * (h + 2 * cfg.num_key_value_heads / tp) * cfg.head_dim
-    return projections + kernel + _row_output(cfg.hidden_size, a, tp)
+    """The projections' outputs, the attention kernel's output and fp32 log-sum-exp (by the family:
+    ``FamilyCosts.selective_attention_bytes``), o_proj's output."""
+    kept = family_for(cfg).costs.selective_attention_bytes(cfg, a, tp, pad_values)
+    return kept + _row_output(cfg.hidden_size, a, tp)
 
 
 def _selective_mlp(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int) -> tuple[float, float]:
-    """(kept, its tail). Dense: gate, up and down outputs. MoE: the router's fp32 logits, per routed slot
-    the grouped gate/up and down outputs (and, under EP, the dispatched slot and the returned result, both
-    all-to-all outputs), the shared experts like a dense MLP, under TP the reduce-scattered block output."""
+    """(kept, its tail). Dense: gate, up and down outputs. MoE: by its family
+    (``FamilyCosts.selective_moe_bytes``)."""
     d = cfg.hidden_size
     if not cfg.is_moe_layer(layer):
         return 2 * a * cfg.intermediate_size / tp + _row_output(d, a, tp), _row_output(d, a, tp)
-    k = cfg.num_experts_per_tok / tp  # TP: E/tp experts per rank; TP×EP: each tp rank its share of tokens
-    kept = (
-        FP32 * cfg.n_routed_experts
-        + k * a * (2 * cfg.moe_intermediate_size + d)
-        + (2 * k * a * d if ep > 1 else 0)
-    )
-    reduced = a * d / tp if tp > 1 else 0.0  # the block's partial output, reduce-scattered
-    if not cfg.n_shared_experts:
-        return kept + reduced, reduced
-    shared = 2 * a * cfg.n_shared_experts * cfg.moe_intermediate_size / tp + a * d
-    return kept + shared + reduced, a * d + reduced
+    return family_for(cfg).costs.selective_moe_bytes(cfg, a, tp, ep)
 
 
 def layer_selective_bytes(
@@ -394,7 +348,7 @@ def ring_value_width(cfg: ModelConfig, device_type: str, dtype, packed: bool) ->
     value's own (on CUDA, MLA runs the memory-efficient kernel)."""
     from seektrain.platform.ring_blocks import block_kernel
 
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    qk = cfg.qk_head_dim
     v = cfg.value_head_dim
     return max(qk, v) if block_kernel(device_type, dtype, packed, qk == v).equal_head_dims else v
 
@@ -404,7 +358,7 @@ def ring_chunk_bytes(cfg: ModelConfig, tp: int, a: int, v_width: int) -> float:
     (``v_width``-wide) values of this tensor-parallel rank's heads (MLA: the 192-wide key of every head,
     after the up-projection; GQA: repeated to every query head). Its gradient travels in fp32."""
     h = cfg.num_attention_heads / tp
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    qk = cfg.qk_head_dim
     return a * h * (qk + v_width)
 
 
@@ -414,7 +368,7 @@ def ring_working_bytes(plan, sequences: float) -> float:
     cfg, tp, cp, seq = plan.model, plan.tp, plan.cp, plan.job.train.seq_len
     a, packed = plan.compute_dtype.itemsize, ring_packed(plan)
     h = cfg.num_attention_heads / tp
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    qk = cfg.qk_head_dim
     v = cfg.value_head_dim
     width = ring_value_width(cfg, plan.device_type, plan.compute_dtype, packed)
     per_token = RING_KV_CHUNKS * ring_chunk_bytes(cfg, tp, a, width)

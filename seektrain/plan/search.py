@@ -11,6 +11,7 @@ from seektrain.config.loader import ConfigError
 from seektrain.config.schema import JobConfig
 from seektrain.models.config import ModelConfig
 from seektrain.models.hf_slice_reader import PEAK_BUFFER_BYTES
+from seektrain.models.registry import family_for
 from seektrain.plan import memory
 from seektrain.plan.hardware import Hardware
 from seektrain.plan.run_plan import RunPlan
@@ -206,6 +207,7 @@ def layouts(
     checkpointing."""
     if offload_modes is None:
         offload_modes = (False, True)
+    experts = family_for(model).costs.routed_experts(model)  # the units an ep group splits
     for tp in [t for t in _powers_of_two(min(gpus_per_node, 8)) if world % t == 0]:
         for cp in cp_degrees(world // tp, seq_len):
             for pp in [p for p in _divisors(world // (tp * cp)) if p <= model.num_hidden_layers and p <= 16]:
@@ -219,7 +221,7 @@ def layouts(
                         eps += [
                             unit * k
                             for k in _powers_of_two(dp_shard)
-                            if unit * k > 1 and model.n_routed_experts % (unit * k) == 0
+                            if unit * k > 1 and experts % (unit * k) == 0
                         ]
                     for ep in eps:
                         for micro in micro_batches:

@@ -172,7 +172,7 @@ def _ring_widths(plan) -> tuple[int, int, int]:
     from seektrain.plan.memory import ring_packed, ring_value_width
 
     cfg = plan.model
-    qk = cfg.qk_head_dim if cfg.is_mla else cfg.head_dim
+    qk = cfg.qk_head_dim
     v = cfg.value_head_dim
     return qk, v, ring_value_width(cfg, plan.device_type, plan.compute_dtype, ring_packed(plan))
 

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from seektrain.models.deepseek.moe import MoE, _in_backward
+from seektrain.models import MoE
+from seektrain.models.deepseek.moe import _in_backward
 from seektrain.observe.names import layer_key
 
 

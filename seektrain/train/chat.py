@@ -15,7 +15,7 @@ from pathlib import Path
 from seektrain.data.chat_template import ChatTemplate, load_chat_template
 from seektrain.data.turn_end import stop_token_ids
 from seektrain.errors import UserError
-from seektrain.models.deepseek.transformer import Transformer
+from seektrain.models import Transformer
 from seektrain.train.generate import stream_tokens
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -120,7 +120,7 @@ def load_run_chat(run_dir: Path, builtin_template: str | None = None) -> ChatMod
 def load_hf_chat(folder: Path, builtin_template: str | None = None) -> ChatModel:
     """A Hugging Face folder (``convert --to-hf`` output, or a release) with its tokenizer and template."""
     from seektrain.data.tokenizer import load_tokenizer
-    from seektrain.models.deepseek.hf_io import from_pretrained
+    from seektrain.models import from_pretrained
 
     if not folder.is_dir():
         raise UserError(

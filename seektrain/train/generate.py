@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from seektrain.models.deepseek.transformer import Transformer
+from seektrain.models import Transformer
 
 
 def load_run_model(run_dir: Path) -> tuple[Transformer, object, Path]:

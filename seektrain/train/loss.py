@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from seektrain.models.deepseek.transformer import ModelOutput
+from seektrain.models import ModelOutput
 from seektrain.models.linear_cross_entropy import IGNORE, head_target
 
 

@@ -22,11 +22,11 @@ from seektrain.checkpoint.lora_checkpoint import check_lora_resume
 from seektrain.checkpoint.resume import ResumeChoice, resolve_resume, rope_text
 from seektrain.config.schema import JobConfig
 from seektrain.errors import UserError
+from seektrain.models import with_rope_overrides
 from seektrain.models.config import ModelConfig
-from seektrain.models.deepseek.rope_overrides import with_rope_overrides
+from seektrain.models.job_model import configured_model_config, rope_overrides
 from seektrain.plan.auto import auto_layout
 from seektrain.plan.run_plan import RunPlan
-from seektrain.train.setup_model import configured_model_config, rope_overrides
 
 ChooseResume = Callable[[str, ModelConfig], ResumeChoice]  # (checkpoint.resume, configured model) -> choice
 
