@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch import nn
 
 from seektrain.checkpoint.dcp_boxes import load_here
 from seektrain.checkpoint.finder import CHECKPOINTS, complete_checkpoints, resolve_checkpoint, step_dir_name
@@ -26,11 +27,11 @@ from seektrain.checkpoint.lora_checkpoint import load_lora_model, lora_settings
 from seektrain.checkpoint.manager import CheckpointError, CheckpointManager
 from seektrain.checkpoint.run_files import MODEL_CONFIG, checkpoint_model_config, write_model_source
 from seektrain.errors import UserError
-from seektrain.models import Transformer, build_model
+from seektrain.models import build_model, config_of
 from seektrain.models.config import ModelConfig
 
 
-def load_checkpoint_model(ckpt: Path, model_cfg: ModelConfig) -> Transformer:
+def load_checkpoint_model(ckpt: Path, model_cfg: ModelConfig) -> nn.Module:
     """A plain fp32 model with the weights (and MoE balancing biases) of checkpoint ``ckpt``."""
     model = build_model(model_cfg, init=False)
     state = {"model": model.state_dict()}
@@ -57,7 +58,7 @@ def read_all_tensors(ckpt: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_run_checkpoint(path: str | Path, base_dir: str | None = None) -> tuple[Transformer, Path]:
+def load_run_checkpoint(path: str | Path, base_dir: str | None = None) -> tuple[nn.Module, Path]:
     """(model, checkpoint folder) for ``seektrain convert --from-checkpoint``: ``path`` is a checkpoint
     folder or a run dir (its newest valid checkpoint). A LoRA checkpoint comes back as its base with the
     adapters attached (``base_dir``: where its base folder is now, if it moved). Only reads."""
@@ -69,7 +70,7 @@ def load_run_checkpoint(path: str | Path, base_dir: str | None = None) -> tuple[
     return load_checkpoint_model(ckpt, cfg), ckpt
 
 
-def write_initial_checkpoint(model: Transformer, run_dir: str | Path, source: str = "") -> Path:
+def write_initial_checkpoint(model: nn.Module, run_dir: str | Path, source: str = "") -> Path:
     """A weights-only step-0 checkpoint of ``model`` in a new run dir; a run with ``run.dir=RUN_DIR``
     then starts from these weights, whatever its ``model.preset`` says (``model_source.json`` records
     that this run dir's model is the converted one). Refuses a run dir that already holds checkpoints."""
@@ -82,7 +83,8 @@ def write_initial_checkpoint(model: Transformer, run_dir: str | Path, source: st
     manager = CheckpointManager(run_dir, keep=1, async_save=False, rank=0)
     run_dir.mkdir(parents=True, exist_ok=True)
     model = model.to(torch.float32)  # master weights are fp32 in training
-    (run_dir / MODEL_CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=1))
+    cfg = config_of(model)
+    (run_dir / MODEL_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=1))
     write_model_source(run_dir, source)
     try:
         with warnings.catch_warnings():
@@ -91,7 +93,7 @@ def write_initial_checkpoint(model: Transformer, run_dir: str | Path, source: st
                 0,
                 model,
                 None,
-                {"step": 0, "weights_only": True, "source": source, "model_config": model.cfg.name},
+                {"step": 0, "weights_only": True, "source": source, "model_config": cfg.name},
             )
     except CheckpointError as err:
         raise UserError(str(err)) from None

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch import nn
 
 from seektrain.checkpoint.finder import read_trainer_state
 from seektrain.checkpoint.lora_base import base_reference, check_same_base, saved_base_folder
@@ -31,7 +32,7 @@ from seektrain.checkpoint.manager import describe_error
 from seektrain.config.dtypes import dtype_from_name
 from seektrain.config.schema import JobConfig
 from seektrain.errors import UserError
-from seektrain.models import Transformer, build_model
+from seektrain.models import build_model
 from seektrain.models.config import ModelConfig
 from seektrain.models.lora import LoraSpec, add_adapters, freeze_base, is_adapter
 
@@ -106,11 +107,12 @@ def spec_of(saved: dict) -> LoraSpec:
     return LoraSpec.from_values(saved["rank"], saved["alpha"], saved["dropout"], saved["target_modules"])
 
 
-def load_lora_model(ckpt: Path, cfg: ModelConfig, saved: dict, base_dir: str | None = None) -> Transformer:
+def load_lora_model(ckpt: Path, cfg: ModelConfig, saved: dict, base_dir: str | None = None) -> nn.Module:
     """The model LoRA checkpoint ``ckpt`` trained: its base rebuilt (a Hugging Face folder, checked
     against the recorded fingerprint, or the preset's seeded init), held in the training dtype, with the
     checkpoint's adapters (fp32) attached. ``base_dir``: a copy of the base folder elsewhere."""
     base = base_record(saved)
+    model: nn.Module
     if base.get("kind") == "hf":
         from seektrain.models import from_pretrained
 

@@ -25,6 +25,7 @@ _HOME = {
     "ModelFamily": "registry",
     "get_family": "registry",
     "family_for": "registry",
+    "config_of": "registry",
     "from_pretrained": "deepseek.hf_io",
     "save_pretrained": "deepseek.hf_io",
     "pretrained_config": "deepseek.hf_io",
@@ -94,7 +95,7 @@ if TYPE_CHECKING:
     )
     from seektrain.models.deepseek.transformer import ModelOutput, Transformer
     from seektrain.models.param_count import ParamCounts, count_params
-    from seektrain.models.registry import ModelFamily, build_model, family_for, get_family
+    from seektrain.models.registry import ModelFamily, build_model, config_of, family_for, get_family
 
 
 def __getattr__(name: str) -> Any:

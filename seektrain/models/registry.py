@@ -146,6 +146,14 @@ def family_of(model: nn.Module) -> ModelFamily:
     raise TypeError(f"{type(model).__name__} is not the module class of a registered model family")
 
 
+def config_of(model: nn.Module) -> ModelConfig:
+    """The config a family's model was built from (every family's module keeps it as ``cfg``)."""
+    cfg = model.cfg
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"{type(model).__name__} has no model config (.cfg)")
+    return cfg
+
+
 def is_family_model(model: nn.Module) -> bool:
     return any(isinstance(model, f.module_class) for f in FAMILIES.values())
 
