@@ -11,7 +11,7 @@ What the script must get right, and what each line is for:
 * Preemption and time limits: Slurm sends SIGTERM to the training processes (``--signal=TERM@S``,
   S seconds before the time limit; ``scancel --signal=TERM``; preemption). The trainer stops every
   rank after the same step, saves a checkpoint within ``checkpoint.preempt_grace_s`` and exits with
-  143 (train/faults.py). The script then requeues the job (``--requeue`` makes it requeueable), and the
+  143 (train/step_sync.py). The script then requeues the job (``--requeue`` makes it requeueable), and the
   requeued job resumes from that checkpoint because ``checkpoint.resume=auto`` picks the newest one.
   The signal goes to the job steps, not the batch shell (no ``B:``): the shell must live on to see 143.
 * Every task may start in another directory on another machine, so ``run.dir`` and the config are

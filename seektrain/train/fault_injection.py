@@ -133,7 +133,7 @@ def _sigterm_at_startup(moment: str, preemption) -> None:
 
 
 def install_from_env(guard, rank: int) -> list[str]:
-    """Install the hooks whose variables are set, for this ``rank``; ``guard`` (the run's ``FaultGuard``)
+    """Install the hooks whose variables are set, for this ``rank``; ``guard`` (the run's ``StepSync``)
     tells which step is running. Returns the names installed (empty on a normal run: nothing changes)."""
     steps = {name: step for name in HOOKS if (step := _wanted(name, rank)) is not None}
     if not steps:

@@ -11,7 +11,7 @@ or worse, in the middle of a write). What it does depends on the moment:
   same preemption. The few steps that move checkpoints around (``uninterrupted``) finish first. No
   checkpoint of an untrained model is written: the run dir is as it was, and it resumes as it would have.
 * **Training**: the handler only sets a flag (a step must not be torn); the trainer's per-step
-  all-reduce makes every rank stop at the same step, save it and exit (``faults.FaultGuard.end_step``).
+  all-reduce makes every rank stop at the same step, save it and exit (``step_sync.StepSync.end_step``).
 * **A checkpoint being written**: the save goes on. A sync save is committed and, when every rank
   agrees (``agreed``) that a signal came, it is the preemption checkpoint: the run exits right after it.
   An async save still in flight is waited for and committed by the preemption save.
