@@ -15,6 +15,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from fault_injection import hooks_env
 from run_cli import train
 from seektrain.checkpoint import rng
 from seektrain.checkpoint.manager import CheckpointError, CheckpointManager, describe_error
@@ -375,7 +376,7 @@ def test_hung_rank_ends_with_a_message_naming_rank_and_operation(tmp_path):
         "dist.collective_timeout_s=5",
         "checkpoint.preempt_grace_s=2",
         nproc=2,
-        env={"SEEKTRAIN_TEST_HANG": "2:1"},
+        env=hooks_env({"SEEKTRAIN_TEST_HANG": "2:1"}),
         check=False,
         timeout=240,
     )
@@ -394,7 +395,7 @@ def test_killed_rank_ends_with_a_message_naming_rank_and_operation(tmp_path):
         "train.steps=3",
         "checkpoint.preempt_grace_s=2",
         nproc=2,
-        env={"SEEKTRAIN_TEST_KILL": "2:1"},
+        env=hooks_env({"SEEKTRAIN_TEST_KILL": "2:1"}),
         check=False,
         timeout=240,
     )

@@ -39,7 +39,6 @@ from seektrain.plan.run_plan import RunPlan
 from seektrain.platform import policy_for
 from seektrain.train.balance import configure_aux_loss
 from seektrain.train.evaluate import Evaluator
-from seektrain.train.fault_injection import install_data_hooks, install_from_env, install_startup_hooks
 from seektrain.train.loss_guard import LossGuard
 from seektrain.train.monitor import RunMonitor
 from seektrain.train.optim import build_optimizer, build_scheduler
@@ -48,6 +47,7 @@ from seektrain.train.precision import DynamicLossScaler
 from seektrain.train.preemption import Preemption
 from seektrain.train.progress import setup_logging
 from seektrain.train.readable_failure import FailedAt, readable_failure
+from seektrain.train.run_hooks import run_hook
 from seektrain.train.setup_data import TrainingData, open_training_data
 from seektrain.train.setup_model import check_same_folder
 from seektrain.train.startup import resolve_start
@@ -62,7 +62,7 @@ def train(cfg: JobConfig) -> dict:
     # [faults] SIGTERM is handled from here on, at every moment of the run (preemption.py)
     preemption = Preemption(cfg.checkpoint.preempt_grace_s)
     preemption.run_dir = Path(cfg.run.dir)
-    install_startup_hooks(preemption.rank, preemption)  # [faults] the tests' hooks; nothing otherwise
+    run_hook("at_startup", preemption.rank, preemption)  # [faults] the tests' hooks; nothing otherwise
     try:
         with preemption.start_up():
             preemption.phase = "process-group initialisation"
@@ -90,7 +90,7 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
             on_write_error=cfg.checkpoint.on_write_error,
             adapters_only=cfg.lora.enabled,  # [lora] the frozen base is never written into checkpoints
         )
-        install_data_hooks(env.rank)  # [faults] the tests' shard damaged mid-run; nothing otherwise
+        run_hook("at_data", env.rank)  # [faults] the tests' shard damaged mid-run; nothing otherwise
         preemption.open_group()  # [faults] the ranks agree on a SIGTERM during an evaluation or a save
         # before any work: every rank sees rank 0's run.dir
         check_shared_run_dir(run_dir, env.rank, ckpt.group)
@@ -125,7 +125,7 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
             log.info(copy_to_run(data.dataset.manifest, run_dir))
         loss_guard = LossGuard(cfg.train.on_bad_loss, cfg.train.spike_factor, env.device)  # [faults]
         sync = StepSync(preemption, env.device)  # [faults] SIGTERM and async commits: one all-reduce a step
-        install_from_env(sync, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
+        run_hook("at_steps", sync, env.rank)  # [faults] the tests' SEEKTRAIN_TEST_* hooks; nothing otherwise
         # [lora] a LoRA checkpoint holds no base: it is read again from model.hf_path (or re-initialised)
         hf_path = (cfg.model.hf_path or None) if start.checkpoint is None or plan.lora else None
         if hf_path:
