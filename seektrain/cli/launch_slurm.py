@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from seektrain.exit_codes import EXIT_OK
 from seektrain.launch.image import DEFAULT_IMAGE
 
 
@@ -102,9 +103,9 @@ def run(args: argparse.Namespace) -> int:
         )
     if out is None:
         sys.stdout.write(script)
-        return 0
+        return EXIT_OK
     print(
         f"wrote {out}: submit it with `sbatch {out}`; the job log goes to {job.run_dir}/slurm-JOBID.out",
         file=sys.stderr,
     )
-    return 0
+    return EXIT_OK

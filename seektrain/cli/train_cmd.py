@@ -7,6 +7,7 @@ import os
 import sys
 
 from seektrain.cli.arg_types import float_in, int_in
+from seektrain.exit_codes import EXIT_OK
 from seektrain.launch.elastic import LaunchOptions, launch
 from seektrain.launch.preflight import check_layout
 
@@ -115,4 +116,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         return report_preempted(stop.line, stop.code)
     sys.stdout.flush()
-    return 0
+    return EXIT_OK

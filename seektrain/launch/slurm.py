@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from seektrain.errors import UserError
+from seektrain.exit_codes import EXIT_PREEMPTED
 from seektrain.launch.script_values import oci_image, printable, script_path, slurm_name
 
 SIGNAL_MARGIN_S = 30  # on top of checkpoint.preempt_grace_s: finishing the step, exiting, requeueing
@@ -302,7 +303,7 @@ def render_sbatch(job: SlurmJob) -> str:
         "srun " + " ".join(_srun_options(job)) + " \\",
         '    bash -c \'exec "$@" --node-rank "$SLURM_NODEID"\' seektrain-node "${TRAIN[@]}"',
         "rc=$?",
-        'if [ "$rc" -eq 143 ]; then',
+        f'if [ "$rc" -eq {EXIT_PREEMPTED} ]; then',
         '    echo "seektrain: training saved a checkpoint after SIGTERM; requeueing job $SLURM_JOB_ID to resume"',
         '    scontrol requeue "$SLURM_JOB_ID"',
         "fi",

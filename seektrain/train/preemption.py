@@ -39,10 +39,10 @@ import torch
 import torch.distributed as dist
 
 from seektrain.checkpoint.finder import complete_checkpoints
-from seektrain.errors import EXIT_PREEMPTED, PREEMPTED
+from seektrain.errors import PREEMPTED
+from seektrain.exit_codes import EXIT_PREEMPTED
 
 log = logging.getLogger("seektrain.train")
-PREEMPTED_EXIT_CODE = EXIT_PREEMPTED  # 128 + SIGTERM, what a shell reports for a process ended by it
 PREEMPTED_PREFIX = PREEMPTED  # the one line's start (the launcher relays it, launch/worker_errors.py)
 
 
@@ -60,7 +60,7 @@ class Preempted(SystemExit):
     """Leave the worker with status 143; ``line`` is the one line that says what run.dir holds."""
 
     def __init__(self, line: str):
-        super().__init__(PREEMPTED_EXIT_CODE)
+        super().__init__(EXIT_PREEMPTED)
         self.line = line
 
 
@@ -119,10 +119,10 @@ class Preemption:
         report_line(
             f"{PREEMPTED_PREFIX}: SIGTERM, and no checkpoint was written within "
             f"checkpoint.preempt_grace_s={self.grace_s:g} s (during {self.phase}); {kept(self.run_dir)}",
-            PREEMPTED_EXIT_CODE,
+            EXIT_PREEMPTED,
         )
         sys.stderr.flush()
-        os._exit(PREEMPTED_EXIT_CODE)
+        os._exit(EXIT_PREEMPTED)
 
     # ------------------------------------------------------------------ start-up
     @contextlib.contextmanager
