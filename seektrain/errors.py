@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import contextlib
 
-# A worker stopped by SIGTERM (train/preemption.py): its exit status, 128 + SIGTERM as a shell reports a
-# process the signal ended, and how its one line starts (the launcher relays it: launch/worker_errors.py)
-EXIT_PREEMPTED = 143
+# How the one line of a worker stopped by SIGTERM starts (train/preemption.py; the launcher relays it:
+# launch/worker_errors.py); its exit status is exit_codes.EXIT_PREEMPTED
 PREEMPTED = "seektrain: preempted"
 
 

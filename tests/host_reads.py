@@ -104,7 +104,7 @@ def _gpu_policy_class():
 def count_reads(run_dir: str, overrides: list[str], plant: bool = False) -> dict[int, list[str]]:
     from seektrain import platform
     from seektrain.config.loader import load_config
-    from seektrain.train import faults, trainer
+    from seektrain.train import step_sync, trainer
 
     _GpuPolicy = _gpu_policy_class()
     reads: dict[int, list[str]] = defaultdict(list)
@@ -118,7 +118,7 @@ def count_reads(run_dir: str, overrides: list[str], plant: bool = False) -> dict
 
         return read
 
-    begin_step = faults.FaultGuard.begin_step
+    begin_step = step_sync.StepSync.begin_step
 
     def begin(self, n: int) -> None:
         step[0] = n
@@ -148,7 +148,7 @@ def count_reads(run_dir: str, overrides: list[str], plant: bool = False) -> dict
 
     originals = {name: getattr(torch.Tensor, name) for name in (*READS, "to", "__getitem__")}
     functions = {name: getattr(torch, name) for name in FUNCTIONS}
-    faults.FaultGuard.begin_step = begin
+    step_sync.StepSync.begin_step = begin
     platform.policy_for = lambda device: _GpuPolicy()  # the generic (GPU) path's kernels
     for name in READS:
         setattr(torch.Tensor, name, counted(name, originals[name]))

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fault_injection import hooks_env
 from run_cli import TINY, metrics, train
 from seektrain.checkpoint.export import read_all_tensors as load_tensors
 from seektrain.models import get_preset
@@ -106,7 +107,7 @@ def test_killed_worker_is_restarted_and_async_saves_match(straight, tmp_path):
         "checkpoint.async_save=true",
         nproc=2,
         extra_args=("--max-restarts", "1"),
-        env={"SEEKTRAIN_TEST_KILL": "5:1"},
+        env=hooks_env({"SEEKTRAIN_TEST_KILL": "5:1"}),
     )
     out = proc.stdout + proc.stderr
     assert "exitcode: -9" in out and "resumed from" in out
@@ -134,7 +135,7 @@ def test_sigterm_saves_a_loadable_checkpoint_and_nan_is_skipped(tmp_path):
     args = ["train", "--nproc-per-node", "2", "--set", f"run.dir={run}"]
     for item in (*TINY, "train.steps=500", "checkpoint.interval=0"):
         args += ["--set", item]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SEEKTRAIN_TEST_NAN": "2"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **hooks_env({"SEEKTRAIN_TEST_NAN": "2"})}
     env.pop("LOCAL_RANK", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "seektrain.cli.main", *args],
@@ -170,7 +171,7 @@ def test_nan_loss_stops_with_one_line_and_saves_nothing_new(tmp_path):
         "train.steps=4",
         "checkpoint.interval=1",
         "train.on_bad_loss=stop",
-        env={"SEEKTRAIN_TEST_NAN": "2"},
+        env=hooks_env({"SEEKTRAIN_TEST_NAN": "2"}),
         check=False,
     )
     assert proc.returncode == 2

@@ -9,20 +9,22 @@ import subprocess
 import sys
 import textwrap
 import threading
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from fault_injection import hooks_env
 from run_cli import train
 from seektrain.checkpoint import rng
 from seektrain.checkpoint.manager import CheckpointError, CheckpointManager, describe_error
 from seektrain.checkpoint.staging import snapshot_stager, staging_options
 from seektrain.config.loader import ConfigError, load_config
 from seektrain.models import build_model, get_preset
-from seektrain.train.faults import BadLossError, CollectiveError, FaultGuard, LossGuard
+from seektrain.train.collective_failure import CollectiveError
+from seektrain.train.loss_guard import BadLossError, LossGuard
+from seektrain.train.readable_failure import FailedAt, readable_failure
 
 
 def tiny():
@@ -278,7 +280,7 @@ def test_loss_guard_nan_spike_and_state():
 def test_loss_guard_judges_on_the_device_and_keeps_the_last_window():
     """``judge`` returns tensors (the step masks its update with them) and keeps the recent good losses
     in a ring; the history it saves is the last SPIKE_WINDOW good losses, oldest first, as the list was."""
-    from seektrain.train.faults import SPIKE_WINDOW
+    from seektrain.train.loss_guard import SPIKE_WINDOW
 
     guard = LossGuard("skip", spike_factor=3.0)
     losses = [10.0 - 0.01 * i for i in range(SPIKE_WINDOW + 7)]
@@ -319,33 +321,35 @@ def _thrown_by_torch_distributed(message: str) -> RuntimeError:
 
 def test_collective_failure_becomes_one_line_naming_rank_and_operation():
     """Told by type and origin: the same words thrown by other code are not a collective failure."""
-    cfg = SimpleNamespace(on_bad_loss="skip", spike_factor=0.0)
-    guard = FaultGuard(
-        cfg,
-        SimpleNamespace(preempt_grace_s=10.0),
-        rank=1,
-        device=torch.device("cpu"),
-        collective_timeout_s=5.0,
-    )
+    from seektrain.train.preemption import Preemption
+    from seektrain.train.step_sync import StepSync
+
+    preemption = Preemption(10.0, rank=1)
+    sync = StepSync(preemption, torch.device("cpu"))
     text = (
         "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"
     )
     try:
-        guard.begin_step(7)
-        with pytest.raises(CollectiveError) as got:
-            guard.raise_readable(_thrown_by_torch_distributed(text))
-        message = str(got.value)
+        sync.begin_step(7)
+
+        def readable(err):
+            return readable_failure(err, None, FailedAt(1, sync.step, preemption.phase, timeout_s=5.0))
+
+        failure = readable(_thrown_by_torch_distributed(text))
+        assert isinstance(failure, CollectiveError)
+        message = str(failure)
         assert "\n" not in message and message.startswith("rank 1: a collective failed during step 7")
         assert (
             "Timed out waiting 5000ms for recv operation" in message
             and "dist.collective_timeout_s" in message
         )
-        with pytest.raises(CollectiveError):
-            guard.raise_readable(torch.distributed.DistBackendError("NCCL communicator was aborted"))
-        guard.raise_readable(RuntimeError(text))  # the words alone, thrown elsewhere: left alone
-        guard.raise_readable(RuntimeError("shape mismatch"))  # not a collective failure: left alone
+        assert isinstance(
+            readable(torch.distributed.DistBackendError("NCCL communicator was aborted")), CollectiveError
+        )
+        assert readable(RuntimeError(text)) is None  # the words alone, thrown elsewhere: left alone
+        assert readable(RuntimeError("shape mismatch")) is None  # not a collective failure: left alone
     finally:
-        guard.close()
+        preemption.close()
 
 
 def test_new_config_keys_are_validated():
@@ -372,7 +376,7 @@ def test_hung_rank_ends_with_a_message_naming_rank_and_operation(tmp_path):
         "dist.collective_timeout_s=5",
         "checkpoint.preempt_grace_s=2",
         nproc=2,
-        env={"SEEKTRAIN_TEST_HANG": "2:1"},
+        env=hooks_env({"SEEKTRAIN_TEST_HANG": "2:1"}),
         check=False,
         timeout=240,
     )
@@ -391,7 +395,7 @@ def test_killed_rank_ends_with_a_message_naming_rank_and_operation(tmp_path):
         "train.steps=3",
         "checkpoint.preempt_grace_s=2",
         nproc=2,
-        env={"SEEKTRAIN_TEST_KILL": "2:1"},
+        env=hooks_env({"SEEKTRAIN_TEST_KILL": "2:1"}),
         check=False,
         timeout=240,
     )

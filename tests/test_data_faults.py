@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fault_injection import hooks_env
 from run_cli import metrics, train
 from seektrain.data.agreed import NONE, AgreedBatches
 from seektrain.data.batch_loader import DistributedBatchLoader
@@ -179,7 +180,12 @@ def test_a_shard_damaged_mid_run_stops_both_ranks_before_a_step_uses_it(tmp_path
         "train.eval_steps=1",
     )
     proc = train(
-        run, "train.steps=5", *common, nproc=2, env={"SEEKTRAIN_TEST_DATA_DAMAGE": "4:1"}, check=False
+        run,
+        "train.steps=5",
+        *common,
+        nproc=2,
+        env=hooks_env({"SEEKTRAIN_TEST_DATA_DAMAGE": "4:1"}),
+        check=False,
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     flipped = re.search(r"flipped byte (\d+) of (\S+) \(block (\d+)\)", proc.stderr)

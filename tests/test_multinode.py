@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from fault_injection import hooks_env
 from run_cli import train
 from two_nodes import host_pair, node_command, run_nodes, run_on_nodes, step_losses
 
@@ -78,7 +79,12 @@ def test_two_nodes_train_like_one_node(hosts, tmp_path_factory, nproc, overrides
 def test_killed_worker_on_node_1_resumes_both_nodes(hosts, tmp_path_factory):
     run = tmp_path_factory.mktemp("restart")
     results = run_nodes(
-        hosts, run, 29480, *FSDP_6, extra=("--max-restarts", "1"), node_env={1: {"SEEKTRAIN_TEST_KILL": "4"}}
+        hosts,
+        run,
+        29480,
+        *FSDP_6,
+        extra=("--max-restarts", "1"),
+        node_env={1: hooks_env({"SEEKTRAIN_TEST_KILL": "4"})},
     )  # node 1's worker SIGKILLs itself
     for rc, out in results:
         assert rc == 0, out[-4000:]

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -203,7 +202,8 @@ def test_lost_agent_under_elastic_nodes_reforms_with_one_node_and_resumes(hosts,
 
 # -- the same decisions without namespaces (fast) ------------------------------------------------------
 from seektrain.launch.rendezvous import BoundedCall, RoundTokenRendezvous  # noqa: E402
-from seektrain.train.faults import CollectiveError, FaultGuard, peers_text  # noqa: E402
+from seektrain.train.collective_failure import CollectiveError, peers_text  # noqa: E402
+from seektrain.train.readable_failure import FailedAt, readable_failure  # noqa: E402
 
 
 def test_peers_are_named_by_node_and_address():
@@ -223,22 +223,12 @@ def test_peers_are_named_by_node_and_address():
 
 
 def test_collective_error_names_this_node_and_the_peer():
-    guard = FaultGuard(
-        SimpleNamespace(on_bad_loss="skip", spike_factor=0.0),
-        SimpleNamespace(preempt_grace_s=10.0),
-        rank=1,
-        device=torch.device("cpu"),
-        collective_timeout_s=4.0,
-        facts=[{"host": "a", "addr": "10.0.0.1"}, {"host": "b", "addr": "10.0.0.2"}],
-    )
-    try:
-        guard.begin_step(3)
-        with pytest.raises(CollectiveError) as got:
-            guard.raise_readable(torch.distributed.DistNetworkError("Connection closed by peer"))
-        assert str(got.value).startswith("rank 1 on b (10.0.0.2): a collective failed during step 3")
-        assert "It waits on rank 0 on a (10.0.0.1)" in str(got.value)
-    finally:
-        guard.close()
+    facts = [{"host": "a", "addr": "10.0.0.1"}, {"host": "b", "addr": "10.0.0.2"}]
+    at = FailedAt(1, 3, "step 3 (its collectives)", facts, timeout_s=4.0)
+    got = readable_failure(torch.distributed.DistNetworkError("Connection closed by peer"), None, at)
+    assert isinstance(got, CollectiveError)
+    assert str(got).startswith("rank 1 on b (10.0.0.2): a collective failed during step 3")
+    assert "It waits on rank 0 on a (10.0.0.1)" in str(got)
 
 
 def test_the_agents_store_calls_are_bounded(monkeypatch):

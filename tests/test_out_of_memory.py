@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from fault_injection import hooks_env
 from run_cli import train
 from seektrain.config.loader import load_config
 from seektrain.models.deepseek.presets import get_preset
@@ -62,7 +63,7 @@ def test_recognised_errors():
 
 
 def test_run_ends_with_the_fix_not_a_traceback(tmp_path):
-    proc = train(tmp_path, "train.steps=3", env={"SEEKTRAIN_TEST_OOM": "2"}, check=False)
+    proc = train(tmp_path, "train.steps=3", env=hooks_env({"SEEKTRAIN_TEST_OOM": "2"}), check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("seektrain: error: rank 0 ran out of memory during step 2: CUDA out of memory")

@@ -122,11 +122,11 @@ def _context(plan):
     pipeline: the test feeds the step its batches itself."""
     from types import SimpleNamespace
 
-    from seektrain.train import faults
+    from seektrain.train.loss_guard import LossGuard
     from seektrain.train.trainer import build_step_context
 
-    data, guard = SimpleNamespace(batches=iter(())), SimpleNamespace(loss=faults.LossGuard())
-    return build_step_context(plan, torch.device("cpu"), data, guard, None)
+    data = SimpleNamespace(batches=iter(()))
+    return build_step_context(plan, torch.device("cpu"), data, LossGuard(), None)
 
 
 def _full_parameters(model) -> dict[str, torch.Tensor]:

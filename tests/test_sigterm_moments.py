@@ -3,7 +3,7 @@ async save still in flight, during an evaluation and during start-up (the checkp
 
 One run folder is interrupted four times in a row, each time by a `seektrain train` of 2 processes with a
 test hook that sends SIGTERM to the launcher (which forwards it to both workers, as torchrun does) at that
-moment (train/fault_injection.py); each interrupted run resumes the folder the previous one left. Every
+moment (tests/fault_injection.py); each interrupted run resumes the folder the previous one left. Every
 stage must exit 143 with the one `seektrain: preempted: ...` line naming what run.dir holds, leave no
 `.tmp` folder and no lock, keep every earlier checkpoint byte for byte, and train exactly the steps an
 uninterrupted run trains (its losses, and the checkpoint the last stage saved, equal the reference's).
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fault_injection import hooks_env
 from run_cli import metrics, train
 from test_checkpoint_runs import same_contents, step_losses
 
@@ -31,10 +32,10 @@ STEPS = [
 PREEMPTED = "seektrain: preempted: "
 # (name, extra --set items, SIGTERM hook) in the order the folder meets them
 STAGES = [
-    ("sync save", [], {"SEEKTRAIN_TEST_SIGTERM_SAVE": "2:0"}),
-    ("start-up", [], {"SEEKTRAIN_TEST_SIGTERM_STARTUP": "resume:0"}),
-    ("async save", ["checkpoint.async_save=true"], {"SEEKTRAIN_TEST_SIGTERM_SAVE": "4:0"}),
-    ("eval", [], {"SEEKTRAIN_TEST_SIGTERM_EVAL": "6:0"}),
+    ("sync save", [], hooks_env({"SEEKTRAIN_TEST_SIGTERM_SAVE": "2:0"})),
+    ("start-up", [], hooks_env({"SEEKTRAIN_TEST_SIGTERM_STARTUP": "resume:0"})),
+    ("async save", ["checkpoint.async_save=true"], hooks_env({"SEEKTRAIN_TEST_SIGTERM_SAVE": "4:0"})),
+    ("eval", [], hooks_env({"SEEKTRAIN_TEST_SIGTERM_EVAL": "6:0"})),
 ]
 
 

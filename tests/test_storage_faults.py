@@ -8,12 +8,15 @@ import socket
 
 import pytest
 
+from fault_injection import hooks_env
 from run_cli import metrics, train
 
 
 def test_a_rank_that_does_not_see_run_dir_stops_the_job_before_step_1(tmp_path):
     run = tmp_path / "run"
-    proc = train(run, "train.steps=2", nproc=2, env={"SEEKTRAIN_TEST_UNSHARED_RUN_DIR": "1"}, check=False)
+    proc = train(
+        run, "train.steps=2", nproc=2, env=hooks_env({"SEEKTRAIN_TEST_UNSHARED_RUN_DIR": "1"}), check=False
+    )
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if "is not shared" in line]
     assert lines, proc.stderr[-3000:]
@@ -35,7 +38,7 @@ def test_continue_skips_a_checkpoint_the_full_disk_refused_and_saves_at_the_next
         "checkpoint.keep=5",
         "checkpoint.on_write_error=continue",
         nproc=2,
-        env={"SEEKTRAIN_TEST_CKPT_ENOSPC": "2:1"},
+        env=hooks_env({"SEEKTRAIN_TEST_CKPT_ENOSPC": "2:1"}),
     )
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
     names = sorted(p.name for p in (run / "checkpoints").iterdir())

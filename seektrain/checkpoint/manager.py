@@ -256,7 +256,7 @@ class CheckpointManager:
         retry_later: bool = False,
     ) -> None:
         """Write a checkpoint of ``step`` (collective). With ``checkpoint.async_save`` it returns once the
-        state is copied to host memory; ``wait`` (or the per-step check in ``train.faults``) commits it
+        state is copied to host memory; ``wait`` (or the per-step check in ``train.step_sync``) commits it
         later. ``blocking`` forces a sync save; ``optimizer=None`` writes the model weights only.
         ``retry_later``: an interval save, which ``checkpoint.on_write_error=continue`` may skip when it
         fails (the final and the preemption saves have no later chance, so they always stop the run)."""
@@ -388,7 +388,7 @@ class CheckpointManager:
         return self._pending.step if self._pending is not None else None
 
     def commit(self, step: int | None) -> None:
-        """Commit the async save of ``step`` once every rank has written it (``FaultGuard.end_step`` says
+        """Commit the async save of ``step`` once every rank has written it (``StepSync.end_step`` says
         so), unless it was committed since; nothing for None."""
         if step is not None and self.pending_step == step:
             self.wait()

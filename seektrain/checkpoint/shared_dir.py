@@ -27,7 +27,7 @@ READ_FOR_S = 3.0  # a network file system may show a new file a moment late: ret
 
 
 def read_marker(path: Path) -> str | None:
-    """The marker's text as this rank sees it, or None (``train/fault_injection.py`` redirects it)."""
+    """The marker's text as this rank sees it, or None (the tests' fault injection redirects it)."""
     try:
         return path.read_text()
     except OSError:

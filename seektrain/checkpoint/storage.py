@@ -57,8 +57,8 @@ def is_disk_full(err: BaseException | None) -> bool:
 
 
 class Writer(FileSystemWriter):
-    """DCP's file writer for one checkpoint folder (``train/fault_injection.py`` derives the full-disk
-    test hook from it)."""
+    """DCP's file writer for one checkpoint folder (the tests' fault injection, loaded through
+    ``train/run_hooks.py``, derives the full-disk test hook from it)."""
 
     def __init__(self, path: Path):
         super().__init__(str(path))

@@ -13,6 +13,7 @@ from seektrain.cli.arg_types import SEED, float_in, int_in, nonempty
 from seektrain.data.chat_template import BUILTIN_TEMPLATES
 from seektrain.data.hf_tokenizer import TEMPERATURE, TOP_P
 from seektrain.errors import UserError
+from seektrain.exit_codes import EXIT_OK
 
 DIM, PLAIN = "\x1b[2m", "\x1b[0m"
 
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.prompt:
         _answer(conversation, args.prompt, terminal)
-        return 0
+        return EXIT_OK
     while (line := _read_turn(terminal)) is not None:
         if line == "/exit":
             break
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                 _answer(conversation, line, terminal)
             except ValueError as err:  # a conversation grown past the context: say so, keep chatting
                 print(f"seektrain chat: {err}", file=sys.stderr)
-    return 0
+    return EXIT_OK
 
 
 def _read_turn(terminal: bool) -> str | None:

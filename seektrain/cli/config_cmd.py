@@ -11,6 +11,7 @@ import sys
 
 from seektrain.cli.config_args import add_config_args
 from seektrain.config.loader import config_to_toml, load_config
+from seektrain.exit_codes import EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,14 +48,14 @@ def run_show(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     check_preset(cfg)
     print(config_to_toml(cfg, comments=args.comments), end="")
-    return 0
+    return EXIT_OK
 
 
 def run_keys(args: argparse.Namespace) -> int:
     from seektrain.config.reference import config_keys, format_keys
 
     print(format_keys(config_keys(), markdown=args.markdown), end="")
-    return 0
+    return EXIT_OK
 
 
 def run_from_deepspeed(args: argparse.Namespace) -> int:
@@ -76,7 +77,7 @@ def run_from_deepspeed(args: argparse.Namespace) -> int:
             lines.append(f"# from DeepSpeed {sources[key]}")
         lines.append(line)
     print("\n".join(lines))
-    return 0
+    return EXIT_OK
 
 
 def deepspeed_overrides(args: argparse.Namespace) -> list[str]:

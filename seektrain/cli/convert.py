@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 from seektrain.cli.arg_types import SEED
 from seektrain.data.hf_tokenizer import write_hf_tokenizer
 from seektrain.errors import UserError, user_path
+from seektrain.exit_codes import EXIT_OK, EXIT_USER_ERROR
 
 if TYPE_CHECKING:  # torch is imported by the functions that convert, not by `seektrain --help`
     import torch
 
-EXIT_USER_ERROR = 2
 PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 
 
@@ -413,7 +413,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"seektrain convert: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     print(message)
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from seektrain.data.dataset import verify_dataset
 from seektrain.data.manifest import SPLITS, Manifest, read_manifest
 from seektrain.data.prepare import DEFAULT_SHARD_TOKENS, OVERLONG, RowOptions, prepare_dataset
 from seektrain.data.sources import FORMATS
+from seektrain.exit_codes import EXIT_OK, EXIT_USER_ERROR
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -120,7 +121,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
-    return 2
+    return EXIT_USER_ERROR
 
 
 def run_prepare(args: argparse.Namespace) -> int:
@@ -139,20 +140,20 @@ def run_prepare(args: argparse.Namespace) -> int:
     )
     print(f"prepared {args.output} in {time.perf_counter() - start:.1f}s")
     print(summary(manifest))
-    return 0
+    return EXIT_OK
 
 
 def run_info(args: argparse.Namespace) -> int:
     print(f"dataset   {args.dir}")
     print(summary(read_manifest(args.dir)))
-    return 0
+    return EXIT_OK
 
 
 def run_verify(args: argparse.Namespace) -> int:
     manifest = verify_dataset(args.dir)
     shards = len(manifest.train.shards) + len(manifest.val.shards)
     print(f"ok: {shards} shards, {manifest.total_tokens:,} tokens, sizes and sha256 match manifest.json")
-    return 0
+    return EXIT_OK
 
 
 def summary(m: Manifest) -> str:

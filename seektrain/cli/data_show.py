@@ -15,6 +15,7 @@ import numpy as np
 from seektrain.data.dataset import TokenDataset
 from seektrain.data.tokenizer import load_tokenizer
 from seektrain.errors import UserError
+from seektrain.exit_codes import EXIT_OK
 
 _ANSI = ("\x1b[1;32m", "\x1b[0m")
 _BRACKETS = ("⟦", "⟧")
@@ -24,7 +25,7 @@ def run_show(args: argparse.Namespace) -> int:
     tokens, mask, count = read_document(args.dir, args.split, args.index)
     if args.json:
         print(json.dumps({"tokens": tokens.tolist(), "loss_mask": mask.tolist()}))
-        return 0
+        return EXIT_OK
     dataset_spec = TokenDataset(args.dir, args.split).manifest.tokenizer.spec
     tokenizer = load_tokenizer(dataset_spec)
     marks = _ANSI if sys.stdout.isatty() else _BRACKETS
@@ -35,7 +36,7 @@ def run_show(args: argparse.Namespace) -> int:
     print(f"loss_mask {mask.tolist()}")
     print(f"text      (trained spans {'in green' if marks is _ANSI else 'in ⟦ ⟧'}):")
     print(marked_text(tokenizer.decode, tokens, mask, marks))
-    return 0
+    return EXIT_OK
 
 
 def read_document(directory: str, split: str, index: int) -> tuple[np.ndarray, np.ndarray, int]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from seektrain.cli.arg_types import float_in, int_in
 from seektrain.cli.config_args import add_config_args, config_argv
 from seektrain.errors import UserError
+from seektrain.exit_codes import EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         report = doctor_here(opts)
     if report is None:  # not rank 0
-        return 0
+        return EXIT_OK
     print(report.to_json() if args.json else report.render())
     sys.stdout.flush()
     return report.exit_code

@@ -15,7 +15,8 @@ import time
 import traceback
 from pathlib import Path
 
-from seektrain.launch.worker_errors import ERROR_DIR_ENV, EXIT_FAILED, EXIT_USER_ERROR, QUIET_WORKERS_ENV
+from seektrain.exit_codes import EXIT_FAILED, EXIT_USER_ERROR
+from seektrain.launch.worker_errors import ERROR_DIR_ENV, QUIET_WORKERS_ENV
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -7,6 +7,7 @@ import argparse
 
 from seektrain.cli.arg_types import int_in
 from seektrain.cli.config_args import add_config_args
+from seektrain.exit_codes import EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,4 +48,4 @@ def run(args: argparse.Namespace) -> int:
             "(on CPU, MLA attention zero-pads values to the key size to use the flash kernel; the counted "
             "FLOPs include that padding, the analytic ones do not)"
         )
-    return 0
+    return EXIT_OK

@@ -12,6 +12,7 @@ import sys
 from seektrain.cli.config_args import add_config_args
 from seektrain.cli.launch_output import write_launch_file
 from seektrain.errors import UserError
+from seektrain.exit_codes import EXIT_OK
 from seektrain.launch.image import DEFAULT_IMAGE
 from seektrain.launch.k8s import GENERATED_MARK, KINDS, K8sOptions, build_manifests, cluster_config
 from seektrain.launch.yaml_text import to_yaml_documents
@@ -123,4 +124,4 @@ def run(args: argparse.Namespace) -> int:
             "annotations (add --set metrics.prometheus_port=9090 to scrape them)",
             file=sys.stderr,
         )
-    return 0
+    return EXIT_OK

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from seektrain.cli.config_args import add_config_args
+from seektrain.exit_codes import EXIT_OK
 from seektrain.launch.image import DEFAULT_IMAGE
 
 
@@ -100,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
         )
     if out is None:
         sys.stdout.write(script)
-        return 0
+        return EXIT_OK
     print(
         f"wrote {out}: submit it with `sbatch {out}`; the job log goes to {job.run_dir}/slurm-JOBID.out",
         file=sys.stderr,
     )
-    return 0
+    return EXIT_OK

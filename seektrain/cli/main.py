@@ -22,6 +22,7 @@ from seektrain.cli import (
 )
 from seektrain.cli.errors import OneLineParser, report_internal_error, report_user_error
 from seektrain.errors import RunFailure, UserError
+from seektrain.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR
 from seektrain.version import version
 
 
@@ -50,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as done:  # --help, --version, or a flag refused with one line
-        return int(done.code or 0) if not isinstance(done.code, str) else 2
+        return int(done.code or EXIT_OK) if not isinstance(done.code, str) else EXIT_USER_ERROR
     try:
-        return int(args.handler(args) or 0)
+        return int(args.handler(args) or EXIT_OK)
     except KeyboardInterrupt:
         print("seektrain: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except (UserError, RunFailure) as err:
         return report_user_error(err)
     except Exception as err:  # a bug: its traceback goes to the run's train.log, one line here

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from seektrain.exit_codes import EXIT_OK
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list model presets with parameter counts")
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         print(json.dumps(rows, indent=1))
-        return 0
+        return EXIT_OK
     header = (
         f"{'preset':<18} {'arch':<12} {'layers':>6} {'hidden':>6} {'experts':>9} "
         f"{'total':>9} {'active':>9} {'mtp':>8}"
@@ -58,4 +60,4 @@ def run(args: argparse.Namespace) -> int:
         "\ntotal and active exclude MTP modules; active also excludes the input embedding table "
         "(the convention of the published sizes)"
     )
-    return 0
+    return EXIT_OK

@@ -9,6 +9,7 @@ import json
 from seektrain.cli.arg_types import int_in
 from seektrain.cli.config_args import add_config_args
 from seektrain.errors import UserError
+from seektrain.exit_codes import EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -100,4 +101,4 @@ def run(args: argparse.Namespace) -> int:
         from seektrain.plan.report import format_text
 
         print(format_text(data))
-    return 0
+    return EXIT_OK

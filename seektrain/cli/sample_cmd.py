@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from seektrain.cli.arg_types import SEED, float_in, int_in
+from seektrain.exit_codes import EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,4 +35,4 @@ def run(args: argparse.Namespace) -> int:
     out = generate(model, ids, args.max_new_tokens, args.temperature, args.top_k, args.seed)
     print(f"# {path}")
     print(args.prompt + tokenizer.decode(out))
-    return 0
+    return EXIT_OK

@@ -8,6 +8,7 @@ import sys
 
 from seektrain.cli.arg_types import float_in, int_in
 from seektrain.cli.config_args import add_config_args, config_argv
+from seektrain.exit_codes import EXIT_OK
 from seektrain.launch.elastic import LaunchOptions, launch
 from seektrain.launch.preflight import check_layout
 
@@ -103,4 +104,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         return report_preempted(stop.line, stop.code)
     sys.stdout.flush()
-    return 0
+    return EXIT_OK

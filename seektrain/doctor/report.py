@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from seektrain.exit_codes import EXIT_FAILED, EXIT_OK
+
 STATUSES = ("ok", "info", "warn", "blocker")
 
 
@@ -41,7 +43,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.blockers else 0
+        return EXIT_FAILED if self.blockers else EXIT_OK
 
     def to_json(self) -> str:
         return json.dumps(

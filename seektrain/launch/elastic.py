@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 
 from seektrain.errors import UserError
+from seektrain.exit_codes import EXIT_FAILED, EXIT_OK, signal_exit
 from seektrain.launch.network import NodeNetwork, node_network, wait_for_endpoint
 
 RDZV_BACKEND = "seektrain-c10d"  # launch/rendezvous.py: c10d plus a round token for the workers
@@ -156,7 +157,7 @@ def launch(opts: LaunchOptions, worker_argv: list[str], what: str = "training") 
     problem = _store_problem(opts, net) if net is not None else None
     if problem:
         print(f"seektrain: error: {problem}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     with worker_error_folder(quiet=opts.max_restarts == 0) as errors:
         return _run(opts, worker_argv, what, net, errors)
 
@@ -184,13 +185,13 @@ def _run(opts: LaunchOptions, worker_argv: list[str], what: str, net: NodeNetwor
             "the same command resumes from the newest complete checkpoint in run.dir",
             file=sys.stderr,
         )
-        return 128 + int(err.sigval)
+        return signal_exit(err.sigval)
     except ChildFailedError as err:
         return report_failures(err.failures, errors, what)
     except RendezvousError as err:
         print(f"seektrain: error: {rendezvous_failure(opts, net, err)}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def rendezvous_failure(opts: LaunchOptions, net: NodeNetwork | None, err: Exception) -> str:

@@ -11,7 +11,7 @@ What the script must get right, and what each line is for:
 * Preemption and time limits: Slurm sends SIGTERM to the training processes (``--signal=TERM@S``,
   S seconds before the time limit; ``scancel --signal=TERM``; preemption). The trainer stops every
   rank after the same step, saves a checkpoint within ``checkpoint.preempt_grace_s`` and exits with
-  143 (train/faults.py). The script then requeues the job (``--requeue`` makes it requeueable), and the
+  143 (train/step_sync.py). The script then requeues the job (``--requeue`` makes it requeueable), and the
   requeued job resumes from that checkpoint because ``checkpoint.resume=auto`` picks the newest one.
   The signal goes to the job steps, not the batch shell (no ``B:``): the shell must live on to see 143.
 * Every task may start in another directory on another machine, so ``run.dir`` and the config are
@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from seektrain.errors import UserError
+from seektrain.exit_codes import EXIT_PREEMPTED
 from seektrain.launch.script_values import oci_image, printable, script_path, slurm_name
 
 SIGNAL_MARGIN_S = 30  # on top of checkpoint.preempt_grace_s: finishing the step, exiting, requeueing
@@ -302,7 +303,7 @@ def render_sbatch(job: SlurmJob) -> str:
         "srun " + " ".join(_srun_options(job)) + " \\",
         '    bash -c \'exec "$@" --node-rank "$SLURM_NODEID"\' seektrain-node "${TRAIN[@]}"',
         "rc=$?",
-        'if [ "$rc" -eq 143 ]; then',
+        f'if [ "$rc" -eq {EXIT_PREEMPTED} ]; then',
         '    echo "seektrain: training saved a checkpoint after SIGTERM; requeueing job $SLURM_JOB_ID to resume"',
         '    scontrol requeue "$SLURM_JOB_ID"',
         "fi",

@@ -15,10 +15,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from seektrain.errors import EXIT_PREEMPTED, PREEMPTED
+from seektrain.errors import PREEMPTED
+from seektrain.exit_codes import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR
 
-EXIT_USER_ERROR = 2  # bad input: a config key, a flag, a file
-EXIT_FAILED = 1  # the input was fine and the run failed (internal errors included)
 # Set by our launcher for its workers: the folder where each worker leaves its error line (rank-N.txt,
 # written by cli/errors.py), and whether the worker should leave the printing to the launcher.
 ERROR_DIR_ENV = "SEEKTRAIN_WORKER_ERRORS"

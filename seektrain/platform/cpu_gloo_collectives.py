@@ -38,7 +38,7 @@ _REDUCE_SCATTER_TAG = 7302
 def wait(work: dist.Work) -> None:
     """Wait for one gloo request. Its failure (a lost or stuck peer) comes up as a plain ``RuntimeError``
     from this module's frame, so it is raised as torch's ``DistNetworkError``, the type the trainer tells
-    a collective failure by (``train/faults.py``)."""
+    a collective failure by (``train/collective_failure.py``)."""
     try:
         work.wait()
     except RuntimeError as err:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from seektrain.models import MoE
-from seektrain.models.deepseek.moe import _in_backward
+from seektrain.models.autograd_phase import in_backward
 from seektrain.observe.names import layer_key
 
 
@@ -86,7 +86,7 @@ class RouterEntropy:
         @torch.compiler.disable  # a list updated per call: traced, a recompile each time
         @torch.no_grad()
         def hook(router: nn.Module, args, output) -> None:
-            if not router.training or _in_backward():
+            if not router.training or in_backward():
                 return
             scores = output[2].detach()  # Router.forward's (weights, indices, scores)
             probs = scores / scores.sum(-1, keepdim=True).clamp_min(1e-20)

@@ -11,7 +11,7 @@ or worse, in the middle of a write). What it does depends on the moment:
   same preemption. The few steps that move checkpoints around (``uninterrupted``) finish first. No
   checkpoint of an untrained model is written: the run dir is as it was, and it resumes as it would have.
 * **Training**: the handler only sets a flag (a step must not be torn); the trainer's per-step
-  all-reduce makes every rank stop at the same step, save it and exit (``faults.FaultGuard.end_step``).
+  all-reduce makes every rank stop at the same step, save it and exit (``step_sync.StepSync.end_step``).
 * **A checkpoint being written**: the save goes on. A sync save is committed and, when every rank
   agrees (``agreed``) that a signal came, it is the preemption checkpoint: the run exits right after it.
   An async save still in flight is waited for and committed by the preemption save.
@@ -39,10 +39,10 @@ import torch
 import torch.distributed as dist
 
 from seektrain.checkpoint.finder import complete_checkpoints
-from seektrain.errors import EXIT_PREEMPTED, PREEMPTED
+from seektrain.errors import PREEMPTED
+from seektrain.exit_codes import EXIT_PREEMPTED
 
 log = logging.getLogger("seektrain.train")
-PREEMPTED_EXIT_CODE = EXIT_PREEMPTED  # 128 + SIGTERM, what a shell reports for a process ended by it
 PREEMPTED_PREFIX = PREEMPTED  # the one line's start (the launcher relays it, launch/worker_errors.py)
 
 
@@ -60,7 +60,7 @@ class Preempted(SystemExit):
     """Leave the worker with status 143; ``line`` is the one line that says what run.dir holds."""
 
     def __init__(self, line: str):
-        super().__init__(PREEMPTED_EXIT_CODE)
+        super().__init__(EXIT_PREEMPTED)
         self.line = line
 
 
@@ -119,10 +119,10 @@ class Preemption:
         report_line(
             f"{PREEMPTED_PREFIX}: SIGTERM, and no checkpoint was written within "
             f"checkpoint.preempt_grace_s={self.grace_s:g} s (during {self.phase}); {kept(self.run_dir)}",
-            PREEMPTED_EXIT_CODE,
+            EXIT_PREEMPTED,
         )
         sys.stderr.flush()
-        os._exit(PREEMPTED_EXIT_CODE)
+        os._exit(EXIT_PREEMPTED)
 
     # ------------------------------------------------------------------ start-up
     @contextlib.contextmanager

@@ -26,7 +26,6 @@ from seektrain.observe.step_clock import Spans, StepClock
 from seektrain.parallel.context_parallel import local_batch
 from seektrain.parallel.parallelize import ParallelModel
 from seektrain.plan.run_plan import RunPlan
-from seektrain.train import faults
 from seektrain.train.balance import (
     RouterEntropy,
     collect_expert_load,
@@ -36,6 +35,7 @@ from seektrain.train.balance import (
 )
 from seektrain.train.grad import clip_grad_norm
 from seektrain.train.loss import model_loss, step_denominators
+from seektrain.train.loss_guard import LossGuard, Verdict
 from seektrain.train.pipeline_step import PipelineLoss, pipeline_forward_backward
 from seektrain.train.precision import DynamicLossScaler
 
@@ -49,7 +49,7 @@ class StepContext:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: DynamicLossScaler
     batches: Iterator[Batch]
-    loss_guard: faults.LossGuard  # [faults] bad-loss policy: skip or stop on NaN/Inf or a spike
+    loss_guard: LossGuard  # [faults] bad-loss policy: skip or stop on NaN/Inf or a spike
     pipeline_loss: PipelineLoss | None = None  # the pipeline schedule's loss (pp > 1)
     autocast: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)
     clock: StepClock = field(init=False)
@@ -70,7 +70,7 @@ class StepRecord:
     of a phase, all read at the next flush; ``verdict``: the loss guard's, settled then."""
 
     values: dict
-    verdict: faults.Verdict
+    verdict: Verdict
     read: bool = False  # values read on the host and the verdict settled (seektrain.train.step_log)
 
 
@@ -134,7 +134,7 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
         loss_sum = accumulate(ctx, step, spans)
 
     # [faults] the data-parallel mean loss is known before the update, so every rank takes the same
-    # skip/stop decision on a NaN/Inf or spiking loss (train.on_bad_loss, seektrain.train.faults): on the
+    # skip/stop decision on a NaN/Inf or spiking loss (train.on_bad_loss, seektrain.train.loss_guard): on the
     # device, as a mask of the update; the host hears of it at the next flush (LossGuard.settle).
     # Communication we can time: these step-level reductions, including the wait for the slowest rank
     # (FSDP's and TP's collectives overlap compute inside fwd_bwd and are not separable there).

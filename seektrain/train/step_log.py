@@ -17,7 +17,8 @@ import torch
 
 from seektrain.observe.step_clock import Spans
 from seektrain.train.balance import layer_metrics
-from seektrain.train.faults import BadLossError, LossGuard, is_collective_failure
+from seektrain.train.collective_failure import is_collective_failure
+from seektrain.train.loss_guard import BadLossError, LossGuard
 from seektrain.train.monitor import RunMonitor
 from seektrain.train.step import StepRecord
 

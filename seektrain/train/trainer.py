@@ -28,7 +28,7 @@ from seektrain.config.schema import JobConfig
 from seektrain.data.blocks import ShardDamaged
 from seektrain.data.tokenizer_files import copy_to_run
 from seektrain.errors import user_path
-from seektrain.models.deepseek.transformer import build_model
+from seektrain.models import build_model
 from seektrain.models.lora import trainable_counts
 from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.layout_record import layout_ran
@@ -39,19 +39,21 @@ from seektrain.plan.run_plan import RunPlan
 from seektrain.platform import policy_for
 from seektrain.train.balance import configure_aux_loss
 from seektrain.train.evaluate import Evaluator
-from seektrain.train.fault_injection import install_data_hooks, install_from_env, install_startup_hooks
-from seektrain.train.faults import FaultGuard
+from seektrain.train.loss_guard import LossGuard
 from seektrain.train.monitor import RunMonitor
 from seektrain.train.optim import build_optimizer, build_scheduler
 from seektrain.train.pipeline_step import PipelineLoss
 from seektrain.train.precision import DynamicLossScaler
 from seektrain.train.preemption import Preemption
 from seektrain.train.progress import setup_logging
+from seektrain.train.readable_failure import FailedAt, readable_failure
+from seektrain.train.run_hooks import run_hook
 from seektrain.train.setup_data import TrainingData, open_training_data
 from seektrain.train.setup_model import check_same_folder
 from seektrain.train.startup import resolve_start
 from seektrain.train.step import StepContext, train_step
 from seektrain.train.step_log import StepLog
+from seektrain.train.step_sync import StepSync
 
 log = logging.getLogger("seektrain.train")
 
@@ -60,7 +62,7 @@ def train(cfg: JobConfig) -> dict:
     # [faults] SIGTERM is handled from here on, at every moment of the run (preemption.py)
     preemption = Preemption(cfg.checkpoint.preempt_grace_s)
     preemption.run_dir = Path(cfg.run.dir)
-    install_startup_hooks(preemption.rank, preemption)  # [faults] the tests' hooks; nothing otherwise
+    run_hook("at_startup", preemption.rank, preemption)  # [faults] the tests' hooks; nothing otherwise
     try:
         with preemption.start_up():
             preemption.phase = "process-group initialisation"
@@ -88,7 +90,7 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
             on_write_error=cfg.checkpoint.on_write_error,
             adapters_only=cfg.lora.enabled,  # [lora] the frozen base is never written into checkpoints
         )
-        install_data_hooks(env.rank)  # [faults] the tests' shard damaged mid-run; nothing otherwise
+        run_hook("at_data", env.rank)  # [faults] the tests' shard damaged mid-run; nothing otherwise
         preemption.open_group()  # [faults] the ranks agree on a SIGTERM during an evaluation or a save
         # before any work: every rank sees rank 0's run.dir
         check_shared_run_dir(run_dir, env.rank, ckpt.group)
@@ -121,27 +123,20 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
         )
         if env.is_main:  # the tokenizer and its chat template travel with the run (data/tokenizer_files.py)
             log.info(copy_to_run(data.dataset.manifest, run_dir))
-        guard = FaultGuard(
-            cfg.train,
-            cfg.checkpoint,
-            env.rank,
-            env.device,  # [faults] SIGTERM, bad loss, hangs
-            cfg.dist.collective_timeout_s,
-            preemption,
-            env.facts,  # [faults] the peers a failed collective names
-        )
-        install_from_env(guard, env.rank)  # [faults] SEEKTRAIN_TEST_* hooks of the tests; nothing otherwise
+        loss_guard = LossGuard(cfg.train.on_bad_loss, cfg.train.spike_factor, env.device)  # [faults]
+        sync = StepSync(preemption, env.device)  # [faults] SIGTERM and async commits: one all-reduce a step
+        run_hook("at_steps", sync, env.rank)  # [faults] the tests' SEEKTRAIN_TEST_* hooks; nothing otherwise
         # [lora] a LoRA checkpoint holds no base: it is read again from model.hf_path (or re-initialised)
         hf_path = (cfg.model.hf_path or None) if start.checkpoint is None or plan.lora else None
         if hf_path:
             check_same_folder(hf_path, env.world_size)  # every rank reads its slices of one model
         preemption.phase = "building the model" + (f" and reading {hf_path}" if hf_path else "")
-        ctx = build_step_context(plan, env.device, data, guard, hf_path)
+        ctx = build_step_context(plan, env.device, data, loss_guard, hf_path)
         start_step = 0
         if start.checkpoint is not None:
             preemption.phase = f"loading checkpoint {start.checkpoint}"
             state = ckpt.load(start.checkpoint, ctx.model, ctx.optimizer)
-            start_step = restore_trainer_state(state, ctx.scheduler, ctx.scaler, data.batches, guard.loss)
+            start_step = restore_trainer_state(state, ctx.scheduler, ctx.scaler, data.batches, loss_guard)
             log.info("resumed from %s at step %d", start.checkpoint, start_step)
         preemption.phase = "the last start-up checks"
         log_layout(plan, ctx, data, env)
@@ -156,7 +151,7 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
             resumed=start.checkpoint is not None,
         )
         trainer_state = _trainer_state_fn(
-            plan, ctx, data, guard, env, lora_record(cfg, plan.model, plan.compute_dtype)
+            plan, ctx, data, loss_guard, env, lora_record(cfg, plan.model, plan.compute_dtype)
         )
         # per-step values stay on the device until a flush step reads them (step_log.py)
         steps_log = StepLog(
@@ -167,13 +162,13 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
     step = start_step
     try:
         for step in range(start_step + 1, cfg.train.steps + 1):
-            guard.begin_step(step)  # [faults] what a collective failure names
+            sync.begin_step(step)  # [faults] what a collective failure names
             monitor.before_step(step)
             record = train_step(ctx, step)
             evaluating = evaluator.due(step)
             abandoned = False  # [faults] the evaluation gave way to a SIGTERM: this step is saved as it is
             if evaluating:
-                guard.phase = f"the evaluation after step {step}"
+                preemption.phase = f"the evaluation after step {step}"
                 val_loss = evaluator.val_loss(ctx, stop=preemption.agreed)
                 abandoned = val_loss is None
                 if not abandoned:
@@ -187,14 +182,14 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
             )
             if saving:
                 steps_log.settle()  # [faults] a bad loss stops the run before a checkpoint holds its step
-                guard.phase = f"the checkpoint of step {step}"
+                preemption.phase = f"the checkpoint of step {step}"
                 ckpt.save(step, ctx.model, ctx.optimizer, trainer_state(step), retry_later=True)
             # [faults] a SIGTERM during a sync save that was committed: that save is the preemption's
             saved = saving and not ckpt.async_save and ckpt.last_step == step
             if abandoned or (saved and preemption.agreed()):
                 preempted, written = True, None
             else:  # [faults] one all-reduce: SIGTERM on any rank, and an async checkpoint written everywhere
-                preempted, written = guard.end_step(step, ckpt.in_flight(), ckpt.pending_step)
+                preempted, written = sync.end_step(step, ckpt.in_flight(), ckpt.pending_step)
             ckpt.commit(written)
             stall = ckpt.take_stall_s()  # what this step's checkpoint save or commit blocked training for
             if stall is not None:
@@ -216,10 +211,11 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
         steps_log.salvage(err)  # the steps completed before the error still reach metrics.jsonl
         if isinstance(err, ShardDamaged):  # [data] every rank stops at this batch: keep the save in flight
             ckpt.wait()
-        if isinstance(
-            err, (RuntimeError, MemoryError)
-        ):  # [faults] out of memory, a dead or hung rank: one line
-            guard.raise_readable(err, plan)
+        if isinstance(err, (RuntimeError, MemoryError)):  # [faults] out of memory, a dead or hung rank
+            at = FailedAt(env.rank, sync.step, preemption.phase, env.facts, cfg.dist.collective_timeout_s)
+            failure = readable_failure(err, plan, at)
+            if failure is not None:
+                raise failure from None
         raise
     finally:
         data.close()  # the prefetch thread ends here: after the last step, on errors and on preemption
@@ -249,7 +245,7 @@ def write_run_files(plan: RunPlan, run_dir: Path, env: DistEnv) -> None:
 
 
 def build_step_context(
-    plan: RunPlan, device: torch.device, data: TrainingData, guard: FaultGuard, hf_path: str | None
+    plan: RunPlan, device: torch.device, data: TrainingData, loss_guard: LossGuard, hf_path: str | None
 ) -> StepContext:
     """The model (built on the meta device, parallelised, then materialised), its optimizer and
     schedule, the loss scaler and the batches: everything a step changes."""
@@ -278,7 +274,7 @@ def build_step_context(
         scheduler,
         scaler,
         data.batches,
-        guard.loss,
+        loss_guard,
         pipeline_loss,
         plan.autocast(device),
     )
@@ -304,7 +300,12 @@ def log_layout(plan: RunPlan, ctx: StepContext, data: TrainingData, env: DistEnv
 
 
 def _trainer_state_fn(
-    plan: RunPlan, ctx: StepContext, data: TrainingData, guard: FaultGuard, env: DistEnv, lora: dict | None
+    plan: RunPlan,
+    ctx: StepContext,
+    data: TrainingData,
+    loss_guard: LossGuard,
+    env: DistEnv,
+    lora: dict | None,
 ):
     """``trainer_state.json`` of a checkpoint at a step: what DCP's shards do not hold (under LoRA also
     the reference to the base, ``checkpoint/lora_checkpoint.py``)."""
@@ -319,7 +320,7 @@ def _trainer_state_fn(
             "data": data.batches.state_dict(),
             "model_config": plan.model.name,
             "config": config_to_toml(plan.job),
-            "faults": guard.loss.state_dict(),
+            "faults": loss_guard.state_dict(),
             "world_size": env.world_size,
         }
 

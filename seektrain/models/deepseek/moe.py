@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from seektrain.models.autograd_phase import in_backward
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.moe_rows import PermuteRows, run_padded_groups
 from seektrain.models.kernels import Kernels
@@ -20,11 +21,6 @@ from seektrain.models.layers import SwiGLU
 from seektrain.models.lora import ExpertAdapters, expert_adapters
 
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-
-
-def _in_backward() -> bool:
-    """True while autograd runs a backward pass (e.g. activation-checkpoint recomputation)."""
-    return torch._C._current_graph_task_id() != -1
 
 
 def count_slots(idx: torch.Tensor, n_experts: int) -> torch.Tensor:
@@ -250,7 +246,7 @@ class MoE(nn.Module):
         out = self.experts(x_ND, weights_NK, idx_NK, counts_E).view(B, T, D)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x_BTD)
-        if self.training and not _in_backward():  # recomputation in backward must not count twice
+        if self.training and not in_backward():  # recomputation in backward must not count twice
             self._record(counts_E)
         if self.training and self.aux_loss_alpha > 0:
             aux = self._sequence_aux_loss(scores_NE.view(B, T, -1), idx_NK.view(B, T, -1))

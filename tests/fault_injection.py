@@ -1,12 +1,14 @@
-"""Test-only fault injection: installed once at start-up when a ``SEEKTRAIN_TEST_*`` variable is set,
-absent from the training path otherwise.
+"""Test-only fault injection, loaded into a training process through the trainer's hook point
+(``seektrain/train/run_hooks.py``: ``SEEKTRAIN_TEST_HOOKS`` names this file) and installed at start-up
+only for the ``SEEKTRAIN_TEST_*`` variables that are set.
 
 Why it exists: the failure paths (a rank killed mid-run, a full disk, a NaN loss, a hung rank) are the ones
 that matter most and are the hardest to reach on purpose from outside the process, and the tests reach
 them through a real ``seektrain train`` subprocess, where only the environment gets in. Why installed,
-not checked: the hooks used to be ``if`` tests inside the step and the checkpoint writer, read on every
-step of every run; now ``install_from_env`` wraps the few functions involved, once, and only for the
-variables that are set, so a normal run executes none of this.
+not checked: the hooks wrap the few functions involved, once, and only for the variables that are set, so
+the training path holds no test code and a normal run executes none of this. ``hooks_env`` gives a
+test's subprocess the variables plus ``SEEKTRAIN_TEST_HOOKS`` (workers inherit it; a file path needs
+nothing on PYTHONPATH, so a fresh clone's ``make test`` finds it).
 
 Each hook is one variable ``SEEKTRAIN_TEST_<NAME>=STEP[:RANK]``: it fires at optimizer step ``STEP`` on
 rank ``RANK`` (every rank when omitted) and on the first attempt of an elastic job only
@@ -55,10 +57,33 @@ from pathlib import Path
 
 import torch
 
+from seektrain.train.run_hooks import HOOKS_ENV
+
 PREFIX = "SEEKTRAIN_TEST_"
 HOOKS = ("KILL", "HANG", "OOM", "NAN", "CKPT_ENOSPC", "SIGTERM_SAVE", "SIGTERM_EVAL")
 WAIT_FOR_HANDLER_S = 30.0
 ASYNC_WRITE_HELD_S = 1.0  # SIGTERM_SAVE holds an async write this long, so it is in flight at the stop
+
+
+def hooks_env(faults: dict[str, str]) -> dict[str, str]:
+    """The environment entries a test's ``seektrain train`` needs for ``faults`` (``SEEKTRAIN_TEST_*``
+    variables and their values): those, and this file as the trainer's hook module."""
+    return {HOOKS_ENV: str(Path(__file__).resolve()), **faults}
+
+
+def at_startup(rank: int, preemption) -> None:
+    """The trainer's first hook (run_hooks.py): the start-up hooks."""
+    install_startup_hooks(rank, preemption)
+
+
+def at_data(rank: int) -> None:
+    """The trainer's hook before the data is opened: the data hooks."""
+    install_data_hooks(rank)
+
+
+def at_steps(sync, rank: int) -> None:
+    """The trainer's hook before the model is built: the step hooks."""
+    install_from_env(sync, rank)
 
 
 def _wanted(name: str, rank: int) -> int | None:
@@ -132,8 +157,8 @@ def _sigterm_at_startup(moment: str, preemption) -> None:
     setattr(owner, name, signalled)
 
 
-def install_from_env(guard, rank: int) -> list[str]:
-    """Install the hooks whose variables are set, for this ``rank``; ``guard`` (the run's ``FaultGuard``)
+def install_from_env(sync, rank: int) -> list[str]:
+    """Install the hooks whose variables are set, for this ``rank``; ``sync`` (the run's ``StepSync``)
     tells which step is running. Returns the names installed (empty on a normal run: nothing changes)."""
     steps = {name: step for name in HOOKS if (step := _wanted(name, rank)) is not None}
     if not steps:
@@ -142,12 +167,12 @@ def install_from_env(guard, rank: int) -> list[str]:
     from seektrain.train import step as step_module
 
     def at(name: str) -> bool:
-        return steps.get(name) == guard.step
+        return steps.get(name) == sync.step
 
     sent: list[int] = []  # a SIGTERM hook fires once
 
     if {"KILL", "HANG", "OOM"} & steps.keys():
-        begin_step = guard.begin_step
+        begin_step = sync.begin_step
 
         def begin_with_faults(step: int) -> None:
             begin_step(step)
@@ -161,7 +186,7 @@ def install_from_env(guard, rank: int) -> list[str]:
             if at("HANG"):
                 time.sleep(3600)
 
-        guard.begin_step = begin_with_faults
+        sync.begin_step = begin_with_faults
     if "NAN" in steps:
         model_loss = step_module.model_loss
 
@@ -181,7 +206,7 @@ def install_from_env(guard, rank: int) -> list[str]:
                 if steps.get("SIGTERM_SAVE") == step and not sent:
                     if threading.current_thread() is threading.main_thread():
                         sent.append(step)  # a sync save: the signal lands in its write
-                        _sigterm(guard.preemption)
+                        _sigterm(sync.preemption)
                     else:  # an async save: still writing when the signal comes, and a while after
                         time.sleep(ASYNC_WRITE_HELD_S)
                 return super().write_data(plan, planner)
@@ -195,7 +220,7 @@ def install_from_env(guard, rank: int) -> list[str]:
             save(self, step, *args, **kwargs)
             if steps["SIGTERM_SAVE"] == step and self.in_flight() and not sent:
                 sent.append(step)  # the async write of the step has begun on its thread
-                _sigterm(guard.preemption)
+                _sigterm(sync.preemption)
 
         manager.CheckpointManager.save = save_in_flight
     if "SIGTERM_EVAL" in steps:
@@ -206,8 +231,8 @@ def install_from_env(guard, rank: int) -> list[str]:
         @functools.wraps(eval_loss)
         def signalled_eval_loss(*args, **kwargs):
             if at("SIGTERM_EVAL") and not sent:
-                sent.append(guard.step)
-                _sigterm(guard.preemption)
+                sent.append(sync.step)
+                _sigterm(sync.preemption)
             return eval_loss(*args, **kwargs)
 
         evaluate.model_loss = signalled_eval_loss
