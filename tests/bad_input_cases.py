@@ -848,6 +848,18 @@ DATA_ROWS += [
         "roles-unknown-key", [{"messages": [_USER, _ANSWER]}], ["--roles", "'bot'"], ["--roles", "bot=x"]
     ),
     Case(
+        "input-weight-0",
+        ["data", "prepare", "--input", "{ws}/in/a.txt:0", "--input", "{ws}/in/a.txt:1", "--output", "{ws}/o"],
+        ["--input", "a.txt:0", "above 0"],
+        TEXT,
+    ),
+    Case(
+        "input-not-a-datasets-folder",
+        ["data", "prepare", "--input", "{ws}/ds", "--output", "{ws}/o"],
+        ["--input", "state.json"],
+        write("ds/data-00000-of-00001.arrow", b"not arrow"),
+    ),
+    Case(
         "chat-max-len-0",
         ["data", "prepare", "--input", "{ws}/a.jsonl", "--output", "{ws}/o", "--max-len", "0"],
         ["--max-len"],
