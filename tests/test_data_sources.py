@@ -191,3 +191,14 @@ def test_weights_all_or_none(tmp_path):
     a = _jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
     with pytest.raises(UserError, match="give every --input a weight"):
         _prepare([f"{a}:0.5", str(a)], tmp_path / "o", rows=RowOptions())
+
+
+def test_cli_repeats_input_and_info_shows_the_mix(tmp_path, capsys):
+    from seektrain.cli.main import main
+
+    a = _jsonl(tmp_path / "a.jsonl", [{"text": f"a{i}"} for i in range(30)])
+    b = _jsonl(tmp_path / "b.jsonl", [{"text": f"b{i}"} for i in range(30)])
+    out = tmp_path / "o"
+    assert main(["data", "prepare", "--input", f"{a}:3", "--input", f"{b}:1", "--output", str(out)]) == 0
+    assert main(["data", "info", str(out)]) == 0
+    assert f"mix       {a}:3 (30 documents), {b}:1 (10 documents)" in capsys.readouterr().out

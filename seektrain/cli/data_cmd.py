@@ -192,6 +192,12 @@ def summary(m: Manifest) -> str:
             f"{name:<9} {s.documents:,} documents, {s.tokens:,} tokens ({s.trained:,} trained) in "
             f"{len(s.shards)} shards"
         )
+    mixed = [s for s in m.sources if "weight" in s]
+    if mixed:
+        lines.append(
+            "mix       "
+            + ", ".join(f"{s['path']}:{s['weight']:g} ({s['documents']:,} documents)" for s in mixed)
+        )
     rows = m.rows
     if rows.get("train_on"):
         lines.append(
