@@ -812,6 +812,53 @@ DATA_ROWS += [
             ws / "a.parquet", {"messages": [[_USER, _ANSWER], [dict(_USER, role="bot"), _ANSWER]]}
         ),
     ),
+    _chat_row(
+        "mixed-formats",
+        [
+            {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+            {"instruction": "q", "output": "a"},
+        ],
+        ["a.jsonl:2", "alpaca", "sharegpt"],
+    ),
+    _chat_row(
+        "fits-no-format",
+        [{"question": "q", "answer": "a"}],
+        ["a.jsonl:1", "sharegpt", "alpaca", "completion", "--columns"],
+    ),
+    _chat_row(
+        "sharegpt-unknown-role",
+        [{"conversations": [{"from": "human", "value": "hi"}, {"from": "bot", "value": "yo"}]}],
+        ["a.jsonl:1", "'bot'"],
+    ),
+    _chat_row(
+        "sharegpt-not-alternating",
+        [{"conversations": [{"from": "human", "value": "hi"}, {"from": "human", "value": "yo"}]}],
+        ["a.jsonl:1", "alternates"],
+    ),
+    _chat_row(
+        "alpaca-empty-output", [{"instruction": "q", "input": "", "output": ""}], ["a.jsonl:1", "'output'"]
+    ),
+    _chat_row(
+        "columns-unknown-key",
+        [{"messages": [_USER, _ANSWER]}],
+        ["--columns", "'turns'"],
+        ["--columns", "turns=conv"],
+    ),
+    _chat_row(
+        "roles-unknown-key", [{"messages": [_USER, _ANSWER]}], ["--roles", "'bot'"], ["--roles", "bot=x"]
+    ),
+    Case(
+        "input-weight-0",
+        ["data", "prepare", "--input", "{ws}/in/a.txt:0", "--input", "{ws}/in/a.txt:1", "--output", "{ws}/o"],
+        ["--input", "a.txt:0", "above 0"],
+        TEXT,
+    ),
+    Case(
+        "input-not-a-datasets-folder",
+        ["data", "prepare", "--input", "{ws}/ds", "--output", "{ws}/o"],
+        ["--input", "state.json"],
+        write("ds/data-00000-of-00001.arrow", b"not arrow"),
+    ),
     Case(
         "chat-max-len-0",
         ["data", "prepare", "--input", "{ws}/a.jsonl", "--output", "{ws}/o", "--max-len", "0"],

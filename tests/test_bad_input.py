@@ -118,6 +118,9 @@ def test_bad_input(case: Case, fx, tmp_path, capsys):
     after = _snapshot(ws, *fx.values())
     changed = [p for p, digest in before.items() if after.get(p) != digest]
     assert not changed, f"changed or deleted: {changed}"
+    if case.argv[:2] == ["data", "prepare"] and case.code:
+        made = sorted(str(p.relative_to(ws)) for p in ws.rglob("*") if str(p) not in before and p.is_file())
+        assert not made, f"a failed prepare left {made}"  # nothing half-written
     shutil.rmtree(ws, ignore_errors=True)
 
 

@@ -16,6 +16,7 @@ from seektrain.data.chat_template import BUILTIN_TEMPLATES, TRAIN_ON
 from seektrain.data.dataset import verify_dataset
 from seektrain.data.manifest import SPLITS, Manifest, read_manifest
 from seektrain.data.prepare import DEFAULT_SHARD_TOKENS, OVERLONG, RowOptions, prepare_dataset
+from seektrain.data.row_mapping import COLUMN_KEYS, ROLE_KEYS, parse_mapping
 from seektrain.data.sources import FORMATS
 from seektrain.exit_codes import EXIT_OK, EXIT_USER_ERROR
 
@@ -28,10 +29,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "prepare",
-        help="tokenize text, jsonl or parquet files (text, chat or prompt/completion rows) into shards + manifest.json",
+        help="tokenize text, jsonl, json, parquet files or datasets folders (text, chat, ShareGPT, Alpaca or "
+        "prompt/completion rows) into shards + manifest.json",
     )
     p.add_argument(
-        "--input", nargs="+", required=True, metavar="PATH", help="files or directories (walked recursively)"
+        "--input",
+        nargs="+",
+        action="extend",
+        required=True,
+        metavar="PATH[:WEIGHT]",
+        help="files (.gz/.zst too), directories (walked recursively) or Hugging Face save_to_disk folders; "
+        "repeat --input PATH:WEIGHT to mix inputs by weight",
     )
     p.add_argument("--output", required=True, metavar="DIR", help="directory to create")
     p.add_argument(
@@ -43,8 +51,23 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--format",
         default="auto",
         choices=FORMATS,
-        help="how files are read (text|jsonl|parquet), or what their jsonl/parquet rows hold (chat: messages, "
-        "completion: prompt/completion); auto picks by extension and by the first row",
+        help="how files are read (text|jsonl|json|parquet), or what their rows hold (chat: messages, sharegpt: "
+        "conversations, alpaca: instruction/input/output, completion: prompt/completion); auto picks by "
+        "extension and by each file's first row",
+    )
+    p.add_argument(
+        "--columns",
+        default=None,
+        metavar="KEY=NAME,...",
+        help=f"the data's names for the fields a format reads, e.g. messages=conv,role=from,content=value "
+        f"or instruction=question,output=answer (keys: {', '.join(COLUMN_KEYS)})",
+    )
+    p.add_argument(
+        "--roles",
+        default=None,
+        metavar="ROLE=TAG,...",
+        help=f"the data's tags for the roles of chat/ShareGPT turns, e.g. user=human,assistant=gpt "
+        f"(roles: {', '.join(ROLE_KEYS)})",
     )
     p.add_argument(
         "--text-field", type=nonempty, default="text", help="JSONL field / Parquet column holding the text"
@@ -126,6 +149,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def run_prepare(args: argparse.Namespace) -> int:
     start = time.perf_counter()
+    mapping = parse_mapping(args.columns, args.roles)
     manifest = prepare_dataset(
         args.input,
         args.output,
@@ -136,7 +160,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         val_fraction=args.val_fraction,
         max_tokens=args.max_tokens,
         force=args.force,
-        rows=RowOptions(args.chat_template, args.train_on, args.max_len, args.overlong),
+        rows=RowOptions(args.chat_template, args.train_on, args.max_len, args.overlong, mapping),
     )
     print(f"prepared {args.output} in {time.perf_counter() - start:.1f}s")
     print(summary(manifest))
@@ -168,6 +192,12 @@ def summary(m: Manifest) -> str:
         lines.append(
             f"{name:<9} {s.documents:,} documents, {s.tokens:,} tokens ({s.trained:,} trained) in "
             f"{len(s.shards)} shards"
+        )
+    mixed = [s for s in m.sources if "weight" in s]
+    if mixed:
+        lines.append(
+            "mix       "
+            + ", ".join(f"{s['path']}:{s['weight']:g} ({s['documents']:,} documents)" for s in mixed)
         )
     rows = m.rows
     if rows.get("train_on"):

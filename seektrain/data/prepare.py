@@ -14,8 +14,8 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -32,8 +32,11 @@ from seektrain.data.manifest import (
     TokenizerInfo,
     write_manifest,
 )
+from seektrain.data.mix import interleave, parse_inputs
+from seektrain.data.row_formats import CHAT_KINDS, ROW_KINDS
+from seektrain.data.row_mapping import RowMapping
 from seektrain.data.rows import RowEncoder
-from seektrain.data.sources import ROW_KINDS, discover, read_documents, read_records, row_kind
+from seektrain.data.sources import discover, read_documents, read_records, row_kind
 from seektrain.data.tokenizer import Tokenizer, load_tokenizer
 from seektrain.errors import UserError, user_path
 
@@ -122,9 +125,10 @@ def prepare_dataset(
     """Tokenize ``inputs`` into ``output`` and return its manifest.
 
     Each non-empty text document is followed by the tokenizer's eos; chat and completion rows become
-    one document each with a loss mask (``rows.py``). ``max_tokens`` stops after the first document
-    that reaches the cap (deterministic for the same inputs). ``force`` replaces an existing prepared
-    directory; without it an existing non-empty ``output`` is an error.
+    one document each with a loss mask (``rows.py``). An input ``PATH:WEIGHT`` mixes the inputs by
+    weight (``mix.py``). ``max_tokens`` stops after the first document that reaches the cap
+    (deterministic for the same inputs). ``force`` replaces an existing prepared directory; without it
+    an existing non-empty ``output`` is an error.
     """
     rows = rows or RowOptions()
     if rows.overlong not in OVERLONG:
@@ -136,8 +140,9 @@ def prepare_dataset(
     if not 0.0 <= val_fraction < 1.0:
         raise UserError(f"--val-fraction {val_fraction}: must be in [0, 1), e.g. 0.01")
     output = Path(output).expanduser()
-    _check_output(output, force, inputs)
-    files = discover(inputs, fmt)
+    paths, weights = parse_inputs(inputs)
+    _check_output(output, force, paths)
+    groups = [discover([p], fmt) for p in paths] if weights else [discover(paths, fmt)]
     tokenizer = load_tokenizer(tokenizer_spec)
     dtype = dtype_for(tokenizer.vocab_size)
 
@@ -147,7 +152,17 @@ def prepare_dataset(
     try:
         forced = fmt if fmt in ROW_KINDS[1:] else None
         manifest = _tokenize_into(
-            tmp, files, tokenizer, dtype, text_field, shard_tokens, val_fraction, max_tokens, forced, rows
+            tmp,
+            groups,
+            weights,
+            tokenizer,
+            dtype,
+            text_field,
+            shard_tokens,
+            val_fraction,
+            max_tokens,
+            forced,
+            rows,
         )
         write_manifest(tmp, manifest)
         _commit(tmp, output, force)
@@ -223,6 +238,7 @@ class RowOptions:
     train_on: str = "assistant"
     max_len: int | None = None
     overlong: str = "drop"
+    mapping: RowMapping = field(default_factory=RowMapping)  # --columns, --roles
 
 
 class _Splits:
@@ -316,7 +332,8 @@ def _write_ends(path: Path, ends: list[int]) -> Shard:
 
 def _tokenize_into(
     directory: Path,
-    files: list[tuple[Path, str]],
+    groups: list[list[tuple[Path, str]]],
+    weights: list[float] | None,
     tokenizer: Tokenizer,
     dtype: np.dtype,
     text_field: str,
@@ -326,59 +343,43 @@ def _tokenize_into(
     forced_rows: str | None,
     rows: RowOptions,
 ) -> Manifest:
-    kinds = [row_kind(path, kind, text_field, forced_rows) for path, kind in files]
-    masked = any(k != "text" for k in kinds)
+    """Every input's documents into the shards: the groups one after the other, or mixed by ``weights``."""
+    kinds = [
+        [row_kind(path, kind, text_field, forced_rows, rows.mapping) for path, kind in g] for g in groups
+    ]
+    flat = [k for g in kinds for k in g]
+    masked = any(k != "text" for k in flat)
     template = None
-    if "chat" in kinds:
+    if any(k in CHAT_KINDS for k in flat):
         template = load_chat_template(tokenizer.path or tokenizer.spec, rows.chat_template, tokenizer)
-    encoder = RowEncoder(tokenizer, template, rows.train_on)
+    encoder = RowEncoder(tokenizer, template, rows.train_on, rows.mapping, text_field)
     out = _Splits(directory, dtype, shard_tokens, masked, rows, val_fraction)
     sources: list[dict[str, Any]] = []
-
-    def full() -> bool:
-        return max_tokens is not None and out.tokens >= max_tokens
-
-    def flush(batch: list[str], source: dict[str, Any]) -> None:
-        for ids in tokenizer.encode_batch(batch):
-            out.add(ids + [tokenizer.eos_id], None, source)
-            if full():
-                break
-        batch.clear()
-
-    for (path, kind), rows_kind in zip(files, kinds):
-        source: dict[str, Any] = {"path": str(path), "format": kind, "documents": 0, "tokens": 0}
-        if rows_kind != "text":
-            source["rows"] = rows_kind
-        sources.append(source)
-        if rows_kind != "text":
-            for where, record in read_records(path, kind):
-                out.add(*encoder.encode(rows_kind, where, record), source)
-                if full():
-                    break
-        else:
-            batch: list[str] = []
-            chars = 0
-            for text in read_documents(path, kind, text_field):
-                if not text:
-                    continue
-                batch.append(text)
-                chars += len(text)
-                if chars >= _BATCH_CHARS:
-                    flush(batch, source)
-                    chars = 0
-                    if full():
-                        break
-            if batch and not full():
-                flush(batch, source)
-        if full():
+    streams = []
+    for n, (files, group_kinds) in enumerate(zip(groups, kinds)):
+        group = []
+        for (path, kind), rows_kind in zip(files, group_kinds):
+            source: dict[str, Any] = {"path": str(path), "format": kind, "documents": 0, "tokens": 0}
+            if rows_kind != "text":
+                source["rows"] = rows_kind
+            if weights:
+                source["weight"] = weights[n]
+            sources.append(source)
+            group.append((path, kind, rows_kind, source))
+        streams.append(_group_documents(group, tokenizer, encoder, text_field, rows.mapping))
+    documents = interleave(streams, weights) if weights else (d for s in streams for d in s)
+    for ids, mask, source in documents:
+        out.add(ids, mask, source)
+        if max_tokens is not None and out.tokens >= max_tokens:
             break
 
+    n_files = sum(len(g) for g in groups)
     if out.counts["train"][1] == 0:
         dropped = (
             f"; {out.dropped} documents were longer than --max-len {rows.max_len}" if out.dropped else ""
         )
         raise UserError(
-            f"inputs ({len(files)} files) contain no text{dropped}; pass files with non-empty "
+            f"inputs ({n_files} files) contain no text{dropped}; pass files with non-empty "
             "documents (check --text-field)"
         )
     info = TokenizerInfo(
@@ -403,3 +404,39 @@ def _tokenize_into(
         sources=sources,
         rows=row_info,
     )
+
+
+_Document = tuple[list[int], "list[int] | None", dict[str, Any]]
+
+
+def _group_documents(
+    group: list[tuple[Path, str, str, dict[str, Any]]],
+    tokenizer: Tokenizer,
+    encoder: RowEncoder,
+    text_field: str,
+    mapping: RowMapping,
+) -> Iterator[_Document]:
+    """``(ids, mask, source)`` for every document of one input's files, in order; text documents are
+    tokenized in batches (HF ``encode_batch`` runs on Rust threads), rows one by one."""
+    for path, kind, rows_kind, source in group:
+        if rows_kind != "text":
+            for where, record in read_records(path, kind):
+                ids, mask = encoder.encode(rows_kind, where, record)
+                yield ids, mask, source
+            continue
+        batch: list[str] = []
+        chars = 0
+        for text in read_documents(path, kind, text_field, mapping):
+            if not text:
+                continue
+            batch.append(text)
+            chars += len(text)
+            if chars >= _BATCH_CHARS:
+                yield from _encoded(tokenizer, batch, source)
+                batch, chars = [], 0
+        yield from _encoded(tokenizer, batch, source)
+
+
+def _encoded(tokenizer: Tokenizer, batch: list[str], source: dict[str, Any]) -> Iterator[_Document]:
+    for ids in tokenizer.encode_batch(batch) if batch else []:
+        yield ids + [tokenizer.eos_id], None, source

@@ -1,25 +1,31 @@
-"""Finding input files and reading documents out of them (plain text, JSON Lines, Parquet).
+"""Finding input files and reading documents out of them (plain text, JSON Lines, JSON, Parquet,
+``datasets`` folders).
 
-A plain-text file is one document; a JSONL line or a Parquet row is one document. Directories are
-walked recursively in sorted order so that the same inputs always give the same token stream.
+A plain-text file is one document; a JSONL line, a JSON array's element, a Parquet row or a row of a
+Hugging Face ``save_to_disk`` folder is one document. Text and JSON files may be ``.gz`` or ``.zst``
+compressed. Directories are walked recursively in sorted order so that the same inputs always give the
+same token stream; a directory that ``save_to_disk`` wrote is read as one dataset instead.
 
-``--format`` names how files are read (text, jsonl, parquet) or, for JSONL and Parquet files picked by
-extension, what their rows hold (chat: ``messages``; completion: ``prompt``/``completion``). With
-``auto`` a JSONL/Parquet file's first row says which it holds (``row_kind``).
+``--format`` names how files are read (text, jsonl, json, parquet) or what their rows hold (chat:
+``messages``, sharegpt, alpaca, completion: ``prompt``/``completion``; ``row_formats.py``). With
+``auto`` a file's first row says which it holds (``row_kind``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from seektrain.data.arrow_folder import arrow_rows, data_files, looks_like_datasets_folder
+from seektrain.data.json_rows import json_array_rows, jsonl_rows, plain_suffix, read_text
+from seektrain.data.row_formats import ROW_KINDS, check_fits, detect
+from seektrain.data.row_mapping import RowMapping
 from seektrain.errors import UserError
 
-FORMATS = ("auto", "text", "jsonl", "parquet", "chat", "completion")
-ROW_KINDS = ("text", "chat", "completion")
+FORMATS = ("auto", "text", "jsonl", "json", "parquet", *ROW_KINDS[1:])
+ROW_FILES = ("jsonl", "json", "parquet", "arrow")  # the file kinds that hold rows
 
 TEXT_SUFFIXES = frozenset(
     ".txt .text .md .markdown .rst .tex .py .pyi .c .h .cc .cpp .hpp .cu .cuh .rs .go .java .js .ts .tsx "
@@ -30,11 +36,9 @@ _SKIP_DIRS = frozenset({"__pycache__", "node_modules"})
 
 
 def _format_of(path: Path) -> str | None:
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        return "jsonl"
-    if suffix == ".parquet":
-        return "parquet"
+    suffix = plain_suffix(path)
+    if suffix in (".jsonl", ".json", ".parquet"):
+        return suffix[1:]
     if suffix in TEXT_SUFFIXES:
         return "text"
     return None
@@ -51,7 +55,7 @@ def discover(inputs: Sequence[str | Path], fmt: str = "auto") -> list[tuple[Path
         raise UserError(f"--format {fmt}: unknown format; use one of {', '.join(FORMATS)}")
     if not inputs:
         raise UserError("no --input given; pass one or more files or directories")
-    rows_only = fmt in ROW_KINDS[1:]  # chat/completion rows live in JSONL or Parquet files
+    rows_only = fmt in ROW_KINDS[1:]  # chat/completion rows live in files of rows
     if rows_only:
         fmt = "auto"
     found: list[tuple[Path, str]] = []
@@ -62,21 +66,24 @@ def discover(inputs: Sequence[str | Path], fmt: str = "auto") -> list[tuple[Path
             raise UserError(f"--input {raw}: no such file or directory; check the path")
         if path.is_file():
             kind = fmt if fmt != "auto" else _format_of(path)
-            if rows_only and kind not in ("jsonl", "parquet"):
+            if rows_only and kind not in ROW_FILES:
                 raise UserError(
-                    f"--input {raw}: chat and completion rows are read from .jsonl or .parquet files; "
-                    "rename the file or pass --format jsonl"
+                    f"--input {raw}: chat and completion rows are read from .jsonl, .json or .parquet "
+                    "files; rename the file or pass --format jsonl"
                 )
             if kind is None:
                 raise UserError(
                     f"--input {raw}: unknown format (extension {path.suffix or 'none'!r}); pass "
-                    "--format text|jsonl|parquet"
+                    "--format text|jsonl|json|parquet"
                 )
             candidates = [(path, kind)]
+        elif looks_like_datasets_folder(path):
+            data_files(path)  # checks the folder now, before anything is tokenized
+            candidates = [(path, "arrow")]
         else:
             candidates = []
             for f in _walk(path):
-                kind = fmt if fmt != "auto" else _format_of(f)
+                kind = "arrow" if f.is_dir() else fmt if fmt != "auto" else _format_of(f)
                 if kind is not None and not (rows_only and kind == "text"):
                     candidates.append((f, kind))
             if not candidates:
@@ -93,44 +100,33 @@ def discover(inputs: Sequence[str | Path], fmt: str = "auto") -> list[tuple[Path
 
 
 def _walk(root: Path) -> Iterator[Path]:
+    """The files under ``root``, and as one entry each the ``datasets`` folders among its subfolders."""
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
+        for d in [d for d in dirnames if looks_like_datasets_folder(Path(dirpath) / d)]:
+            data_files(Path(dirpath) / d)
+            dirnames.remove(d)
+            yield Path(dirpath) / d
         for name in sorted(filenames):
             if not name.startswith("."):
                 yield Path(dirpath) / name
 
 
-def read_documents(path: Path, kind: str, text_field: str = "text") -> Iterator[str]:
-    """Yield the documents of one file; a malformed record raises ValueError naming file and line."""
+def read_documents(
+    path: Path, kind: str, text_field: str = "text", mapping: RowMapping | None = None
+) -> Iterator[str]:
+    """Yield the documents of one file of text rows; a malformed record raises UserError naming file and line."""
     if kind == "text":
-        yield path.read_text(encoding="utf-8", errors="replace")
-    elif kind == "jsonl":
-        yield from _read_jsonl(path, text_field)
+        yield read_text(path)
     elif kind == "parquet":
         yield from _read_parquet(path, text_field)
     else:
-        raise UserError(f"{path}: unknown format {kind!r}; use one of text, jsonl, parquet")
-
-
-def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(
-                    f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it"
-                ) from None
-            if not isinstance(record, dict) or text_field not in record:
-                raise UserError(
-                    f"{path}:{lineno}: no field {text_field!r}; pass --text-field with the name of the text field"
-                )
+        for where, record in read_records(path, kind):
+            check_fits(where, "text", record, mapping or RowMapping(), text_field)
             text = record[text_field]
             if not isinstance(text, str):
                 raise UserError(
-                    f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string; "
+                    f"{where}: field {text_field!r} is {type(text).__name__}, not a string; "
                     "pass the right --text-field"
                 )
             yield text
@@ -168,38 +164,26 @@ def _read_parquet(path: Path, text_field: str) -> Iterator[str]:
                 yield str(text)
 
 
-def row_kind(path: Path, kind: str, text_field: str, forced: str | None = None) -> str:
-    """What the rows of one file hold: ``forced`` (``--format chat|completion``) if given, else what its
-    first row has: ``messages`` (chat), ``prompt`` and ``completion`` (completion), or text."""
+def row_kind(
+    path: Path, kind: str, text_field: str, forced: str | None = None, mapping: RowMapping | None = None
+) -> str:
+    """What the rows of one file hold: ``forced`` (``--format chat|sharegpt|...``) if given, else the
+    format of its first row (``row_formats.detect``); an empty file holds text."""
     if forced is not None or kind == "text":
         return forced or "text"
-    for _, record in read_records(path, kind):
-        if isinstance(record, dict) and "messages" in record:
-            return "chat"
-        if (
-            isinstance(record, dict)
-            and "prompt" in record
-            and "completion" in record
-            and text_field not in record
-        ):
-            return "completion"
-        break
+    for where, record in read_records(path, kind):
+        return detect(where, record, mapping or RowMapping(), text_field)
     return "text"
 
 
 def read_records(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
-    """``(where, row)`` for every row of a JSONL or Parquet file; ``where`` is ``file:line`` or ``file: row N``."""
+    """``(where, row)`` for every row of a file of rows; ``where`` is ``file:line`` or ``file: row N``."""
     if kind == "jsonl":
-        with path.open(encoding="utf-8", errors="replace") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield f"{path}:{lineno}", json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise UserError(
-                        f"{path}:{lineno}: invalid JSON ({e.msg}); fix the line or remove it"
-                    ) from None
+        yield from jsonl_rows(path)
+    elif kind == "json":
+        yield from json_array_rows(path)
+    elif kind == "arrow":
+        yield from arrow_rows(path)
     elif kind == "parquet":
         pf = _open_parquet(path)
         row = 0
@@ -209,5 +193,6 @@ def read_records(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
                 yield f"{path}: row {row}", record
     else:
         raise UserError(
-            f"{path}: {kind} files hold no rows; chat and completion rows are read from .jsonl or .parquet"
+            f"{path}: {kind} files hold no rows; chat and completion rows are read from .jsonl, .json, "
+            ".parquet or a datasets folder"
         )
