@@ -3,8 +3,8 @@
 
 Runs as one process or as one worker of a torchrun/elastic launch; everything that differs between
 the two is hidden in ``init_distributed`` and the run's meshes (``build_meshes(plan)``, built once
-here and passed to the model's parallelisation, the step and the evaluation). ``train`` reads as the sequence it
-is; each step of the sequence is a function below or a module of its own.
+here and passed to the model's parallelisation, the step and the evaluation). ``train`` reads as the
+sequence it is; each step of the sequence is a function below or a module of its own.
 """
 
 from __future__ import annotations
