@@ -4,7 +4,7 @@ sequence with cp = 1, 2 and 4, each beside the planner's figure.
     python benchmarks/bench_context_parallel.py [--preset tiny-v3] [--seq 4096] [--steps 3] [--json F]
 
 For each cp, ``cp`` spawned gloo ranks (one torch thread each) build the model as the trainer does
-(``parallelize_model(build_model(..., device="meta"), plan, device)``, ``parallel.cp=cp``,
+(``parallelize_model(build_model(..., device="meta"), plan, meshes, device)``, ``parallel.cp=cp``,
 ``dp_shard=1``: the ``cp`` ranks share one sequence and FSDP-shard the one replica), then:
 
 - memory: one forward + backward of this rank's chunks of one sequence under ``MemTracker``; the peak of
@@ -63,6 +63,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from seektrain.data.batch import Batch
     from seektrain.models.deepseek.transformer import build_model
     from seektrain.parallel.context_parallel import local_batch
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.train.loss import model_loss
     from seektrain.train.optim import build_optimizer
@@ -75,12 +76,14 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     plan = _plan(args, args.cp)
     device = torch.device("cpu")
     kernels = plan.platform.model_kernels(plan.compute_dtype)
-    model = parallelize_model(build_model(plan.model, device="meta", kernels=kernels), plan, device).model
+    meshes = build_meshes(plan)
+    meta = build_model(plan.model, device="meta", kernels=kernels)
+    model = parallelize_model(meta, plan, meshes, device).model
     optimizer = build_optimizer(model, plan.job.optim)
     tokens = torch.randint(
         0, plan.model.vocab_size, (1, args.seq), generator=torch.Generator().manual_seed(0)
     )
-    batch = local_batch(plan, Batch(tokens=tokens, labels=tokens))
+    batch = local_batch(plan, meshes, Batch(tokens=tokens, labels=tokens))
     weight = plan.job.train.mtp_loss_weight
 
     def step(with_optimizer: bool) -> None:

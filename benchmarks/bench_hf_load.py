@@ -145,6 +145,7 @@ def _worker(rank: int, world: int, port: int, folder: str, sets: list[str], out:
     from seektrain.config.loader import load_config
     from seektrain.models import build_model
     from seektrain.models.job_model import configured_model_config
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
 
@@ -154,11 +155,15 @@ def _worker(rank: int, world: int, port: int, folder: str, sets: list[str], out:
     # caches are process overhead, not the load's (tiny-v3's ~10 MB may be reused by the load after)
     warm = load_config(None, [*sets, "model.preset=tiny-v3", "train.micro_batch_size=1"])
     warm_plan = RunPlan.resolve(warm, configured_model_config(warm), world, "cpu")
-    del parallelize_model(build_model(warm_plan.model, device="meta"), warm_plan, torch.device("cpu")).parts
+    warm_meshes = build_meshes(warm_plan)
+    del parallelize_model(
+        build_model(warm_plan.model, device="meta"), warm_plan, warm_meshes, torch.device("cpu")
+    ).parts
+    meshes = build_meshes(plan)
     dist.barrier()
     before = _status_bytes("VmRSS")
     start = time.perf_counter()
-    pm = parallelize_model(build_model(plan.model, device="meta"), plan, torch.device("cpu"), folder)
+    pm = parallelize_model(build_model(plan.model, device="meta"), plan, meshes, torch.device("cpu"), folder)
     seconds = time.perf_counter() - start
     peak = _status_bytes("VmHWM") - before
     share = 0

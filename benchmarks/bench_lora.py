@@ -94,6 +94,7 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     from seektrain.config.loader import load_config
     from seektrain.models.deepseek.presets import get_preset
     from seektrain.models.deepseek.transformer import build_model
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.optim import build_optimizer
@@ -109,7 +110,10 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
         plan = RunPlan.resolve(load_config(None, overrides(args, mode)), cfg, 2, "cpu")
         kernels = plan.platform.model_kernels(plan.compute_dtype)
         pm = parallelize_model(
-            build_model(plan.model, device="meta", kernels=kernels), plan, torch.device("cpu")
+            build_model(plan.model, device="meta", kernels=kernels),
+            plan,
+            build_meshes(plan),
+            torch.device("cpu"),
         )
         optimizer = build_optimizer(pm.model, plan.job.optim)
         result[mode] = {"peak_bytes": _peak_bytes(plan, pm, optimizer, tokens), "step_s": []}

@@ -101,6 +101,7 @@ def worker(args: argparse.Namespace) -> None:
     from seektrain.models.config import ModelConfig
     from seektrain.models.deepseek.transformer import build_model
     from seektrain.parallel import pipeline
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.loss import model_loss
 
@@ -147,7 +148,7 @@ def worker(args: argparse.Namespace) -> None:
             loss_fn = timer.wrap(
                 "loss", lambda out, labels: model_loss(pipeline.from_wire(out), labels, 0.0)[0]
             )
-            sched = pipeline.build_schedule(parts, ids, plan, device, loss_fn)
+            sched = pipeline.build_schedule(parts, ids, plan, build_meshes(plan), device, loss_fn)
             stages = getattr(sched, "_stages", None) or [sched._stage]
             for st in stages:
                 st.forward_one_chunk = timer.wrap("F", st.forward_one_chunk)

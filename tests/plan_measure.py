@@ -68,6 +68,7 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
     from seektrain.data.batch import Batch
     from seektrain.models.deepseek.transformer import build_model
     from seektrain.parallel.context_parallel import local_batch
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.loss import model_loss
@@ -80,15 +81,17 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
     loss_fn = (
         PipelineLoss(DynamicLossScaler(False, 1.0, 1), job.train.mtp_loss_weight) if plan.pp > 1 else None
     )
+    meshes = build_meshes(plan)
     pm = parallelize_model(
         build_model(plan.model, device="meta", kernels=plan.platform.model_kernels(plan.compute_dtype)),
         plan,
+        meshes,
         device,
         loss_fn=loss_fn,
     )
     model = pm.model
     optimizer = build_optimizer(model, job.optim)
-    dp_rank = plan.meshes.dp.get_local_rank()
+    dp_rank = meshes.dp_rank
     gen = torch.Generator().manual_seed(dp_rank)
     local = job.train.micro_batch_size * (plan.accum_steps if plan.pp > 1 else 1)
     tokens = torch.randint(0, model_cfg.vocab_size, (local, job.train.seq_len), generator=gen)
@@ -107,7 +110,7 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
                     pm.schedule.step(*args)
             else:
                 # this rank's context-parallel chunks (the batch itself without cp), as the step trains them
-                batch = local_batch(plan, Batch(tokens=tokens, labels=tokens))
+                batch = local_batch(plan, meshes, Batch(tokens=tokens, labels=tokens))
                 out = model(batch.tokens, **model_inputs(plan, batch))
                 loss, _ = model_loss(out, batch.labels, job.train.mtp_loss_weight)
                 loss.backward()

@@ -47,13 +47,15 @@ def _worker(rank: int, out_dir: str) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
     from seektrain.models.deepseek.transformer import build_model
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.train.grad import clip_grad_norm
     from seektrain.train.loss import model_loss
 
     job = load_config(None, ["parallel.cpu_offload=true", "parallel.ep=2", "precision.dtype=fp32"])
     plan = RunPlan.resolve(job, get_preset("tiny-v3"), 2, "cpu")
-    model = parallelize_model(build_model(plan.model, device="meta"), plan, torch.device("cpu")).model
+    meshes = build_meshes(plan)
+    model = parallelize_model(build_model(plan.model, device="meta"), plan, meshes, torch.device("cpu")).model
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     policies = [
         type(m._get_fsdp_state()._fsdp_param_group.offload_policy).__name__

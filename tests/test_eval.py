@@ -58,7 +58,10 @@ def test_every_evaluation_reads_the_same_batches(tmp_path):
 
     job = load_config(None, ["train.eval_interval=1", "train.eval_steps=3", "train.seq_len=64"])
     plan = SimpleNamespace(job=job, pp=1, dp=1, cp=1, accum_steps=1)
-    evaluator = Evaluator(plan, ensure_builtin_corpus(tmp_path, max_tokens=2_000_000), 0, torch.device("cpu"))
+    meshes = SimpleNamespace(dp_rank=0)  # one rank: the first data-parallel rank, no cp chunks
+    evaluator = Evaluator(
+        plan, meshes, ensure_builtin_corpus(tmp_path, max_tokens=2_000_000), torch.device("cpu")
+    )
     first, second = evaluator.batches(), evaluator.batches()
     assert len(first) == 3
     assert all(

@@ -80,7 +80,7 @@ WORLD = 4
 LAYOUTS = {"ep4": 4, "ep2": 2, "ep1": 1}  # all dp_shard=2 × tp=2
 
 
-def _one_step_biases(model, plan) -> list[list[float]]:
+def _one_step_biases(model, plan, meshes) -> list[list[float]]:
     """One forward/backward on this dp rank's own batch, then the V3 balancing-bias update the trainer
     does (counts all-reduced over the dp ranks): every rank must end up with the same biases."""
     from seektrain.train.balance import (
@@ -92,7 +92,7 @@ def _one_step_biases(model, plan) -> list[list[float]]:
     from seektrain.train.loss import model_loss
 
     configure_aux_loss(model, 1e-2, 1.0)
-    dp = plan.meshes.dp
+    dp = meshes.dp
     gen = torch.Generator().manual_seed(dp.get_local_rank())  # tp peers share a batch
     tokens = torch.randint(0, model.cfg.vocab_size, (2, 32), generator=gen)
     with plan.loss_context():
@@ -108,6 +108,7 @@ def _worker(rank: int, out_dir: str) -> None:
     from seektrain.config.loader import load_config
     from seektrain.models.deepseek.presets import get_preset
     from seektrain.models.deepseek.transformer import build_model
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
 
@@ -115,7 +116,10 @@ def _worker(rank: int, out_dir: str) -> None:
     for name, ep in LAYOUTS.items():
         job = load_config(None, ["parallel.dp_shard=2", "parallel.tp=2", f"parallel.ep={ep}"])
         plan = RunPlan.resolve(job, get_preset("tiny-v3"), WORLD, "cpu")
-        model = parallelize_model(build_model(plan.model, device="meta"), plan, torch.device("cpu")).model
+        meshes = build_meshes(plan)
+        model = parallelize_model(
+            build_model(plan.model, device="meta"), plan, meshes, torch.device("cpu")
+        ).model
         numel = {"expert": [0, 0], "other": [0, 0]}  # [held by this rank, in the model]
         for pname, p in model.named_parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
@@ -129,12 +133,11 @@ def _worker(rank: int, out_dir: str) -> None:
             list(expert.device_mesh.shape),
         ]
         if ep > 1:
-            meshes = plan.meshes
             result[name]["groups"] = {
                 "ep": dist.get_process_group_ranks(meshes.ep.get_group()),
                 "efsdp": dist.get_process_group_ranks(meshes.efsdp.get_group()),
             }
-            result[name]["biases"] = _one_step_biases(model, plan)
+            result[name]["biases"] = _one_step_biases(model, plan, meshes)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
 

@@ -458,6 +458,7 @@ def _train_fp8(model, plan, rows: slice, group=None) -> dict:
 def _parallel_worker(rank: int, out_dir: str) -> None:
     """Each layout through the real ``parallelize_model`` (FP8 first, then TP or FSDP), 3 steps with the
     FSDP ranks on different sequences, against the same FP8 model trained on one process (rank 0)."""
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model
 
     one = RunPlan.resolve(load_config(None, ["precision.fp8=rowwise"]), MLA_DENSE, 1, "cpu")
@@ -470,9 +471,12 @@ def _parallel_worker(rank: int, out_dir: str) -> None:
         result["single"] = _train_fp8(model, one, slice(None))
     for name, overrides in LAYOUTS.items():
         plan = RunPlan.resolve(load_config(None, ["precision.fp8=rowwise", *overrides]), MLA_DENSE, 2, "cpu")
-        parallel = parallelize_model(build_model(plan.model, device="meta"), plan, torch.device("cpu")).model
+        meshes = build_meshes(plan)
+        parallel = parallelize_model(
+            build_model(plan.model, device="meta"), plan, meshes, torch.device("cpu")
+        ).model
         rows = slice(None) if plan.dp == 1 else slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
-        result[name] = _train_fp8(parallel, plan, rows, plan.meshes.dp.get_group() if plan.dp > 1 else None)
+        result[name] = _train_fp8(parallel, plan, rows, meshes.dp.get_group() if plan.dp > 1 else None)
         result[name]["fp8_linears"] = sum("Float8Linear" in type(m).__name__ for m in parallel.modules())
     result.update(_expert_parallel_fp8_experts(rank))
     torch.save(result, pathlib.Path(out_dir) / f"rank{rank}.pt")

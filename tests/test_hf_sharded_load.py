@@ -38,6 +38,7 @@ def _worker(rank: int, out_dir: str, folder: str, sets: tuple[str, ...]) -> None
     from seektrain.config.loader import load_config
     from seektrain.models.job_model import configured_model_config
     from seektrain.models.lora import is_adapter
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.pipeline_step import PipelineLoss
@@ -47,7 +48,10 @@ def _worker(rank: int, out_dir: str, folder: str, sets: tuple[str, ...]) -> None
     cfg = configured_model_config(job)
     plan = RunPlan.resolve(job, cfg, int(os.environ["WORLD_SIZE"]), "cpu")
     loss = PipelineLoss(DynamicLossScaler(False, 1.0, 1), job.train.mtp_loss_weight) if plan.pp > 1 else None
-    pm = parallelize_model(build_model(plan.model, device="meta"), plan, torch.device("cpu"), folder, loss)
+    meshes = build_meshes(plan)
+    pm = parallelize_model(
+        build_model(plan.model, device="meta"), plan, meshes, torch.device("cpu"), folder, loss
+    )
     oracle = full_weights(folder, plan.model)
     rows = []
     for part in pm.parts:

@@ -60,6 +60,7 @@ def _worker(rank: int, out_dir: str, names: tuple[str, ...]) -> None:
 
     from seektrain.config.loader import load_config
     from seektrain.models.deepseek.presets import get_preset
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.loss_guard import LossGuard
     from seektrain.train.step import train_step
@@ -72,8 +73,8 @@ def _worker(rank: int, out_dir: str, names: tuple[str, ...]) -> None:
             load_config(None, [*COMMON, *overrides]), get_preset("tiny-dense"), world, "cpu"
         )
         data = SimpleNamespace(batches=iter(()))
-        ctx = build_step_context(plan, torch.device("cpu"), data, LossGuard(), None)
-        dp_rank = plan.meshes.dp.get_local_rank() if plan.dp > 1 else 0
+        ctx = build_step_context(plan, build_meshes(plan), torch.device("cpu"), data, LossGuard(), None)
+        dp_rank = ctx.meshes.dp_rank if plan.dp > 1 else 0
         batch, mbs = rows(plan.model.vocab_size), plan.job.train.micro_batch_size
         # the loader's rule: row j of the global batch goes to rank j % dp (docs in data/batch_loader.py)
         mine = [

@@ -122,11 +122,12 @@ def _context(plan):
     pipeline: the test feeds the step its batches itself."""
     from types import SimpleNamespace
 
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.train.loss_guard import LossGuard
     from seektrain.train.trainer import build_step_context
 
     data = SimpleNamespace(batches=iter(()))
-    return build_step_context(plan, torch.device("cpu"), data, LossGuard(), None)
+    return build_step_context(plan, build_meshes(plan), torch.device("cpu"), data, LossGuard(), None)
 
 
 def _full_parameters(model) -> dict[str, torch.Tensor]:
@@ -154,7 +155,7 @@ def _run_layout(name: str, world: int, rank: int, out_dir: str) -> None:
     preset, _, overrides = LAYOUTS[name]
     plan = RunPlan.resolve(load_config(None, [*COMMON, *overrides]), get_preset(preset), world, "cpu")
     ctx = _context(plan)
-    dp_rank = plan.meshes.dp.get_local_rank() if plan.dp > 1 else 0
+    dp_rank = ctx.meshes.dp_rank if plan.dp > 1 else 0
     losses, norms = [], []
     for step, rows in enumerate(global_batches(plan.model.vocab_size), start=1):
         mbs = plan.job.train.micro_batch_size
@@ -169,7 +170,7 @@ def _run_layout(name: str, world: int, rank: int, out_dir: str) -> None:
         from seektrain.parallel.layout_record import layout_ran
 
         facts = {
-            "layout_ran": layout_ran(ctx.parallel, plan.meshes.world),
+            "layout_ran": layout_ran(ctx.parallel, ctx.meshes.world),
             "parallel": dataclasses.asdict(plan.job.parallel),
             "world": world,
             "losses": losses,

@@ -6,7 +6,7 @@ Two functions apply it, and the model knows nothing of it:
 * ``apply_context_parallel(model, cp_mesh)`` swaps the attention kernel (and the document-mask
   builder) of the plain model's modules for the ring's: the modules route attention through their
   ``Kernels`` (``models/kernels.py``), so this is a constructor argument replaced, not a code path.
-* ``local_batch(plan, batch)`` keeps this rank's chunks of a batch. The ``cp`` ranks of one
+* ``local_batch(plan, meshes, batch)`` keeps this rank's chunks of a batch. The ``cp`` ranks of one
   data-parallel group read the same batch (the loader's data-parallel rank does not count cp). Of
   ``2·cp`` equal chunks, rank ``i`` keeps chunks ``i`` and ``2·cp−1−i``: under causal attention the
   early chunks see few keys and the late ones many, so each rank gets the same work. Whatever reads
@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from seektrain.data.batch import Batch
 from seektrain.models.kernels import Kernels
 from seektrain.models.linear_cross_entropy import shift_labels
+from seektrain.parallel.mesh import Meshes
 from seektrain.parallel.ring_attention import chunk_ids, ring_attention
 
 
@@ -116,10 +117,11 @@ def split_batch(batch: Batch, cp: int, rank: int, mtp_depths: int) -> Batch:
     )
 
 
-def local_batch(plan, batch: Batch) -> Batch:
-    """What this rank trains of ``batch`` under ``plan`` (a ``RunPlan``): its context-parallel chunks,
-    or the batch itself without context parallelism."""
+def local_batch(plan, meshes: Meshes, batch: Batch) -> Batch:
+    """What this rank trains of ``batch`` under ``plan`` (a ``RunPlan``): its context-parallel chunks
+    (its place on ``meshes.cp``, ``parallel.mesh.Meshes``), or the batch itself without context
+    parallelism."""
     if plan.cp == 1:
         return batch
     depths = plan.model.num_nextn_predict_layers if plan.use_mtp else 0
-    return split_batch(batch, plan.cp, plan.meshes.cp.get_local_rank(), depths)
+    return split_batch(batch, plan.cp, meshes.cp_rank, depths)

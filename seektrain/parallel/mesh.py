@@ -10,7 +10,10 @@ ranks from inside ``dp_shard`` and, with context or tensor parallelism, every ``
 
 Every view is kept here as it is made, so nothing slices a flattened dimension from the root mesh later
 (torch 2.11 warns that this will be deprecated) and every parallel function receives exactly the mesh
-it works on.
+it works on. The meshes need process groups, so only workers build them; the run plan stays a pure
+value that the launcher and the planner resolve anywhere, and each worker hands its ``Meshes`` to what
+needs them (``parallelize_model``, the step's context, the evaluator), as torchtitan's
+``ParallelDims`` travels beside its job config.
 """
 
 from __future__ import annotations
@@ -18,8 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-from seektrain.plan.run_plan import MESHES_ATTR
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,26 @@ class Meshes:
     ep: DeviceMesh | None = None  # ranks that split the routed experts (ep > 1 only)
     efsdp: DeviceMesh | None = None  # data-parallel ranks left over, which FSDP-shard each expert shard
 
+    @property
+    def dp_rank(self) -> int:
+        """Which rows of data this rank reads (the loaders' rank among the data-parallel ones)."""
+        return self.dp.get_local_rank()
+
+    @property
+    def cp_rank(self) -> int:
+        """Which chunks of each sequence this rank trains (``context_parallel.local_batch``)."""
+        return self.cp.get_local_rank()
+
+    @property
+    def pp_rank(self) -> int:
+        """Which pipeline stages this rank runs (``pipeline.rank_stages``)."""
+        return self.pp.get_local_rank()
+
 
 def build_meshes(plan) -> Meshes:
-    """All meshes of ``plan`` (a ``RunPlan``), built on the first call and left on the plan, where
-    ``plan.meshes`` and every later call find them. Every rank must make the first call, since it creates
-    process groups: the trainer does, right after resolving the plan, and ``parallelize_model`` does."""
-    built = vars(plan).get(MESHES_ATTR)
-    if built is not None:
-        return built
+    """All meshes of ``plan`` (a ``RunPlan``, or anything with its degrees and ``device_type``). Each
+    call creates process groups, so every rank makes the same calls in the same order: the trainer makes
+    one, right after resolving the plan, and passes the result on."""
     names = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
     shape = (plan.pp, plan.dp_replicate, plan.dp_shard, plan.cp, plan.tp)
     world = init_device_mesh(plan.device_type, shape, mesh_dim_names=names)
@@ -59,7 +72,7 @@ def build_meshes(plan) -> Meshes:
     ep = efsdp = None
     if plan.ep > 1:
         ep, efsdp = _expert_meshes(world, plan.ep, plan.dp_shard, plan.tp, plan.dp_replicate, plan.cp)
-    meshes = Meshes(
+    return Meshes(
         world,
         world["pp"],
         world["tp"],
@@ -72,8 +85,6 @@ def build_meshes(plan) -> Meshes:
         ep,
         efsdp,
     )
-    vars(plan)[MESHES_ATTR] = meshes  # the plan is frozen; this is where its meshes property reads them
-    return meshes
 
 
 def _expert_meshes(

@@ -29,7 +29,7 @@ from seektrain.models.registry import family_of, is_family_model, model_blocks
 from seektrain.models.safetensors_slices import HFWeightsError
 from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
 from seektrain.parallel.data_parallel import apply_ddp, apply_fsdp, fsdp_mixed_precision
-from seektrain.parallel.mesh import build_meshes
+from seektrain.parallel.mesh import Meshes
 
 log = logging.getLogger("seektrain.parallel")
 
@@ -55,8 +55,7 @@ class ParallelModel:
         return self.schedule is None or any(p.norm is not None for p in self.parts)
 
 
-def _parallelize_part(part: nn.Module, plan, device: torch.device) -> None:
-    meshes = plan.meshes
+def _parallelize_part(part: nn.Module, plan, meshes: Meshes, device: torch.device) -> None:
     if plan.job.precision.fp8 != "none":
         from seektrain.parallel.float8 import apply_float8, fp8_grouped_gemm_supported
 
@@ -116,22 +115,26 @@ def _replicate_tensor_parallel(part: nn.Module, dp_mesh) -> None:
 
 
 def parallelize_model(
-    model: nn.Module, plan, device: torch.device, hf_path: str | None = None, loss_fn=None
+    model: nn.Module,
+    plan,
+    meshes: Meshes,
+    device: torch.device,
+    hf_path: str | None = None,
+    loss_fn=None,
 ) -> ParallelModel:
     """The parts of ``model`` (a plain model of a registered family, on the meta device) this rank trains
-    under ``plan``.
+    under ``plan``, sharded over ``meshes`` (``seektrain.parallel.mesh.build_meshes(plan)``).
     ``hf_path`` (a Hugging Face folder) replaces random init, each rank reading only its own slices;
     ``loss_fn(output, labels)`` is the pipeline schedule's loss."""
-    build_meshes(plan)  # the trainer built them already; a test that calls this directly has them built here
     if plan.pp == 1:
         parts, ids = [model], [0]
     else:
         from seektrain.parallel import pipeline
 
-        parts, ids = pipeline.rank_stages(model, plan, plan.meshes.pp.get_local_rank())
+        parts, ids = pipeline.rank_stages(model, plan, meshes.pp_rank)
     reports = []
     for part in parts:
-        _parallelize_part(part, plan, device)
+        _parallelize_part(part, plan, meshes, device)
         # Offloaded shards are materialised in host memory; buffers (the balancing biases) are not FSDP's
         # and stay with the compute on the device.
         part.to_empty(device="cpu" if plan.cpu_offload else device)
@@ -143,10 +146,10 @@ def parallelize_model(
         if plan.cpu_offload:
             _buffers_to(part, device)
     if plan.uses_ddp:
-        parts = [apply_ddp(parts[0], plan.meshes.dp_cp)]
+        parts = [apply_ddp(parts[0], meshes.dp_cp)]
     if plan.pp == 1:
         return ParallelModel(parts[0], parts, ids, load_reports=reports)
-    schedule = pipeline.build_schedule(parts, ids, plan, device, loss_fn)
+    schedule = pipeline.build_schedule(parts, ids, plan, meshes, device, loss_fn)
     return ParallelModel(_merged_view(parts), parts, ids, schedule, reports)
 
 

@@ -28,6 +28,7 @@ from torch.distributed.pipelining.schedules import (
 
 from seektrain.models import ModelOutput
 from seektrain.models.registry import family_of
+from seektrain.parallel.mesh import Meshes
 from seektrain.plan.pipeline_split import MULTI_STAGE, stage_ids
 
 SCHEDULES = {
@@ -79,17 +80,20 @@ def rank_stages(model: nn.Module, plan, pp_rank: int) -> tuple[list[nn.Module], 
     return parts, ids
 
 
-def build_schedule(stage_modules: list[nn.Module], ids: list[int], plan, device: torch.device, loss_fn):
-    """The schedule over this rank's stages. Stages rebuild the DTensor activations they receive (tensor
-    parallelism) by looking up the mesh they name in the one world mesh."""
-    world = plan.meshes.world
+def build_schedule(
+    stage_modules: list[nn.Module], ids: list[int], plan, meshes: Meshes, device: torch.device, loss_fn
+):
+    """The schedule over this rank's stages, sending over ``meshes.pp`` (a ``parallel.mesh.Meshes``).
+    Stages rebuild the DTensor activations they receive (tensor parallelism) by looking up the mesh they
+    name in the one world mesh."""
+    world = meshes.world
 
     def get_mesh(dim_names, _layout):
         return world[dim_names if len(dim_names) > 1 else dim_names[0]]
 
     n_stages = len(plan.pp_stage_layers)
     stages = [
-        PipelineStage(m, i, n_stages, device, group=plan.meshes.pp.get_group(), get_mesh=get_mesh)
+        PipelineStage(m, i, n_stages, device, group=meshes.pp.get_group(), get_mesh=get_mesh)
         for m, i in zip(stage_modules, ids)
     ]
     schedule = plan.job.parallel.pp_schedule

@@ -1,13 +1,12 @@
 """The run plan: everything a run derives from (job config, model, world size, device), resolved and
 validated once.
 
-Why one object: a parallel degree used to be read from the config in one place, from a layout object in
-another and from a mesh in a third, and each place validated what it needed (``validate_tp`` ran four
-times per launch). Now the launcher resolves a ``RunPlan`` before any worker starts (refusing a bad
-layout with one line), every worker resolves the same plan again from the same inputs, and
-``parallelize_model``, the step and the trainer read degrees, counts and flags only from it. The meshes
-are built from it in one place (``seektrain.parallel.mesh.build_meshes``), only inside workers, and the
-plan holds them (``plan.meshes``) without importing torch.distributed.
+Why one object: every degree is read and validated in one place. The launcher resolves a ``RunPlan``
+before any worker starts (refusing a bad layout with one line), every worker resolves the same plan
+again from the same inputs, and ``parallelize_model``, the step and the trainer read degrees, counts
+and flags only from it. The plan is a pure frozen value: the DeviceMeshes a worker builds from it
+(``seektrain.parallel.mesh.build_meshes``) need process groups, so they stay beside it, in the
+worker's ``Meshes``, which the trainer passes to whatever needs them.
 
 Resolving needs no process group and no torch.distributed state, so the planner (``seektrain plan``)
 can enumerate candidate plans on any machine.
@@ -18,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,11 +28,6 @@ from seektrain.observe.trackers import check_installed
 from seektrain.plan import layout_checks
 from seektrain.platform.compute_dtype import DtypeChoice, choose_dtype
 from seektrain.platform.float8_support import float8_environment_problem
-
-if TYPE_CHECKING:
-    from seektrain.parallel.mesh import Meshes
-
-MESHES_ATTR = "_meshes"  # where seektrain.parallel.mesh.build_meshes leaves a plan's meshes
 
 
 def lora_spec(job: JobConfig) -> LoraSpec | None:
@@ -242,19 +235,6 @@ class RunPlan:
         from seektrain.platform import policy_for
 
         return policy_for(torch.device(self.device_type))
-
-    # ------------------------------------------------------------------ meshes (workers only)
-    @property
-    def meshes(self) -> Meshes:
-        """Every DeviceMesh of the run (``seektrain.parallel.mesh.Meshes``), as ``build_meshes(plan)`` left
-        them on the plan; they need the process group, so only workers have them."""
-        meshes = self.__dict__.get(MESHES_ATTR)
-        if meshes is None:
-            raise RuntimeError(
-                "plan.meshes: no meshes yet; a worker builds them first with "
-                "seektrain.parallel.mesh.build_meshes(plan)"
-            )
-        return meshes
 
     def describe(self) -> str:
         text = (

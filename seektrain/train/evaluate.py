@@ -28,8 +28,11 @@ log = logging.getLogger("seektrain.train")
 
 
 class Evaluator:
-    def __init__(self, plan, data_path: Path, dp_rank: int, device: torch.device):
-        self.plan, self.device = plan, device
+    """``meshes`` (``seektrain.parallel.mesh.Meshes``): this rank's data-parallel place (which rows of
+    the split it reads), its context-parallel chunks and the groups the loss is summed over."""
+
+    def __init__(self, plan, meshes, data_path: Path, device: torch.device):
+        self.plan, self.meshes, self.device = plan, meshes, device
         self.interval, self.steps = plan.job.train.eval_interval, plan.job.train.eval_steps
         if plan.pp > 1:  # the schedule takes whole steps' worth of micro-batches
             self.steps = -(-self.steps // plan.accum_steps) * plan.accum_steps
@@ -48,7 +51,7 @@ class Evaluator:
                     val,
                     t.seq_len,
                     t.micro_batch_size,
-                    dp_rank,
+                    meshes.dp_rank,
                     plan.dp,
                     t.seed,
                     plan.job.data.packing,
@@ -71,7 +74,7 @@ class Evaluator:
         """This rank's ``eval_steps`` micro-batches from the start of the split, the same every time."""
         self.loader.load_state_dict(self.start)
         batches = itertools.islice(iter(self.loader), self.steps)
-        return [local_batch(self.plan, b.to(self.device)) for b in batches]
+        return [local_batch(self.plan, self.meshes, b.to(self.device)) for b in batches]
 
     @torch.no_grad()
     def val_loss(self, ctx, stop: Callable[[], bool] | None = None) -> float | None:
@@ -84,7 +87,7 @@ class Evaluator:
         ctx.model.eval()
         try:
             batches = self.batches()
-            denominators = step_denominators(plan, batches)
+            denominators = step_denominators(plan, self.meshes, batches)
             total = torch.zeros((), device=self.device)
             if plan.pp > 1:
                 lm = self._pipeline_losses(ctx, batches, denominators, stop)
@@ -106,7 +109,7 @@ class Evaluator:
                         parts = model_loss(out, batch.labels, 0.0, batch.document_ids, denominators)[1]
                     total += parts["lm_loss"].float()
             if plan.dp_cp > 1:
-                dist.all_reduce(total, group=plan.meshes.dp_cp.get_group())
+                dist.all_reduce(total, group=self.meshes.dp_cp.get_group())
                 total /= plan.dp_cp
             return float(total)
         finally:
@@ -130,5 +133,5 @@ class Evaluator:
                     lm += torch.stack(loss_fn.records[-self.plan.pp_microbatches :])[:, 1].sum()
                 else:
                     pm.schedule.eval(*args, **kwargs)
-        dist.all_reduce(lm, group=self.plan.meshes.pp.get_group())  # the last stage's sum, on every rank
+        dist.all_reduce(lm, group=self.meshes.pp.get_group())  # the last stage's sum, on every rank
         return lm

@@ -62,12 +62,13 @@ def global_denominators(counts: torch.Tensor, dp: int, dp_group=None) -> torch.T
     return (counts.clamp_min(1) / dp).float()
 
 
-def step_denominators(plan, batches) -> torch.Tensor:
+def step_denominators(plan, meshes, batches) -> torch.Tensor:
     """``model_loss``'s denominators for a step's (or an evaluation's) micro-batches ``batches`` on
-    this rank under the run plan ``plan``."""
+    this rank under the run plan ``plan``, the counts summed over ``meshes.dp_cp``
+    (``seektrain.parallel.mesh.Meshes``)."""
     depths = plan.model.num_nextn_predict_layers if plan.use_mtp else 0
     counts = sum(trained_counts(b.labels, depths, b.document_ids) for b in batches)
-    return global_denominators(counts, plan.dp_cp, plan.meshes.dp_cp.get_group() if plan.dp_cp > 1 else None)
+    return global_denominators(counts, plan.dp_cp, meshes.dp_cp.get_group() if plan.dp_cp > 1 else None)
 
 
 def model_loss(

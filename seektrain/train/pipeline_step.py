@@ -81,12 +81,12 @@ def pipeline_forward_backward(ctx, spans: dict) -> torch.Tensor:
     to ``spans``."""
     plan, pm, loss_fn = ctx.plan, ctx.parallel, ctx.pipeline_loss
     t0 = ctx.clock.mark()
-    batches = [local_batch(plan, next(ctx.batches)) for _ in range(plan.accum_steps)]
+    batches = [local_batch(plan, ctx.meshes, next(ctx.batches)) for _ in range(plan.accum_steps)]
     args, kwargs, cat = pipeline_inputs(plan, pm, batches, ctx.device)
     n_micro = plan.pp_microbatches
     # the schedule divides the gradients by its micro-batch count: multiply it back into the loss
     loss_fn.records.clear()
-    loss_fn.denominators = step_denominators(plan, [cat]) / n_micro
+    loss_fn.denominators = step_denominators(plan, ctx.meshes, [cat]) / n_micro
     t1 = ctx.clock.mark()
     last = pm.has_last_stage
     with ctx.autocast, plan.loss_context():
@@ -101,7 +101,7 @@ def pipeline_forward_backward(ctx, spans: dict) -> torch.Tensor:
         loss_sum = torch.stack(loss_fn.records[-n_micro:]).sum(0) / n_micro
     else:
         loss_sum = torch.zeros(3, device=ctx.device)
-    dist.all_reduce(loss_sum, group=plan.meshes.pp.get_group())  # every rank learns the last stage's loss
+    dist.all_reduce(loss_sum, group=ctx.meshes.pp.get_group())  # every rank learns the last stage's loss
     spans["data_wait_s"].append((t0, t1))
     spans["fwd_bwd_s"].append((t1, ctx.clock.mark()))
     return loss_sum

@@ -1,6 +1,7 @@
 """One optimizer step, readable top to bottom: accumulate micro-batches, unscale/check, clip, step,
-rebalance experts. Degrees, counts and flags come from the run plan; the objects the step changes are
-in its ``StepContext``.
+rebalance experts. Degrees, counts and flags come from the run plan, process groups from the run's
+meshes (``seektrain.parallel.mesh.Meshes``); both, and the objects the step changes, are in its
+``StepContext``.
 
 The step never waits for the device (no ``.item()``, ``float()`` or ``bool()`` of a device tensor):
 what to log comes back as a ``StepRecord`` of device values that ``seektrain.train.step_log`` reads at
@@ -24,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from seektrain.data.batch import Batch
 from seektrain.observe.step_clock import Spans, StepClock
 from seektrain.parallel.context_parallel import local_batch
+from seektrain.parallel.mesh import Meshes
 from seektrain.parallel.parallelize import ParallelModel
 from seektrain.plan.run_plan import RunPlan
 from seektrain.train.balance import (
@@ -43,6 +45,7 @@ from seektrain.train.precision import DynamicLossScaler
 @dataclass
 class StepContext:
     plan: RunPlan
+    meshes: Meshes  # the run's DeviceMeshes (``build_meshes(plan)``): every group the step reduces over
     device: torch.device
     parallel: ParallelModel
     optimizer: torch.optim.Optimizer
@@ -100,8 +103,11 @@ def accumulate(ctx: StepContext, step: int, spans: dict[str, Spans]) -> torch.Te
     plan, accum, clock = ctx.plan, ctx.plan.accum_steps, ctx.clock
     loss_sum = torch.zeros(3, device=ctx.device)  # total, lm, mtp (summed over micro-batches)
     t0 = clock.mark()
-    batches = [local_batch(plan, next(ctx.batches).to(ctx.device, non_blocking=True)) for _ in range(accum)]
-    denominators = step_denominators(plan, batches)
+    batches = [
+        local_batch(plan, ctx.meshes, next(ctx.batches).to(ctx.device, non_blocking=True))
+        for _ in range(accum)
+    ]
+    denominators = step_denominators(plan, ctx.meshes, batches)
     spans["data_wait_s"].append((t0, clock.mark()))
     for micro, batch in enumerate(batches):
         t1 = clock.mark()
@@ -138,7 +144,7 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
     # device, as a mask of the update; the host hears of it at the next flush (LossGuard.settle).
     # Communication we can time: these step-level reductions, including the wait for the slowest rank
     # (FSDP's and TP's collectives overlap compute inside fwd_bwd and are not separable there).
-    dp_group = plan.meshes.dp_cp.get_group()  # every rank whose tokens differ (data- and context-parallel)
+    dp_group = ctx.meshes.dp_cp.get_group()  # every rank whose tokens differ (data- and context-parallel)
     t_comm = clock.mark()
     if plan.dp_cp > 1:  # each rank's sum is its share of the step's mean x dp_cp (train/loss.py)
         dist.all_reduce(loss_sum, group=dp_group)
@@ -149,7 +155,7 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
 
     params = [p for p in ctx.model.parameters() if p.grad is not None]
     overflow = ctx.scaler.unscale(params)  # fp16 only: did any rank's gradients overflow
-    pp_group = plan.meshes.pp.get_group() if plan.pp > 1 else None
+    pp_group = ctx.meshes.pp.get_group() if plan.pp > 1 else None
     norm = clip_grad_norm(params, plan.job.train.grad_clip, pp_group)
     grads_ok = torch.isfinite(norm) if overflow is None else ~overflow & torch.isfinite(norm)
     update = (
@@ -184,7 +190,7 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
     if plan.use_mtp:
         values["mtp_loss"] = loss_sum[2]
     if plan.model.is_moe:
-        values["expert_imbalance"] = _worst_imbalance(plan, loads, ctx.device)
+        values["expert_imbalance"] = _worst_imbalance(plan, loads, ctx.device, pp_group)
         assert ctx.router_entropy is not None  # built for every MoE model
         entropy = ctx.router_entropy.take(dp_group if plan.dp_cp > 1 else None)
         values["moe_layers"] = layer_table(  # read by train/step_log.py
@@ -215,12 +221,14 @@ def _step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor, params: l
         del optimizer.found_inf
 
 
-def _worst_imbalance(plan: RunPlan, loads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+def _worst_imbalance(
+    plan: RunPlan, loads: list[torch.Tensor], device: torch.device, pp_group
+) -> torch.Tensor:
     """The worst MoE layer's imbalance over the whole model: a pipeline rank holds only its stages'
-    layers, so the worst is taken over the pipeline ranks too."""
+    layers, so the worst is taken over the pipeline ranks too (``pp_group``)."""
     worst = expert_imbalance(loads).double() if loads else torch.ones((), dtype=torch.float64, device=device)
     if plan.pp > 1:
         worst = worst.reshape(1)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=plan.meshes.pp.get_group())
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=pp_group)
         worst = worst.reshape(())
     return worst

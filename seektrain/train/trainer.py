@@ -2,8 +2,9 @@
 ``train.steps`` optimizer steps, evaluate, checkpoint and summarise.
 
 Runs as one process or as one worker of a torchrun/elastic launch; everything that differs between
-the two is hidden in ``init_distributed`` and the plan's meshes. ``train`` reads as the sequence it
-is; each step of the sequence is a function below or a module of its own.
+the two is hidden in ``init_distributed`` and the run's meshes (``build_meshes(plan)``, built once
+here and passed to the model's parallelisation, the step and the evaluation). ``train`` reads as the
+sequence it is; each step of the sequence is a function below or a module of its own.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from seektrain.models import build_model
 from seektrain.models.lora import trainable_counts
 from seektrain.parallel.dist_env import write_env_file
 from seektrain.parallel.layout_record import layout_ran
-from seektrain.parallel.mesh import build_meshes
+from seektrain.parallel.mesh import Meshes, build_meshes
 from seektrain.parallel.parallelize import parallelize_model, unwrap
 from seektrain.parallel.process_group import DistEnv, init_distributed, release_environment
 from seektrain.plan.run_plan import RunPlan
@@ -101,7 +102,7 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
         choose = functools.partial(ckpt.resume_choice, uninterrupted=preemption.uninterrupted)
         begin = resolve_start(cfg, env.world_size, env.device.type, choose)
         plan, start, cfg = begin.plan, begin.resume, begin.plan.job
-        build_meshes(plan)  # every DeviceMesh of the run, held by the plan (plan.meshes)
+        meshes = build_meshes(plan)  # every DeviceMesh of the run; every rank builds them here
         plan.platform.prepare_process(cfg.train.deterministic, cfg.cpu.keep_freed_memory)
         write_run_files(plan, run_dir, env)
         setup_logging(run_dir, env.rank)
@@ -116,7 +117,7 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
         data = open_training_data(
             cfg,
             plan.model,
-            plan.meshes.dp.get_local_rank(),
+            meshes.dp_rank,
             plan.dp,
             env.is_main,
             env.device if plan.platform.pin_host_memory() else None,
@@ -131,7 +132,7 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
         if hf_path:
             check_same_folder(hf_path, env.world_size)  # every rank reads its slices of one model
         preemption.phase = "building the model" + (f" and reading {hf_path}" if hf_path else "")
-        ctx = build_step_context(plan, env.device, data, loss_guard, hf_path)
+        ctx = build_step_context(plan, meshes, env.device, data, loss_guard, hf_path)
         start_step = 0
         if start.checkpoint is not None:
             preemption.phase = f"loading checkpoint {start.checkpoint}"
@@ -140,7 +141,7 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
             log.info("resumed from %s at step %d", start.checkpoint, start_step)
         preemption.phase = "the last start-up checks"
         log_layout(plan, ctx, data, env)
-        evaluator = Evaluator(plan, data.path, plan.meshes.dp.get_local_rank(), env.device)
+        evaluator = Evaluator(plan, meshes, data.path, env.device)
         monitor = RunMonitor(
             plan,
             run_dir,
@@ -222,7 +223,7 @@ def _train(cfg: JobConfig, env: DistEnv, preemption: Preemption) -> dict:
         ckpt.close()
         monitor.close()
     summary = monitor.summarise(
-        time.perf_counter() - t_run, _local_numel(ctx.model), layout_ran(ctx.parallel, plan.meshes.world)
+        time.perf_counter() - t_run, _local_numel(ctx.model), layout_ran(ctx.parallel, meshes.world)
     )
     if dist.is_initialized():
         dist.barrier()
@@ -245,10 +246,15 @@ def write_run_files(plan: RunPlan, run_dir: Path, env: DistEnv) -> None:
 
 
 def build_step_context(
-    plan: RunPlan, device: torch.device, data: TrainingData, loss_guard: LossGuard, hf_path: str | None
+    plan: RunPlan,
+    meshes: Meshes,
+    device: torch.device,
+    data: TrainingData,
+    loss_guard: LossGuard,
+    hf_path: str | None,
 ) -> StepContext:
-    """The model (built on the meta device, parallelised, then materialised), its optimizer and
-    schedule, the loss scaler and the batches: everything a step changes."""
+    """The model (built on the meta device, parallelised over ``meshes``, then materialised), its
+    optimizer and schedule, the loss scaler and the batches: everything a step changes."""
     job = plan.job
     scaler = DynamicLossScaler(
         plan.precision.name == "fp16",
@@ -262,12 +268,13 @@ def build_step_context(
         else None
     )
     model = build_model(plan.model, device="meta", kernels=plan.platform.model_kernels(plan.compute_dtype))
-    parallel = parallelize_model(model, plan, device, hf_path=hf_path, loss_fn=pipeline_loss)
+    parallel = parallelize_model(model, plan, meshes, device, hf_path=hf_path, loss_fn=pipeline_loss)
     configure_aux_loss(parallel.model, job.train.aux_loss_alpha, plan.aux_loss_grad_scale)
     optimizer = build_optimizer(parallel.model, job.optim)
     scheduler = build_scheduler(optimizer, job.optim, job.train.steps)
     return StepContext(
         plan,
+        meshes,
         device,
         parallel,
         optimizer,
