@@ -136,12 +136,12 @@ def install_startup_hooks(rank: int, preemption) -> list[str]:
 def _sigterm_at_startup(moment: str, preemption) -> None:
     """Wrap the start-up function of ``moment`` so that SIGTERM arrives as it starts."""
     from seektrain.checkpoint.manager import CheckpointManager
-    from seektrain.train import trainer
+    from seektrain.train import startup, trainer
 
     owners = {
         "init": (trainer, "init_distributed"),
-        "data": (trainer, "open_training_data"),
-        "model": (trainer, "build_step_context"),
+        "data": (startup, "open_training_data"),
+        "model": (startup, "build_step_context"),
         "resume": (CheckpointManager, "load"),
     }
     if moment not in owners:

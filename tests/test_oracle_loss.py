@@ -63,8 +63,8 @@ def _worker(rank: int, out_dir: str, names: tuple[str, ...]) -> None:
     from seektrain.parallel.mesh import build_meshes
     from seektrain.plan.run_plan import RunPlan
     from seektrain.train.loss_guard import LossGuard
+    from seektrain.train.startup import build_step_context
     from seektrain.train.step import train_step
-    from seektrain.train.trainer import build_step_context
 
     world = dist.get_world_size()
     for name in names:

@@ -124,7 +124,7 @@ def _context(plan):
 
     from seektrain.parallel.mesh import build_meshes
     from seektrain.train.loss_guard import LossGuard
-    from seektrain.train.trainer import build_step_context
+    from seektrain.train.startup import build_step_context
 
     data = SimpleNamespace(batches=iter(()))
     return build_step_context(plan, build_meshes(plan), torch.device("cpu"), data, LossGuard(), None)
