@@ -61,7 +61,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from seektrain.data.batch import Batch
-    from seektrain.models.deepseek.transformer import build_model
+    from seektrain.models import build_model
     from seektrain.parallel.context_parallel import local_batch
     from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model

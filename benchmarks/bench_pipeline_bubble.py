@@ -98,8 +98,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from seektrain.config.loader import load_config
+    from seektrain.models import build_model
     from seektrain.models.config import ModelConfig
-    from seektrain.models.deepseek.transformer import build_model
     from seektrain.parallel import pipeline
     from seektrain.parallel.mesh import build_meshes
     from seektrain.plan.run_plan import RunPlan

@@ -121,8 +121,8 @@ class Run:
 
 def _lora_model(model_config_json: str, lora):
     """A plain fp32 model of the run's ``model_config.json`` with the adapters of ``lora`` (on meta)."""
+    from seektrain.models import build_model
     from seektrain.models.config import ModelConfig
-    from seektrain.models.deepseek.transformer import build_model
     from seektrain.models.lora import add_adapters
 
     model = build_model(ModelConfig.from_dict(json.loads(model_config_json)), device="meta")
@@ -134,8 +134,8 @@ def _lora_model(model_config_json: str, lora):
 def initial_weights(
     model_config_json: str, seed: int, lora=None
 ) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
+    from seektrain.models import build_model
     from seektrain.models.config import ModelConfig
-    from seektrain.models.deepseek.transformer import build_model
 
     if lora is None:
         model = build_model(ModelConfig.from_dict(json.loads(model_config_json)), seed=seed)

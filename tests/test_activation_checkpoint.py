@@ -79,7 +79,7 @@ def test_kept_bytes_equal_the_planner_model(preset):
     depends on the routing)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from seektrain.models.deepseek.transformer import build_model
+    from seektrain.models import build_model
     from seektrain.models.kernels import Kernels
     from seektrain.models.layers import rope_cos_sin
     from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
@@ -115,7 +115,7 @@ def test_selective_with_fp8_gives_the_gradients_of_no_checkpointing(cpu_fp8):  #
     import copy
     import dataclasses
 
-    from seektrain.models.deepseek.transformer import build_model
+    from seektrain.models import build_model
     from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
     from seektrain.parallel.float8 import apply_float8
 

@@ -46,7 +46,7 @@ def test_offload_shards_even_one_rank():
 def _worker(rank: int, out_dir: str) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
-    from seektrain.models.deepseek.transformer import build_model
+    from seektrain.models import build_model
     from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.train.grad import clip_grad_norm

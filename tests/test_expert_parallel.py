@@ -15,10 +15,10 @@ import torch.distributed as dist
 
 from compare_runs import FP32
 from seektrain.config.schema import OptimSection
+from seektrain.models import build_model
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.moe import GroupedExperts
 from seektrain.models.deepseek.presets import get_preset
-from seektrain.models.deepseek.transformer import build_model
 from seektrain.plan.layout_checks import check_model
 from spawn_ranks import spawn_ranks
 from tolerances import model_rel, model_tol

@@ -106,8 +106,8 @@ def _worker(rank: int, out_dir: str) -> None:
     from torch.distributed.tensor import DTensor
 
     from seektrain.config.loader import load_config
+    from seektrain.models import build_model
     from seektrain.models.deepseek.presets import get_preset
-    from seektrain.models.deepseek.transformer import build_model
     from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan

@@ -14,7 +14,6 @@ from seektrain.models import registry
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.presets import PRESETS, get_preset
 from seektrain.models.deepseek.transformer import Transformer
-from seektrain.models.deepseek.transformer import build_model as historical_build_model
 from seektrain.parallel.pipeline import build_stage_model
 
 
@@ -24,7 +23,7 @@ def test_every_preset_is_the_deepseek_family():
     family = registry.get_family("deepseek")
     assert set(family.archs) == {"llama", "deepseek_v2", "deepseek_v3"}
     assert "DeepseekV3ForCausalLM" in family.hf_architectures
-    model = historical_build_model(get_preset("tiny-v3"), device="meta")
+    model = registry.build_model(get_preset("tiny-v3"), device="meta")
     assert type(model) is Transformer and registry.family_of(model) is family
 
 
@@ -65,7 +64,7 @@ def test_a_second_family_is_one_entry(monkeypatch):
     monkeypatch.setitem(registry.FAMILIES, "toy", toy)
     cfg = ToyConfig(**{**dataclasses.asdict(get_preset("tiny-dense")), "arch": "toy", "rope_scaling": None})
 
-    model = historical_build_model(cfg, device="meta", dtype=torch.bfloat16)
+    model = registry.build_model(cfg, device="meta", dtype=torch.bfloat16)
     assert type(model) is ToyModel and registry.family_of(model) is toy and cast == ["ToyModel"]
     stage = build_stage_model(model, [1], first=False, last=False)
     assert stage.embed_tokens is not None and stage.norm is None and list(stage.layers) == ["1"]

@@ -108,7 +108,7 @@ def results(tmp_path_factory) -> dict:
 
 def expected_loss(model_config: str, seed: int) -> float:
     """By hand: sum over the trained targets of -log_softmax(logits)[target], over their count."""
-    from seektrain.models.deepseek.transformer import build_model
+    from seektrain.models import build_model
 
     model = build_model(ModelConfig.from_dict(json.loads(model_config)), seed=seed)
     batch = rows(model.cfg.vocab_size)

@@ -222,8 +222,8 @@ def _assert_same(got, want) -> None:
 def test_first_loss_is_the_token_mean_of_the_global_batch(results):
     """Step 1's loss (before any update) of one process accumulating four uneven micro-batches is the
     cross-entropy summed over all trained tokens of the 4 rows over their count (MTP: per depth)."""
+    from seektrain.models import build_model
     from seektrain.models.config import ModelConfig
-    from seektrain.models.deepseek.transformer import build_model
     from seektrain.train.loss import model_loss
 
     facts, _ = results["one-v3"]

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from seektrain.config.schema import OptimSection
-from seektrain.models import get_preset
-from seektrain.models.deepseek.transformer import build_model
+from seektrain.models import build_model, get_preset
 from seektrain.plan.layout_checks import check_model
 from spawn_ranks import spawn_ranks
 from tolerances import model_rel, model_tol

@@ -23,6 +23,7 @@ from torch import nn
 
 from seektrain.errors import UserError
 from seektrain.models.config import ARCHITECTURES, ModelConfig
+from seektrain.models.construct import construct_model
 from seektrain.models.deepseek import costs, shapes
 from seektrain.models.deepseek.hf_config import ARCH_BY_HF
 from seektrain.models.deepseek.hf_io import load_hf_weights
@@ -181,12 +182,4 @@ def build_model(
     (``seektrain.platform.policy_for(device).model_kernels()``) for training; the default, plain ones
     count FLOPs exactly and serve as the reference."""
     family = family_for(cfg)
-    cfg.validate()
-    with torch.device(device):
-        model = family.module_class(cfg, kernels)
-    if dtype != torch.float32:
-        model.to(dtype)
-        family.keep_fp32(model)
-    if init and torch.device(device).type != "meta":
-        model.init_weights(seed)  # type: ignore[operator]  # every family's module has init_weights
-    return model
+    return construct_model(family.module_class, family.keep_fp32, cfg, device, dtype, init, seed, kernels)

@@ -19,10 +19,11 @@ import os
 import torch
 
 from seektrain.models.config import ModelConfig
+from seektrain.models.construct import construct_model
 from seektrain.models.deepseek.hf_config import HFConfigError, config_from_hf, read_config_json
 from seektrain.models.deepseek.hf_export import DEFAULT_MAX_SHARD_BYTES, export_release
 from seektrain.models.deepseek.hf_folder import HFFolder, open_folder
-from seektrain.models.deepseek.transformer import Transformer, build_model
+from seektrain.models.deepseek.transformer import Transformer, keep_fp32_buffers
 from seektrain.models.hf_slice_reader import (
     DEFAULT_THREADS,
     LoadReport,
@@ -69,7 +70,7 @@ def from_pretrained(
     or from a hub id (``org/name``) already in the local Hugging Face cache (``seektrain.models.hub``);
     ``kernels`` as for ``build_model``. The same slice-by-slice read as a sharded load, of all of it."""
     opened = open_folder(os.fspath(path), what)
-    model = build_model(opened.cfg, device="meta", dtype=dtype, init=False, kernels=kernels)
+    model = _meta_model(opened.cfg, dtype, kernels)
     folder = HFFolder(opened, {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()})
     model.to_empty(device=device)
     if opened.cfg.tie_word_embeddings:  # to_empty re-creates parameters one module at a time: re-tie
@@ -97,9 +98,17 @@ def load_hf_weights(
 def open_hf_source(path: str | os.PathLike, cfg: ModelConfig, what: str = "model.hf_path") -> HFFolder:
     """The folder ``path`` matched to the whole model of ``cfg`` (headers checked, nothing read yet):
     the source of slice reads for any box of any of its tensors."""
-    full = build_model(cfg, device="meta", init=False)
+    full = _meta_model(cfg)
     shapes = {name: tuple(t.shape) for name, t in full.state_dict(keep_vars=True).items()}
     return HFFolder(open_folder(os.fspath(path), what), shapes)
+
+
+def _meta_model(
+    cfg: ModelConfig, dtype: torch.dtype = torch.float32, kernels: Kernels | None = None
+) -> Transformer:
+    model = construct_model(Transformer, keep_fp32_buffers, cfg, "meta", dtype, init=False, kernels=kernels)
+    assert isinstance(model, Transformer)
+    return model
 
 
 # ------------------------------------------------------------------------------------------ writing

@@ -185,20 +185,3 @@ def keep_fp32_buffers(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, Router) and module.e_score_correction_bias is not None:
             module.e_score_correction_bias.data = module.e_score_correction_bias.data.float()
-
-
-def build_model(
-    cfg: ModelConfig,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    init: bool = True,
-    seed: int = 0,
-    kernels: Kernels | None = None,
-) -> Transformer:
-    """``seektrain.models.registry.build_model``: the model of ``cfg``'s family (this module's
-    ``Transformer`` for the DeepSeek configs), under this module's historical name."""
-    from seektrain.models.registry import build_model as build  # the registry imports this module
-
-    model = build(cfg, device, dtype, init, seed, kernels)
-    assert isinstance(model, Transformer)  # the DeepSeek family's module
-    return model
