@@ -92,14 +92,11 @@ def run(args: argparse.Namespace) -> int:
 
         end_with_agent()  # a worker whose agent is killed must not train on alone
     from seektrain.cli.errors import report_preempted
-    from seektrain.train import preemption
     from seektrain.train.preemption import Preempted
-
-    preemption.report_line = report_preempted  # the grace watchdog's line, the CLI's one-line way
     from seektrain.train.trainer import train
 
     try:
-        train(cfg)
+        train(cfg, report_line=report_preempted)  # the grace watchdog's line, the CLI's one-line way
     except Preempted as stop:  # SIGTERM: exit 143 with the line saying what run.dir holds
         sys.stdout.flush()
         return report_preempted(stop.line, stop.code)

@@ -46,14 +46,12 @@ log = logging.getLogger("seektrain.train")
 PREEMPTED_PREFIX = PREEMPTED  # the one line's start (the launcher relays it, launch/worker_errors.py)
 
 
-def _print_line(line: str, code: int) -> int:
+def print_line(line: str, code: int) -> int:
     print(line, file=sys.stderr)
     return code
 
 
-# How the watchdog's line reaches the user: the CLI sets its one-line path (cli/errors.report_preempted,
-# which leaves a worker's line to its launcher); the trainer knows nothing of the CLI.
-report_line: Callable[[str, int], int] = _print_line
+ReportLine = Callable[[str, int], int]  # (line, exit code) -> exit code: how the watchdog's line is shown
 
 
 class Preempted(SystemExit):
@@ -76,8 +74,12 @@ class Preemption:
     """The SIGTERM handler of one worker and what it knows: the moment (``phase``), whether a signal
     came (``received``), and the watchdog that bounds the time from the signal to the exit."""
 
-    def __init__(self, grace_s: float, rank: int | None = None):
+    def __init__(self, grace_s: float, rank: int | None = None, report_line: ReportLine = print_line):
+        """``report_line``: how the grace watchdog's one line reaches the user (the CLI passes its own,
+        ``cli/errors.report_preempted``, which leaves a worker's line to its launcher; the trainer knows
+        nothing of the CLI)."""
         self.grace_s = grace_s
+        self.report_line = report_line
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         self.phase = "start-up"
         self.run_dir: Path | None = None  # known once the config is: for the line of what is kept
@@ -116,7 +118,7 @@ class Preemption:
 
     def _grace_expired(self) -> None:
         sys.stdout.flush()
-        report_line(
+        self.report_line(
             f"{PREEMPTED_PREFIX}: SIGTERM, and no checkpoint was written within "
             f"checkpoint.preempt_grace_s={self.grace_s:g} s (during {self.phase}); {kept(self.run_dir)}",
             EXIT_PREEMPTED,

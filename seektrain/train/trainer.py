@@ -21,7 +21,7 @@ from seektrain.data.blocks import ShardDamaged
 from seektrain.parallel.layout_record import layout_ran
 from seektrain.parallel.parallelize import unwrap
 from seektrain.parallel.process_group import init_distributed, release_environment
-from seektrain.train.preemption import Preemption
+from seektrain.train.preemption import Preemption, ReportLine, print_line
 from seektrain.train.readable_failure import FailedAt, readable_failure
 from seektrain.train.run_hooks import run_hook
 from seektrain.train.startup import Run, build_run, local_numel
@@ -30,9 +30,11 @@ from seektrain.train.step import StepRecord, train_step
 log = logging.getLogger("seektrain.train")
 
 
-def train(cfg: JobConfig) -> dict:
+def train(cfg: JobConfig, report_line: ReportLine = print_line) -> dict:
+    """Train ``cfg`` in this process (one worker of a launch, or the whole run); ``report_line``: how the
+    SIGTERM watchdog's one line is shown (the CLI's; default: printed to stderr)."""
     # [faults] SIGTERM is handled from here on, at every moment of the run (preemption.py)
-    preemption = Preemption(cfg.checkpoint.preempt_grace_s)
+    preemption = Preemption(cfg.checkpoint.preempt_grace_s, report_line=report_line)
     preemption.run_dir = Path(cfg.run.dir)
     run_hook("at_startup", preemption.rank, preemption)  # [faults] the tests' hooks; nothing otherwise
     try:
