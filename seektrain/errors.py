@@ -1,7 +1,7 @@
 """The two kinds of error that end a command with one line instead of a traceback.
 
 Why two narrow types: printing every ``ValueError`` and ``OSError`` as a one-line "user error" would
-hide torch's own bugs and ours, tracebacks lost. Only these are one line (``cli/errors.py``); anything
+hide torch's own bugs and ours, tracebacks lost. Only these are one line (``cli/error_lines.py``); anything
 else is a bug whose traceback goes to ``train.log``.
 
 * ``UserError``: the input is wrong (a config key, a flag, a data folder, a checkpoint, a model file).

@@ -1,6 +1,6 @@
 """The `seektrain` command: one verb per job. Bad input (``UserError``) and a known failure of the run
 (``RunFailure``) print one line and exit 2; anything else is a bug: one line saying where its traceback
-was written, exit 1 (``cli/errors.py``)."""
+was written, exit 1 (``cli/error_lines.py``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from seektrain.cli import (
     sample_cmd,
     train_cmd,
 )
-from seektrain.cli.errors import OneLineParser, report_internal_error, report_user_error
+from seektrain.cli.error_lines import OneLineParser, report_internal_error, report_user_error
 from seektrain.errors import RunFailure, UserError
 from seektrain.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR
 from seektrain.version import version

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         from seektrain.launch.agent_lifeline import end_with_agent
 
         end_with_agent()  # a worker whose agent is killed must not train on alone
-    from seektrain.cli.errors import report_preempted
+    from seektrain.cli.error_lines import report_preempted
     from seektrain.train.preemption import Preempted
     from seektrain.train.trainer import train
 

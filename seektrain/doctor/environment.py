@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from seektrain.doctor.report import Check
+from seektrain.doctor.check_report import Check
 
 PREFIXES = ("NCCL_", "GLOO_", "MASTER_", "TORCH_", "CUDA_VISIBLE_DEVICES")
 _ON = ("1", "true", "yes", "on")

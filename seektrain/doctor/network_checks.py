@@ -11,7 +11,7 @@ import os
 import socket
 from pathlib import Path
 
-from seektrain.doctor.report import Check
+from seektrain.doctor.check_report import Check
 from seektrain.errors import UserError
 
 SYS_NET = Path("/sys/class/net")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seektrain.doctor import environment, network_checks, storage_checks, system
-from seektrain.doctor.report import Check, Report
+from seektrain.doctor.check_report import Check, Report
 
 
 @dataclass

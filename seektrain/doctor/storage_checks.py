@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from seektrain.doctor.report import Check
+from seektrain.doctor.check_report import Check
 from seektrain.parallel.dist_env import node_label
 
 GIB = 2**30

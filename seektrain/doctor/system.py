@@ -15,7 +15,7 @@ import subprocess
 import torch
 import torch.distributed as dist
 
-from seektrain.doctor.report import Check
+from seektrain.doctor.check_report import Check
 
 GIB = 2**30
 

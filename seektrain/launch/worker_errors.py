@@ -1,5 +1,5 @@
 """A worker's error reaches the user once: workers started by our launcher leave their one line in a
-folder the launcher made (``cli/errors.py``), and the launcher prints each distinct line once, with the
+folder the launcher made (``cli/error_lines.py``), and the launcher prints each distinct line once, with the
 ranks that said it, instead of one copy per rank plus torchrun's traceback. (torchrun's own per-worker
 error files are not used: a file there changes which failure torchrun reports as the first.)
 """
@@ -19,7 +19,7 @@ from seektrain.errors import PREEMPTED
 from seektrain.exit_codes import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR
 
 # Set by our launcher for its workers: the folder where each worker leaves its error line (rank-N.txt,
-# written by cli/errors.py), and whether the worker should leave the printing to the launcher.
+# written by cli/error_lines.py), and whether the worker should leave the printing to the launcher.
 ERROR_DIR_ENV = "SEEKTRAIN_WORKER_ERRORS"
 QUIET_WORKERS_ENV = "SEEKTRAIN_QUIET_WORKERS"
 
