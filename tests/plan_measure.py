@@ -66,7 +66,7 @@ def measure(job, model_cfg, world: int, device: torch.device) -> dict:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from seektrain.data.batch import Batch
-    from seektrain.models.deepseek.transformer import build_model
+    from seektrain.models import build_model
     from seektrain.parallel.context_parallel import local_batch
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.plan.run_plan import RunPlan
