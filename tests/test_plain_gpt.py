@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import os
 
-import plain_gpt  # noqa: F401  (registers the family)
 import pytest
 import torch
 
+import plain_gpt  # noqa: F401  (registers the family)
 from plan_measure import measure
 from seektrain.config.loader import load_config
 from seektrain.models import build_model, get_preset
@@ -34,7 +34,9 @@ def _plan(name: str, world: int = WORLD) -> RunPlan:
 
 
 def _batch(step: int) -> torch.Tensor:
-    return torch.randint(0, get_preset(PRESET).vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(step))
+    return torch.randint(
+        0, get_preset(PRESET).vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(step)
+    )
 
 
 def _train(model, optimizer, rows: slice, loss_context) -> list[float]:

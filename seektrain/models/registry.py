@@ -180,7 +180,7 @@ def family_of(model: nn.Module) -> ModelFamily:
 
 def config_of(model: nn.Module) -> ModelConfig:
     """The config a family's model was built from (every family's module keeps it as ``cfg``)."""
-    cfg = getattr(model, "cfg", None)
+    cfg: Any = getattr(model, "cfg", None)
     if not any(isinstance(cfg, f.config_class) for f in FAMILIES.values()):
         raise TypeError(f"{type(model).__name__} has no model config (.cfg)")
     return cfg

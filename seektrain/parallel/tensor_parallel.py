@@ -144,7 +144,9 @@ def weight_styles(model: nn.Module, sp: bool) -> dict[str, ParallelStyle]:
     seq = Shard(1) if sp else Replicate()
     weights = family_of(model).weights(model.cfg)
     return {
-        w.path: _LEAF_STYLES[w.tp](seq, sp) for w in weights.values() if w.tp in _LEAF_STYLES and _has(model, w.path)
+        w.path: _LEAF_STYLES[w.tp](seq, sp)
+        for w in weights.values()
+        if w.tp in _LEAF_STYLES and _has(model, w.path)
     }
 
 

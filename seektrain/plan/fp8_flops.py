@@ -6,8 +6,8 @@ needs nothing of parallel/."""
 from __future__ import annotations
 
 from seektrain.models import EXPERTS, LINEAR, Weight
-from seektrain.models.registry import family_for
 from seektrain.models.config import ModelConfig
+from seektrain.models.registry import family_for
 
 RECIPE_MULTIPLE = {
     "rowwise": 16,

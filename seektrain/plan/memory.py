@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from seektrain.models import EXPERTS
 from seektrain.models.config import ModelConfig
@@ -53,7 +54,8 @@ def _family_cfg(cfg_json: str):
     """(family, config) of a cache key: the config's family's class and name ride along in the JSON."""
     data = json.loads(cfg_json)
     family = get_family(data.pop("family"))
-    return family, family.config_class.from_dict(data)
+    config_class: Any = family.config_class  # every family's config has from_dict
+    return family, config_class.from_dict(data)
 
 
 def _key(cfg) -> str:

@@ -27,7 +27,10 @@ FAMILY = register_family(
         weights=gpt_weights,
         tp_plan="plain_gpt.tp_plan:gpt_tp_plan",
         pipeline=PipelineRules(
-            layers="layers", first=("embed_tokens", "embed_positions"), last=("norm", "lm_head"), blocks=("layers",)
+            layers="layers",
+            first=("embed_tokens", "embed_positions"),
+            last=("norm", "lm_head"),
+            blocks=("layers",),
         ),
         keep_fp32=lambda model: None,  # LayerNorm and the tables train in the compute dtype
         load_hf=_no_hf,
