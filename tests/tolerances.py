@@ -33,7 +33,7 @@ def forward_chain_k(cfg, seq_len: int) -> int:
     sequence length) and the MLP (hidden + intermediate), then the LM head. Rounding differences of two
     reduction orders add up along this chain, so it is the ``k`` of ``fp32_matmul_tol`` for a whole
     model's logits, losses and gradients (up to the constant, which covers softmax and norms)."""
-    inner = max(cfg.intermediate_size, cfg.moe_intermediate_size)
+    inner = max(cfg.intermediate_size, getattr(cfg, "moe_intermediate_size", 0))  # a dense family has none
     per_layer = 5 * cfg.hidden_size + inner + cfg.head_dim + seq_len
     return cfg.num_hidden_layers * per_layer + cfg.hidden_size
 

@@ -50,12 +50,12 @@ def job_and_model(args: argparse.Namespace, gpus: int | None = None):
     """The job config and model the plan is for; --model replaces the config's model. ``gpus``: the
     device count the default global batch follows (``args.gpus`` unless the planner chooses it)."""
     from seektrain.config.loader import load_config
-    from seektrain.models import PRESETS
+    from seektrain.models import preset_names
     from seektrain.models.job_model import configured_model_config
 
     overrides = ["train.micro_batch_size=1", *args.overrides]  # the search tries micro-batch sizes itself
     if args.model:
-        key = "model.preset" if args.model in PRESETS else "model.hf_path"
+        key = "model.preset" if args.model in preset_names() else "model.hf_path"
         overrides.append(f"{key}={args.model}")
     if not args.config and not args.model:
         raise UserError("seektrain plan needs --model PRESET|HF_DIR or --config FILE")

@@ -19,7 +19,9 @@ _HOME = {
     "count_params": "param_count",
     "OFFICIAL_PRESETS": "deepseek.presets",
     "PRESETS": "deepseek.presets",
-    "get_preset": "deepseek.presets",
+    "get_preset": "registry",
+    "preset_names": "registry",
+    "register_family": "registry",
     "Transformer": "deepseek.transformer",
     "build_model": "registry",
     "ModelFamily": "registry",
@@ -38,8 +40,10 @@ _HOME = {
     "config_to_hf": "deepseek.hf_config",
     "check_target": "deepseek.hf_replace",
     "COLWISE": "deepseek.shapes",
+    "EMBEDDING": "deepseek.shapes",
     "EXPERTS": "deepseek.shapes",
     "LINEAR": "deepseek.shapes",
+    "NORM": "deepseek.shapes",
     "REPLICATED": "deepseek.shapes",
     "ROWWISE": "deepseek.shapes",
     "ROWWISE_PARTIAL": "deepseek.shapes",
@@ -75,12 +79,14 @@ if TYPE_CHECKING:
     from seektrain.models.deepseek.hf_replace import check_target
     from seektrain.models.deepseek.init import init_adapters
     from seektrain.models.deepseek.moe import GroupedExperts, MoE, count_slots, grouped_swiglu
-    from seektrain.models.deepseek.presets import OFFICIAL_PRESETS, PRESETS, get_preset
+    from seektrain.models.deepseek.presets import OFFICIAL_PRESETS, PRESETS
     from seektrain.models.deepseek.rope_overrides import with_rope_overrides
     from seektrain.models.deepseek.shapes import (
         COLWISE,
+        EMBEDDING,
         EXPERTS,
         LINEAR,
+        NORM,
         REPLICATED,
         ROWWISE,
         ROWWISE_PARTIAL,
@@ -95,7 +101,16 @@ if TYPE_CHECKING:
     )
     from seektrain.models.deepseek.transformer import ModelOutput, Transformer
     from seektrain.models.param_count import ParamCounts, count_params
-    from seektrain.models.registry import ModelFamily, build_model, config_of, family_for, get_family
+    from seektrain.models.registry import (
+        ModelFamily,
+        build_model,
+        config_of,
+        family_for,
+        get_family,
+        get_preset,
+        preset_names,
+        register_family,
+    )
 
 
 def __getattr__(name: str) -> Any:

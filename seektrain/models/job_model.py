@@ -22,11 +22,11 @@ if TYPE_CHECKING:
 def check_preset(cfg: JobConfig) -> None:
     """``model.preset`` names a preset, unless ``model.hf_path`` replaces it: a ConfigError of one line.
     Asked here, where the model is chosen, since the config package knows nothing of models."""
-    from seektrain.models import PRESETS
+    from seektrain.models import preset_names
 
-    if not cfg.model.hf_path and cfg.model.preset not in PRESETS:
+    if not cfg.model.hf_path and cfg.model.preset not in preset_names():
         raise ConfigError(
-            f"model.preset={cfg.model.preset!r} is unknown; choose one of: {', '.join(PRESETS)}"
+            f"model.preset={cfg.model.preset!r} is unknown; choose one of: {', '.join(preset_names())}"
         )
 
 

@@ -43,7 +43,6 @@ from seektrain.models import (
     ROWWISE,
     ROWWISE_PARTIAL,
     Weight,
-    weights_by_path,
 )
 from seektrain.models.config import ModelConfig
 
@@ -128,7 +127,9 @@ def targeted_weights(cfg: ModelConfig, spec: LoraSpec) -> list[Weight]:
     """The described base weights ``spec`` adapts, in module order; one ``UserError`` line for a target
     that selects nothing. A group the model lacks is an error unless the list names every group (the
     default: "every adaptable module this model has", which must work for a dense model too)."""
-    adaptable = [w for w in weights_by_path(cfg).values() if _group(w)]
+    from seektrain.models.registry import family_for  # the registry imports the modules LoRA adapts
+
+    adaptable = [w for w in family_for(cfg).weights(cfg).values() if _group(w)]
     every_group = set(GROUPS) <= set(spec.targets)
     chosen: set[str] = set()
     for target in spec.targets:

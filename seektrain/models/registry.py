@@ -15,8 +15,9 @@ nothing of parallelism, ``seektrain.parallel`` resolves it (``parallel/tensor_pa
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +25,7 @@ from torch import nn
 from seektrain.errors import UserError
 from seektrain.models.config import ARCHITECTURES, ModelConfig
 from seektrain.models.construct import construct_model
-from seektrain.models.deepseek import costs, shapes
+from seektrain.models.deepseek import costs, presets, shapes
 from seektrain.models.deepseek.hf_config import ARCH_BY_HF
 from seektrain.models.deepseek.hf_io import load_hf_weights
 from seektrain.models.deepseek.transformer import Transformer, keep_fp32_buffers
@@ -56,6 +57,8 @@ class FamilyCosts:
     attention_bytes: Callable[[ModelConfig, int, int, bool, bool], float]
     # (cfg, a, tp, pad_values) -> what selective checkpointing keeps of attention, o_proj's output aside
     selective_attention_bytes: Callable[[ModelConfig, int, int, bool], float]
+    # (cfg, a, tp) -> a dense layer's MLP saved bytes per token (``plan/memory.py`` adds its input norm)
+    dense_mlp_bytes: Callable[[Any, int, int], float]
     # (cfg, a, tp, ep) -> a MoE layer's MLP saved bytes per token (``cfg.is_moe_layer``)
     moe_bytes: Callable[[ModelConfig, int, int, int], float]
     # (cfg, a, tp, ep) -> (kept, tail) of a selectively checkpointed MoE layer's MLP
@@ -88,6 +91,8 @@ class ModelFamily:
     # the full tensors it holds) from the folder, reading only those slices (``models/hf_slice_reader.py``)
     load_hf: Callable[[list, ModelConfig, str], object]
     costs: FamilyCosts
+    # preset name -> a builder of its config (``model.preset=`` finds it through ``get_preset``)
+    presets: Mapping[str, Callable[[], Any]] = field(default_factory=dict)
 
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -107,6 +112,7 @@ FAMILIES: dict[str, ModelFamily] = {
         costs=FamilyCosts(
             attention_bytes=costs.attention_bytes,
             selective_attention_bytes=costs.selective_attention_bytes,
+            dense_mlp_bytes=costs.dense_mlp_bytes,
             moe_bytes=costs.moe_bytes,
             selective_moe_bytes=costs.selective_moe_bytes,
             replicated_norm_width=costs.replicated_norm_width,
@@ -115,8 +121,34 @@ FAMILIES: dict[str, ModelFamily] = {
             tp_summed_outputs=costs.tp_summed_outputs,
             is_moe_block=costs.is_moe_block,
         ),
+        presets=presets.BUILDERS,
     ),
 }
+
+
+def register_family(family: ModelFamily) -> ModelFamily:
+    """Add ``family`` to ``FAMILIES``: the public entry for a family that lives outside this package
+    (a plugin, an example, a test). Its name, archs and presets must be new."""
+    taken = {a for f in FAMILIES.values() for a in f.archs} & set(family.archs)
+    clash = set(preset_names()) & set(family.presets)
+    if family.name in FAMILIES or taken or clash:
+        what = family.name if family.name in FAMILIES else ", ".join(sorted(taken or clash))
+        raise UserError(f"model family {family.name!r}: {what} is registered already")
+    FAMILIES[family.name] = family
+    return family
+
+
+def preset_names() -> tuple[str, ...]:
+    """Every registered family's preset names, the DeepSeek ones first."""
+    return tuple(name for f in FAMILIES.values() for name in f.presets)
+
+
+def get_preset(name: str) -> Any:
+    """The validated config of preset ``name``, from whichever family registered it."""
+    for family in FAMILIES.values():
+        if name in family.presets:
+            return family.presets[name]().validate()
+    raise UserError(f"unknown model preset {name!r}; choose one of: {', '.join(preset_names())}")
 
 
 def get_family(name: str) -> ModelFamily:
@@ -149,8 +181,8 @@ def family_of(model: nn.Module) -> ModelFamily:
 
 def config_of(model: nn.Module) -> ModelConfig:
     """The config a family's model was built from (every family's module keeps it as ``cfg``)."""
-    cfg = model.cfg
-    if not isinstance(cfg, ModelConfig):
+    cfg: Any = getattr(model, "cfg", None)
+    if not any(isinstance(cfg, f.config_class) for f in FAMILIES.values()):
         raise TypeError(f"{type(model).__name__} has no model config (.cfg)")
     return cfg
 

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from seektrain.models import block_weights, layer_weights, weights_by_path
+from seektrain.models import block_weights, layer_weights
 from seektrain.models.config import ModelConfig
 from seektrain.models.registry import family_for
 
@@ -46,7 +46,7 @@ def active_matmul_params(cfg: ModelConfig, include_mtp: bool = True) -> int:
     """Weights one token multiplies with (biases and norms are not matmuls; the embedding is a lookup):
     every weight of the shape description, and the shared head once more per MTP depth."""
     n_mtp = cfg.num_nextn_predict_layers if include_mtp else 0
-    weights = weights_by_path(cfg)
+    weights = family_for(cfg).weights(cfg)
     total = sum(w.matmul_params for w in weights.values() if include_mtp or not w.path.startswith("mtp."))
     return total + n_mtp * weights["lm_head"].matmul_params
 

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from seektrain.models import LINEAR, REPLICATED, Weight, weights_by_path
+from seektrain.models import LINEAR, REPLICATED, Weight
+from seektrain.models.registry import family_of, is_family_model
 from seektrain.plan.fp8_flops import experts_convert, linear_kept
 
 EXPERT_ROW_MULTIPLE = 16  # torchao's FP8 grouped GEMM: every expert's token group a multiple of 16 rows
@@ -78,7 +79,7 @@ def float8_targets(model: nn.Module, recipe: str, experts: bool) -> Float8Choice
     modules of ``model`` (whole model or pipeline stage) and its routed experts, as its shape description
     (``models/deepseek/shapes.py``) types them. ``experts``: the device can run FP8 grouped GEMMs
     (``fp8_grouped_gemm_supported``)."""
-    described = weights_by_path(model.cfg) if hasattr(model, "cfg") else {}
+    described = family_of(model).weights(model.cfg) if is_family_model(model) else {}
     choice = Float8Choice()
     for name, module in model.named_modules():
         if type(module) is nn.Linear:

@@ -43,7 +43,6 @@ from seektrain.models import (
     SEQUENCE,
     VOCAB_EMBEDDING,
     VOCAB_HEAD,
-    weights_by_path,
 )
 from seektrain.models.registry import FamilyCosts, family_of
 from seektrain.parallel.moe_tensor_parallel import MoETensorParallel
@@ -135,10 +134,20 @@ def transformer_tp_plan(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> dict
         plan.update(_block_plan(layer, f"layers.{name}", seq, sp, tp_mesh, costs))
     for k, mtp in enumerate(getattr(model, "mtp", None) or []):
         plan.update(_block_plan(mtp.block, f"mtp.{k}.block", seq, sp, tp_mesh, costs))
-    for weight in weights_by_path(model.cfg).values():
-        if weight.tp in _LEAF_STYLES and _has(model, weight.path):
-            plan[weight.path] = _LEAF_STYLES[weight.tp](seq, sp)
+    plan.update(weight_styles(model, sp))
     return plan
+
+
+def weight_styles(model: nn.Module, sp: bool) -> dict[str, ParallelStyle]:
+    """One style per weight of the family's shape description that ``model`` (possibly a pipeline stage)
+    holds: the leaves of any family's plan, whatever its block containers need."""
+    seq = Shard(1) if sp else Replicate()
+    weights = family_of(model).weights(model.cfg)
+    return {
+        w.path: _LEAF_STYLES[w.tp](seq, sp)
+        for w in weights.values()
+        if w.tp in _LEAF_STYLES and _has(model, w.path)
+    }
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = True) -> None:

@@ -5,8 +5,9 @@ needs nothing of parallel/."""
 
 from __future__ import annotations
 
-from seektrain.models import EXPERTS, LINEAR, Weight, weights_by_path
+from seektrain.models import EXPERTS, LINEAR, Weight
 from seektrain.models.config import ModelConfig
+from seektrain.models.registry import family_for
 
 RECIPE_MULTIPLE = {
     "rowwise": 16,
@@ -44,7 +45,7 @@ def fp8_matmul_params(cfg: ModelConfig, recipe: str, include_mtp: bool = True, e
     model. ``experts`` as there."""
     if recipe == "none":
         return 0
-    described, total = weights_by_path(cfg), 0
+    described, total = family_for(cfg).weights(cfg), 0
     for w in described.values():
         if w.block is None or (w.layer is None and not include_mtp):
             continue

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from seektrain.config.loader import ConfigError
 from seektrain.config.schema import ParallelSection
-from seektrain.models import weights_by_path
 from seektrain.models.config import ModelConfig
 from seektrain.models.registry import family_for
 from seektrain.plan.pipeline_split import MULTI_STAGE, split_layers, stages_per_rank
@@ -143,7 +142,7 @@ def _tp_units(cfg: ModelConfig) -> list[tuple[str, int]]:
     """Every (unit, count) TP splits, heads first; cached per config (its ``repr``) for the planner."""
     key = repr(cfg)
     if key not in _TP_UNITS:
-        units = [w.tp_unit for w in weights_by_path(cfg).values() if w.tp_unit]
+        units = [w.tp_unit for w in family_for(cfg).weights(cfg).values() if w.tp_unit]
         # the heads first: a tp that splits no whole head is the mistake users make (and the one to name)
         units.sort(key=lambda unit: not unit[0].endswith("heads"))
         _TP_UNITS[key] = units

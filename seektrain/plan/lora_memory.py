@@ -25,7 +25,7 @@ import functools
 import json
 from dataclasses import dataclass
 
-from seektrain.models import COLWISE, EXPERTS, LINEAR, ROWWISE, ROWWISE_PARTIAL, weights_by_path
+from seektrain.models import COLWISE, EXPERTS, LINEAR, ROWWISE, ROWWISE_PARTIAL
 from seektrain.models.config import ModelConfig
 from seektrain.models.lora import LoraSpec, adapter_weights
 from seektrain.models.registry import family_for
@@ -109,7 +109,7 @@ class _Input:
 
 def _inputs(cfg: ModelConfig, block: int, tp: int) -> list[_Input]:
     groups: dict[str, list] = {}
-    for w in weights_by_path(cfg).values():
+    for w in family_for(cfg).weights(cfg).values():
         if (
             w.block != block
             or w.kind not in (LINEAR, EXPERTS)

@@ -25,11 +25,12 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from typing import Any
 
-from seektrain.models import EXPERTS, model_weights
+from seektrain.models import EXPERTS
 from seektrain.models.config import ModelConfig
 from seektrain.models.lora import LoraSpec
-from seektrain.models.registry import family_for
+from seektrain.models.registry import family_for, get_family
 from seektrain.plan import lora_memory
 from seektrain.plan.pipeline_split import stage_ids
 from seektrain.plan.recompute import SELECTIVE, checkpoint_every
@@ -49,11 +50,30 @@ class ParamSpec:
     expert: bool  # a routed-expert weight (sharded by expert under TP or EP)
 
 
+def _family_cfg(cfg_json: str):
+    """(family, config) of a cache key: the config's family's class and name ride along in the JSON."""
+    data = json.loads(cfg_json)
+    family = get_family(data.pop("family"))
+    config_class: Any = family.config_class  # every family's config has from_dict
+    return family, config_class.from_dict(data)
+
+
+def _key(cfg) -> str:
+    return json.dumps({**cfg.to_dict(), "family": family_for(cfg).name}, sort_keys=True)
+
+
 @functools.lru_cache(maxsize=16)
 def _specs_cached(cfg_json: str) -> tuple[ParamSpec, ...]:
-    weights = model_weights(ModelConfig.from_dict(json.loads(cfg_json)))
+    family, cfg = _family_cfg(cfg_json)
+    weights = family.weights(cfg).values()
+    rules = family.pipeline
+
+    def part(w) -> str:  # where the family's pipeline keeps the weight
+        top = w.path.split(".", 1)[0]
+        return "embed" if top in rules.first else "head" if top in rules.last else "layer"
+
     return tuple(
-        ParamSpec(name, shape, w.layer, w.part, tp_dim, w.kind == EXPERTS)
+        ParamSpec(name, shape, w.layer, part(w), tp_dim, w.kind == EXPERTS)
         for w in weights
         for name, shape, tp_dim in w.params()
     )
@@ -62,12 +82,12 @@ def _specs_cached(cfg_json: str) -> tuple[ParamSpec, ...]:
 def param_specs(cfg: ModelConfig) -> tuple[ParamSpec, ...]:
     """Every parameter of the model (MTP included) with its shape and the dimension TP shards, from the
     model's shape description (``seektrain/models/deepseek/shapes.py``; nothing is built)."""
-    return _specs_cached(json.dumps(cfg.to_dict(), sort_keys=True))
+    return _specs_cached(_key(cfg))
 
 
 @functools.lru_cache(maxsize=16)
 def _adapter_specs_cached(cfg_json: str, lora: LoraSpec) -> tuple[ParamSpec, ...]:
-    cfg = ModelConfig.from_dict(json.loads(cfg_json))
+    cfg = _family_cfg(cfg_json)[1]
     out = []
     for ad in lora_memory.adapters(cfg, lora):
         out.append(ParamSpec(ad.a_name, ad.a_shape, ad.layer, ad.part, ad.a_tp, ad.expert))
@@ -77,7 +97,7 @@ def _adapter_specs_cached(cfg_json: str, lora: LoraSpec) -> tuple[ParamSpec, ...
 
 def adapter_specs(cfg: ModelConfig, lora: LoraSpec) -> tuple[ParamSpec, ...]:
     """The LoRA adapters' parameters (A and B of every adapted weight), laid out like ``param_specs``."""
-    return _adapter_specs_cached(json.dumps(cfg.to_dict(), sort_keys=True), lora)
+    return _adapter_specs_cached(_key(cfg), lora)
 
 
 def _chunk_rows(n: int, parts: int, index: int) -> int:
@@ -200,9 +220,9 @@ def _norm(width: int, a: int, tp: int) -> float:
     return sharded + (a * width if tp > 1 else 0)
 
 
-def _swiglu(width: float, a: int) -> float:
-    """gate and up outputs, silu(gate), and the product down_proj keeps."""
-    return 4 * a * width
+def _dense_mlp(cfg: ModelConfig, a: int, tp: int) -> float:
+    """A dense layer's MLP, by its family (``FamilyCosts.dense_mlp_bytes``)."""
+    return family_for(cfg).costs.dense_mlp_bytes(cfg, a, tp)
 
 
 def _moe(cfg: ModelConfig, a: int, tp: int, ep: int) -> float:
@@ -222,7 +242,7 @@ def layer_activation_bytes(
     """Bytes per token (of the micro-batch's sequence, before SP's split) one decoder layer keeps for
     backward without checkpointing; ``ring``: attention is context parallelism's ring."""
     d = cfg.hidden_size
-    mlp = _moe(cfg, a, tp, ep) if cfg.is_moe_layer(layer) else _swiglu(cfg.intermediate_size / tp, a)
+    mlp = _moe(cfg, a, tp, ep) if cfg.is_moe_layer(layer) else _dense_mlp(cfg, a, tp)
     return 2 * _norm(d, a, tp) + _attention(cfg, a, tp, pad_values, ring) + mlp
 
 
@@ -384,7 +404,7 @@ def _mlp_saved(cfg: ModelConfig, layer: int, a: int, tp: int, ep: int) -> float:
     """Bytes per token layer ``layer``'s MLP (and its input norm) saves: freed by its backward before
     the attention's backward begins."""
     d = cfg.hidden_size
-    mlp = _moe(cfg, a, tp, ep) if cfg.is_moe_layer(layer) else _swiglu(cfg.intermediate_size / tp, a)
+    mlp = _moe(cfg, a, tp, ep) if cfg.is_moe_layer(layer) else _dense_mlp(cfg, a, tp)
     return _norm(d, a, tp) + mlp
 
 

@@ -25,6 +25,11 @@ def _swiglu(width: float, a: int) -> float:
     return 4 * a * width
 
 
+def dense_mlp_bytes(cfg: ModelConfig, a: int, tp: int) -> float:
+    """A dense layer's SwiGLU MLP (its intermediate features split over ``tp``)."""
+    return _swiglu(cfg.intermediate_size / tp, a)
+
+
 def attention_bytes(cfg: ModelConfig, a: int, tp: int, pad_values: bool, ring: bool) -> float:
     """Bytes per token saved by attention (after its input norm): flash attention keeps q, k, v, the
     output and the fp32 log-sum-exp; o_proj keeps its (re-laid-out) input; MLA adds its low-rank

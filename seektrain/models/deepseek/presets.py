@@ -265,7 +265,7 @@ def _small_v3_sparse() -> ModelConfig:
     )
 
 
-_BUILDERS = {
+BUILDERS = {  # the family's presets for the registry (models/registry.py)
     "deepseek-llm-7b": _deepseek_llm_7b,
     "deepseek-llm-67b": _deepseek_llm_67b,
     "deepseek-v2-lite": _deepseek_v2_lite,
@@ -277,11 +277,11 @@ _BUILDERS = {
     "small-v3": _small_v3,
     "small-v3-sparse": _small_v3_sparse,
 }
-PRESETS = tuple(_BUILDERS)
+PRESETS = tuple(BUILDERS)
 OFFICIAL_PRESETS = PRESETS[:5]
 
 
 def get_preset(name: str) -> ModelConfig:
-    if name not in _BUILDERS:
+    if name not in BUILDERS:
         raise UserError(f"unknown model preset {name!r}; choose one of: {', '.join(PRESETS)}")
-    return _BUILDERS[name]().validate()
+    return BUILDERS[name]().validate()
