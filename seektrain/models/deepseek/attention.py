@@ -161,5 +161,5 @@ class MLAttention(nn.Module):
         return LayerCache(torch.zeros(shape, dtype=dtype, device=device))
 
 
-def build_attention(cfg: ModelConfig, kernels: Kernels | None = None) -> nn.Module:
+def build_attention(cfg: ModelConfig, kernels: Kernels | None = None) -> MLAttention | GQAttention:
     return MLAttention(cfg, kernels) if cfg.is_mla else GQAttention(cfg, kernels)

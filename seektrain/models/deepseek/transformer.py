@@ -174,7 +174,9 @@ class Transformer(nn.Module):
         device; ``pads_B``: each row's left padding (none by default)."""
         weight = self.embed_tokens.weight
         layers = {
-            name: layer.self_attn.new_cache(batch, max_len, weight.dtype, weight.device)
+            name: typing.cast(DecoderLayer, layer).self_attn.new_cache(
+                batch, max_len, weight.dtype, weight.device
+            )
             for name, layer in self.layers.items()
         }
         pads = torch.zeros(batch, dtype=torch.long) if pads_B is None else pads_B
