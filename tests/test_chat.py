@@ -40,19 +40,26 @@ def tok_dir(tmp_path_factory) -> Path:
 
 class Scripted(torch.nn.Module):
     """A stand-in model whose greedy continuation is ``script``, one token per call, whatever it is fed;
-    it records the length of every input, so a test sees what the model was asked."""
+    it records the length of the sequence so far at every call (the input's, or the cache's after the
+    input), so a test sees what the model was asked."""
 
     def __init__(self, script: list[int], vocab: int) -> None:
         super().__init__()
         self.script, self.vocab, self.seen = script, vocab, []
         self.cfg = SimpleNamespace(max_position_embeddings=4096, vocab_size=vocab)
 
-    def forward(self, ids):
-        if not self.seen or ids.shape[1] <= self.seen[-1]:  # a new reply: its prompt
-            self.start = ids.shape[1]
-        self.seen.append(ids.shape[1])
+    def init_cache(self, batch: int, max_len: int, pads_B=None) -> SimpleNamespace:
+        return SimpleNamespace(length=0, max_len=max_len)
+
+    def forward(self, ids, cache=None):
+        if cache is not None:
+            cache.length += ids.shape[1]
+        length = ids.shape[1] if cache is None else cache.length
+        if not self.seen or length <= self.seen[-1]:  # a new reply: its prompt
+            self.start = length
+        self.seen.append(length)
         logits = torch.zeros(1, ids.shape[1], self.vocab)
-        logits[0, -1, self.script[min(ids.shape[1] - self.start, len(self.script) - 1)]] = 10.0
+        logits[0, -1, self.script[min(length - self.start, len(self.script) - 1)]] = 10.0
         return SimpleNamespace(logits=logits)
 
 

@@ -190,6 +190,19 @@ def _linear_adapter(module: nn.Module, args: tuple, output: torch.Tensor) -> tor
     return output + scaling * F.linear(F.linear(x, a), b)
 
 
+def adapted_weight(linear: nn.Module) -> torch.Tensor:
+    """The weight [out, in] a linear applies in effect: ``W + scaling * B @ A`` where it has an adapter,
+    its ``weight`` where not. For code that multiplies by slices of the weight instead of calling the
+    module, and would otherwise miss the hook's update (MLA's absorbed decode splits ``kv_b_proj`` by
+    head). No dropout: that code runs in evaluation."""
+    weight = _tensor(linear, "weight")
+    if not hasattr(linear, "lora_A"):
+        return weight
+    a, b = _tensor(linear, "lora_A"), _tensor(linear, "lora_B")
+    delta = _setting(linear, "lora_scaling") * (b.float() @ a.float())
+    return (weight.float() + delta).to(torch.promote_types(weight.dtype, a.dtype))
+
+
 def _setting(module: nn.Module, name: str) -> float:
     """An adapter setting ``add_adapters`` left on ``module`` (a plain attribute)."""
     return float(getattr(module, name))

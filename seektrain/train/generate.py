@@ -1,5 +1,6 @@
 """Sampling from a trained run: load the newest checkpoint's weights into a plain model and continue
-a prompt token by token (no KV cache: this is a check that training worked, not a serving engine).
+prompts token by token, through the KV cache (``train/decode.py``; a check that training worked and
+evaluation by generation, not a serving engine: one process, no continuous batching).
 ``seektrain sample`` takes the whole continuation; ``seektrain chat`` streams it as it comes."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 import torch
 
 from seektrain.models import Transformer
+from seektrain.train.decode import Decoder
 
 
 def load_run_model(run_dir: Path) -> tuple[Transformer, object, Path]:
@@ -52,7 +54,6 @@ def run_manifest(run_dir: Path):
     return TokenDataset(data_dir(read_run_config(run_dir), is_main=True)).manifest
 
 
-@torch.no_grad()
 def stream_tokens(
     model: Transformer,
     prompt_ids: list[int],
@@ -62,18 +63,41 @@ def stream_tokens(
     top_p: float = 1.0,
     seed: int = 0,
     stop_ids: Iterable[int] = (),
+    use_cache: bool = True,
 ) -> Iterator[int]:
     """Yield sampled token ids one at a time; a stop id is yielded, then the stream ends."""
+    for row in stream_batch(
+        model, [prompt_ids], max_new_tokens, temperature, top_k, top_p, seed, stop_ids, use_cache
+    ):
+        yield row[0]
+
+
+@torch.no_grad()
+def stream_batch(
+    model: Transformer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 0.8,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    stop_ids: Iterable[int] = (),
+    use_cache: bool = True,
+) -> Iterator[list[int | None]]:
+    """Per step, each prompt's next token id, or None for a row that has ended (its stop id was
+    yielded); the stream ends when every row has. Rows share one generator, drawn from in row order,
+    so a sampled (not greedy) row depends on the rows before it."""
     gen = torch.Generator().manual_seed(seed)
     stop = set(stop_ids)
-    ids = torch.tensor([prompt_ids], dtype=torch.long)
-    limit = model.cfg.max_position_embeddings
+    decoder = Decoder(model, prompts, max_new_tokens, use_cache)
+    live = [True] * len(prompts)
+    picked: torch.Tensor | None = None
     for _ in range(max_new_tokens):
-        logits = model(ids[:, -limit:]).logits[0, -1].float()
-        nxt = _pick(logits, temperature, top_k, top_p, gen)
-        ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-        yield int(nxt)
-        if int(nxt) in stop:
+        logits_BV = decoder.first() if picked is None else decoder.step(picked)
+        picked = torch.stack([_pick(row, temperature, top_k, top_p, gen) for row in logits_BV])
+        yield [int(t) if alive else None for t, alive in zip(picked, live, strict=True)]
+        live = [alive and int(t) not in stop for t, alive in zip(picked, live, strict=True)]
+        if not any(live):
             return
 
 
@@ -102,5 +126,30 @@ def generate(
     temperature: float = 0.8,
     top_k: int = 40,
     seed: int = 0,
+    use_cache: bool = True,
 ) -> list[int]:
-    return list(stream_tokens(model, prompt_ids, max_new_tokens, temperature, top_k, seed=seed))
+    return list(
+        stream_tokens(model, prompt_ids, max_new_tokens, temperature, top_k, seed=seed, use_cache=use_cache)
+    )
+
+
+def generate_batch(
+    model: Transformer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 0.8,
+    top_k: int = 40,
+    seed: int = 0,
+    stop_ids: Iterable[int] = (),
+    use_cache: bool = True,
+) -> list[list[int]]:
+    """Each prompt's continuation, decoded together (left-padded; ``stream_batch``), up to and
+    including its stop id."""
+    out: list[list[int]] = [[] for _ in prompts]
+    for step in stream_batch(
+        model, prompts, max_new_tokens, temperature, top_k, seed=seed, stop_ids=stop_ids, use_cache=use_cache
+    ):
+        for row, token in zip(out, step, strict=True):
+            if token is not None:
+                row.append(token)
+    return out

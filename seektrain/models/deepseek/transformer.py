@@ -18,6 +18,7 @@ from torch import nn
 from seektrain.models.config import ModelConfig
 from seektrain.models.deepseek.attention import build_attention
 from seektrain.models.deepseek.init import init_weights
+from seektrain.models.deepseek.kv_cache import DecodeCache, LayerCache
 from seektrain.models.deepseek.moe import MoE, Router
 from seektrain.models.kernels import Kernels
 from seektrain.models.layers import RMSNorm, SwiGLU, rope_cos_sin
@@ -37,8 +38,15 @@ class DecoderLayer(nn.Module):
             else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         )
 
-    def forward(self, h_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
-        h_BTD = h_BTD + self.self_attn(self.input_layernorm(h_BTD), cos, sin, mask)
+    def forward(
+        self,
+        h_BTD: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask=None,
+        cache: LayerCache | None = None,
+    ) -> torch.Tensor:
+        h_BTD = h_BTD + self.self_attn(self.input_layernorm(h_BTD), cos, sin, mask, cache)
         return h_BTD + self.mlp(self.post_attention_layernorm(h_BTD))
 
 
@@ -99,6 +107,10 @@ class Transformer(nn.Module):
     one document per row at positions 0 .. T-1: the plain causal path, unchanged.
 
     ``kernels``: the attention and expert computations to use (``models/kernels.py``; default: plain).
+
+    Decoding (``train/decode.py``): ``model(tokens, cache=model.init_cache(...))`` runs only the new
+    tokens against what the cache holds of the earlier ones (``models/deepseek/kv_cache.py``), which
+    then gives their positions and mask; no MTP, no labels. Without a cache nothing of it runs.
     """
 
     def __init__(self, cfg: ModelConfig, kernels: Kernels | None = None):
@@ -124,10 +136,13 @@ class Transformer(nn.Module):
         labels: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         document_ids: torch.Tensor | None = None,
+        cache: DecodeCache | None = None,
     ) -> ModelOutput:
         """``tokens`` are token ids, or the hidden states [B, T, D] of the previous pipeline stage when this
         model has no embedding; likewise ``mtp_tokens`` are token ids or, past the first stage, their
         embeddings. Without a final norm (not the last stage) only ``hidden`` is filled."""
+        if cache is not None:
+            return self._decode(tokens, cache)
         h = self.embed_tokens(tokens) if self.embed_tokens is not None else tokens
         mtp_emb = None
         if mtp_tokens is not None and self.cfg.num_nextn_predict_layers > 0:
@@ -142,6 +157,30 @@ class Transformer(nn.Module):
         if labels is None:
             return ModelOutput(logits=self.lm_head(self.norm(h)), mtp=mtp)
         return ModelOutput(loss_sum=self._head_loss(self.norm(h), head_target(labels, 0)), mtp=mtp)
+
+    def _decode(self, tokens_BT: torch.Tensor, cache: DecodeCache) -> ModelOutput:
+        """The logits of the new tokens ``tokens_BT``, each layer reading and extending its cache."""
+        T = tokens_BT.shape[1]
+        h = self.embed_tokens(tokens_BT)
+        cos, sin = rope_cos_sin(self.cfg, T, h.device, h.dtype, cache.positions(T))
+        mask = cache.mask(T)
+        for name, layer in self.layers.items():
+            h = layer(h, cos, sin, mask, cache.layers[name])
+        cache.advance(T)
+        return ModelOutput(logits=self.lm_head(self.norm(h)))
+
+    def init_cache(self, batch: int, max_len: int, pads_B: torch.Tensor | None = None) -> DecodeCache:
+        """An empty KV cache for ``batch`` rows of up to ``max_len`` slots, in the model's dtype and on its
+        device; ``pads_B``: each row's left padding (none by default)."""
+        weight = self.embed_tokens.weight
+        layers = {
+            name: typing.cast(DecoderLayer, layer).self_attn.new_cache(
+                batch, max_len, weight.dtype, weight.device
+            )
+            for name, layer in self.layers.items()
+        }
+        pads = torch.zeros(batch, dtype=torch.long) if pads_B is None else pads_B
+        return DecodeCache(layers, pads.to(weight.device), max_len)
 
     def _head_loss(self, h_BTD: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
         return linear_cross_entropy(h_BTD.flatten(0, 1), self.lm_head.weight, labels_BT.flatten())
