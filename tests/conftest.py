@@ -78,6 +78,11 @@ SLOW_IN_CI = {
     "tests/test_activation_checkpoint.py::test_selective_one_process_matches_no_checkpointing",  # selective rows
     # the two-process hook version of the namespaces test (test_multinode_faults: unshared run.dir)
     "tests/test_storage_faults.py::test_a_rank_that_does_not_see_run_dir_stops_the_job_before_step_1",
+    # layouts another CI test runs with more in it
+    "tests/test_model_parallel.py::test_expert_parallel_with_fsdp[tiny-v3]",  # test_expert_parallel fsdp rows
+    "tests/test_model_parallel.py::test_pipeline_1f1b[tiny-v2]",  # test_pipeline_1f1b[tiny-v3] (MLA + MoE)
+    "tests/test_lora_layouts.py::test_lora_equals_one_process[fsdp2]",  # [fsdp2xep2]
+    "tests/test_train_parallel.py::test_accumulation_matches_one_big_batch",  # test_oracle_loss accum rows
 }
 
 
