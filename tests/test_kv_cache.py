@@ -12,8 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from seektrain.models import get_preset
-from seektrain.models.deepseek.transformer import build_model
+from seektrain.models import build_model, get_preset
 from seektrain.models.lora import LoraSpec, add_adapters
 from seektrain.train.generate import generate, generate_batch
 from tolerances import model_tol
