@@ -60,14 +60,16 @@ def _layout(name: str) -> dict:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
+    from seektrain.parallel.mesh import build_meshes
     from seektrain.parallel.parallelize import parallelize_model
     from seektrain.train.optim import build_optimizer
 
     plan = _plan(name)
-    model = parallelize_model(build_model(plan.model, device="meta"), plan, torch.device("cpu")).model
+    meshes = build_meshes(plan)
+    model = parallelize_model(build_model(plan.model, device="meta"), plan, meshes, torch.device("cpu")).model
     params = list(model.parameters())
     sharded = [p for p in params if isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)]
-    dp_rank, dp = plan.meshes.dp.get_local_rank(), plan.meshes.dp.size()
+    dp_rank, dp = meshes.dp_rank, meshes.dp.size()
     rows = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
     losses = torch.tensor(_train(model, build_optimizer(model, plan.job.optim), rows, plan.loss_context))
     dist.all_reduce(losses)  # tp ranks report the same loss, dp ranks their halves: the mean either way
