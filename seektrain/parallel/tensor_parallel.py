@@ -103,7 +103,8 @@ def _block_plan(
     """The styles of one decoder block's containers: attention and the MLP take the all-gathered input
     (an MoE block: ``MoETensorParallel``); its leaves' styles come from the shape description."""
     gather = dict(input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True)
-    # attention's inputs (x, cos, sin, document mask): RoPE's tables and the mask cover the whole sequence
+    # attention's positional inputs (x, cos, sin, document mask): RoPE's tables and the mask cover the
+    # whole sequence (a decoding cache comes as a keyword, never under TP)
     plan = {
         f"{prefix}.self_attn": PrepareModuleInput(
             input_layouts=(seq, None, None, None),

@@ -46,7 +46,7 @@ class DecoderLayer(nn.Module):
         mask=None,
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
-        h_BTD = h_BTD + self.self_attn(self.input_layernorm(h_BTD), cos, sin, mask, cache)
+        h_BTD = h_BTD + self.self_attn(self.input_layernorm(h_BTD), cos, sin, mask, cache=cache)
         return h_BTD + self.mlp(self.post_attention_layernorm(h_BTD))
 
 
