@@ -11,20 +11,26 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torch import nn
 
 from seektrain.data.chat_template import ChatTemplate, load_chat_template
 from seektrain.data.turn_end import stop_token_ids
 from seektrain.errors import UserError
-from seektrain.models import Transformer
+from seektrain.models import config_of
 from seektrain.train.generate import stream_tokens
+
+if TYPE_CHECKING:
+    from seektrain.data.tokenizer import Tokenizer
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass
 class ChatModel:
-    model: Transformer
-    tokenizer: object
+    model: nn.Module
+    tokenizer: Tokenizer
     template: ChatTemplate
     stop_ids: list[int]
     source: str  # the checkpoint or Hugging Face folder the weights came from
@@ -61,7 +67,7 @@ class Conversation:
         turn = history + [{"role": "user", "content": user_text}]
         prompt = self.chat.template.render(turn, add_generation_prompt=True)
         ids = self.chat.tokenizer.encode_chat(prompt)[0]
-        limit = self.chat.model.cfg.max_position_embeddings
+        limit = config_of(self.chat.model).max_position_embeddings
         if len(ids) >= limit:
             raise UserError(
                 f"the conversation is {len(ids)} tokens, over the model's context of {limit}; "
@@ -137,11 +143,12 @@ def load_hf_chat(folder: Path, builtin_template: str | None = None) -> ChatModel
     return _chat_model(from_pretrained(folder, what="--hf").eval(), tokenizer, template, str(folder))
 
 
-def _chat_model(model: Transformer, tokenizer, template: ChatTemplate, source: str) -> ChatModel:
-    if tokenizer.vocab_size > model.cfg.vocab_size:
+def _chat_model(model: nn.Module, tokenizer: Tokenizer, template: ChatTemplate, source: str) -> ChatModel:
+    vocab_size = config_of(model).vocab_size
+    if tokenizer.vocab_size > vocab_size:
         raise UserError(
             f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-            f"{model.cfg.vocab_size}; pair the model with the tokenizer it was trained with"
+            f"{vocab_size}; pair the model with the tokenizer it was trained with"
         )
     return ChatModel(model, tokenizer, template, stop_token_ids(tokenizer, template), source)
 
@@ -151,8 +158,10 @@ class IncrementalDecoder:
     characters whole that span several tokens (byte-level BPE); an incomplete character at the end
     (U+FFFD) waits for its next byte."""
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.ids, self.sent = tokenizer, [], ""
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.sent = ""
 
     def push(self, token: int) -> str:
         self.ids.append(token)

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
-from seektrain.models import Transformer
+from seektrain.models import config_of
+
+if TYPE_CHECKING:
+    from seektrain.data.tokenizer import Tokenizer
 
 
-def load_run_model(run_dir: Path) -> tuple[Transformer, object, Path]:
+def load_run_model(run_dir: Path) -> tuple[nn.Module, Tokenizer, Path]:
     """(model with the newest valid checkpoint's weights, its tokenizer, the checkpoint path).
     Only reads the run dir: a training job may be writing into it right now."""
     from seektrain.data.tokenizer import load_tokenizer
@@ -22,7 +27,7 @@ def load_run_model(run_dir: Path) -> tuple[Transformer, object, Path]:
     return model, load_tokenizer(spec), path
 
 
-def load_run_weights(run_dir: Path) -> tuple[Transformer, Path]:
+def load_run_weights(run_dir: Path) -> tuple[nn.Module, Path]:
     """(plain model with the newest valid checkpoint's weights, the checkpoint path)."""
     from seektrain.checkpoint.export import load_checkpoint_model
     from seektrain.checkpoint.finder import resolve_checkpoint
@@ -54,7 +59,7 @@ def run_manifest(run_dir: Path):
 
 @torch.no_grad()
 def stream_tokens(
-    model: Transformer,
+    model: nn.Module,
     prompt_ids: list[int],
     max_new_tokens: int,
     temperature: float = 0.8,
@@ -67,7 +72,7 @@ def stream_tokens(
     gen = torch.Generator().manual_seed(seed)
     stop = set(stop_ids)
     ids = torch.tensor([prompt_ids], dtype=torch.long)
-    limit = model.cfg.max_position_embeddings
+    limit = config_of(model).max_position_embeddings
     for _ in range(max_new_tokens):
         logits = model(ids[:, -limit:]).logits[0, -1].float()
         nxt = _pick(logits, temperature, top_k, top_p, gen)
@@ -96,7 +101,7 @@ def _pick(
 
 
 def generate(
-    model: Transformer,
+    model: nn.Module,
     prompt_ids: list[int],
     max_new_tokens: int,
     temperature: float = 0.8,
