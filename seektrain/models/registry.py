@@ -27,6 +27,7 @@ from seektrain.models.deepseek import costs, shapes
 from seektrain.models.deepseek.hf_config import ARCH_BY_HF
 from seektrain.models.deepseek.hf_io import load_hf_weights
 from seektrain.models.deepseek.transformer import Transformer, keep_fp32_buffers
+from seektrain.models.hf_slice_reader import LoadReport
 from seektrain.models.kernels import Kernels
 
 
@@ -85,7 +86,7 @@ class ModelFamily:
     keep_fp32: Callable[[nn.Module], None]  # after a cast to a low dtype: restore what must stay fp32
     # (local shards, cfg, Hugging Face folder) -> LoadReport: fill a rank's local tensors (the boxes of
     # the full tensors it holds) from the folder, reading only those slices (``models/hf_slice_reader.py``)
-    load_hf: Callable[[list, ModelConfig, str], object]
+    load_hf: Callable[[list, ModelConfig, str], LoadReport]
     costs: FamilyCosts
 
 
