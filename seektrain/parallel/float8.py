@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from seektrain.models import LINEAR, REPLICATED, Weight, weights_by_path
+from seektrain.models import LINEAR, REPLICATED, Weight, config_of, weights_by_path
+from seektrain.models.kernels import Kernels
 from seektrain.plan.fp8_flops import experts_convert, linear_kept
 
 EXPERT_ROW_MULTIPLE = 16  # torchao's FP8 grouped GEMM: every expert's token group a multiple of 16 rows
@@ -78,7 +79,7 @@ def float8_targets(model: nn.Module, recipe: str, experts: bool) -> Float8Choice
     modules of ``model`` (whole model or pipeline stage) and its routed experts, as its shape description
     (``models/deepseek/shapes.py``) types them. ``experts``: the device can run FP8 grouped GEMMs
     (``fp8_grouped_gemm_supported``)."""
-    described = weights_by_path(model.cfg) if hasattr(model, "cfg") else {}
+    described = weights_by_path(config_of(model)) if hasattr(model, "cfg") else {}
     choice = Float8Choice()
     for name, module in model.named_modules():
         if type(module) is nn.Linear:
@@ -130,8 +131,10 @@ def apply_float8(model: nn.Module, recipe: str, experts: bool) -> Float8Choice:
         quantize_(model, Float8TrainingOpConfig(), filter_fn=lambda module, fqn: fqn in names)
         for name in choice.experts:
             grouped = model.get_submodule(name)
-            multiple = math.lcm(grouped.kernels.expert_row_multiple, EXPERT_ROW_MULTIPLE)
-            grouped.kernels = dataclasses.replace(grouped.kernels, expert_row_multiple=multiple)
+            kernels = grouped.kernels
+            assert isinstance(kernels, Kernels), f"{name}: routed experts hold their Kernels"
+            multiple = math.lcm(kernels.expert_row_multiple, EXPERT_ROW_MULTIPLE)
+            grouped.kernels = dataclasses.replace(kernels, expert_row_multiple=multiple)
         # on the root: expert and tensor parallelism replace the experts modules, the root stays
         model.register_state_dict_post_hook(_plain_expert_tensors)
     return choice
