@@ -13,12 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torch import nn
-
 from seektrain.data.chat_template import ChatTemplate, load_chat_template
 from seektrain.data.turn_end import stop_token_ids
 from seektrain.errors import UserError
-from seektrain.models import config_of
+from seektrain.models import Transformer
 from seektrain.train.generate import stream_tokens
 
 if TYPE_CHECKING:
@@ -29,7 +27,7 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 @dataclass
 class ChatModel:
-    model: nn.Module
+    model: Transformer
     tokenizer: Tokenizer
     template: ChatTemplate
     stop_ids: list[int]
@@ -67,7 +65,7 @@ class Conversation:
         turn = history + [{"role": "user", "content": user_text}]
         prompt = self.chat.template.render(turn, add_generation_prompt=True)
         ids = self.chat.tokenizer.encode_chat(prompt)[0]
-        limit = config_of(self.chat.model).max_position_embeddings
+        limit = self.chat.model.cfg.max_position_embeddings
         if len(ids) >= limit:
             raise UserError(
                 f"the conversation is {len(ids)} tokens, over the model's context of {limit}; "
@@ -143,12 +141,11 @@ def load_hf_chat(folder: Path, builtin_template: str | None = None) -> ChatModel
     return _chat_model(from_pretrained(folder, what="--hf").eval(), tokenizer, template, str(folder))
 
 
-def _chat_model(model: nn.Module, tokenizer: Tokenizer, template: ChatTemplate, source: str) -> ChatModel:
-    vocab_size = config_of(model).vocab_size
-    if tokenizer.vocab_size > vocab_size:
+def _chat_model(model: Transformer, tokenizer: Tokenizer, template: ChatTemplate, source: str) -> ChatModel:
+    if tokenizer.vocab_size > model.cfg.vocab_size:
         raise UserError(
             f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-            f"{vocab_size}; pair the model with the tokenizer it was trained with"
+            f"{model.cfg.vocab_size}; pair the model with the tokenizer it was trained with"
         )
     return ChatModel(model, tokenizer, template, stop_token_ids(tokenizer, template), source)
 

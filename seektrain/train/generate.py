@@ -6,18 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
-from torch import nn
 
-from seektrain.models import config_of
+from seektrain.models import Transformer
 
 if TYPE_CHECKING:
     from seektrain.data.tokenizer import Tokenizer
 
 
-def load_run_model(run_dir: Path) -> tuple[nn.Module, Tokenizer, Path]:
+def load_run_model(run_dir: Path) -> tuple[Transformer, Tokenizer, Path]:
     """(model with the newest valid checkpoint's weights, its tokenizer, the checkpoint path).
     Only reads the run dir: a training job may be writing into it right now."""
     from seektrain.data.tokenizer import load_tokenizer
@@ -27,14 +26,16 @@ def load_run_model(run_dir: Path) -> tuple[nn.Module, Tokenizer, Path]:
     return model, load_tokenizer(spec), path
 
 
-def load_run_weights(run_dir: Path) -> tuple[nn.Module, Path]:
+def load_run_weights(run_dir: Path) -> tuple[Transformer, Path]:
     """(plain model with the newest valid checkpoint's weights, the checkpoint path)."""
     from seektrain.checkpoint.export import load_checkpoint_model
     from seektrain.checkpoint.finder import resolve_checkpoint
     from seektrain.checkpoint.run_files import checkpoint_model_config
 
     path = resolve_checkpoint(run_dir)
-    return load_checkpoint_model(path, checkpoint_model_config(path)), path
+    # load_checkpoint_model builds the registered family's module, typed nn.Module; this module reads it
+    # as a Transformer (cfg, forward's ModelOutput), the one family there is
+    return cast(Transformer, load_checkpoint_model(path, checkpoint_model_config(path))), path
 
 
 def run_tokenizer_spec(run_dir: Path) -> str:
@@ -59,7 +60,7 @@ def run_manifest(run_dir: Path):
 
 @torch.no_grad()
 def stream_tokens(
-    model: nn.Module,
+    model: Transformer,
     prompt_ids: list[int],
     max_new_tokens: int,
     temperature: float = 0.8,
@@ -72,7 +73,7 @@ def stream_tokens(
     gen = torch.Generator().manual_seed(seed)
     stop = set(stop_ids)
     ids = torch.tensor([prompt_ids], dtype=torch.long)
-    limit = config_of(model).max_position_embeddings
+    limit = model.cfg.max_position_embeddings
     for _ in range(max_new_tokens):
         logits = model(ids[:, -limit:]).logits[0, -1].float()
         nxt = _pick(logits, temperature, top_k, top_p, gen)
@@ -101,7 +102,7 @@ def _pick(
 
 
 def generate(
-    model: nn.Module,
+    model: Transformer,
     prompt_ids: list[int],
     max_new_tokens: int,
     temperature: float = 0.8,
