@@ -29,6 +29,7 @@ from seektrain.models.deepseek import costs, presets, shapes
 from seektrain.models.deepseek.hf_config import ARCH_BY_HF
 from seektrain.models.deepseek.hf_io import load_hf_weights
 from seektrain.models.deepseek.transformer import Transformer, keep_fp32_buffers
+from seektrain.models.hf_slice_reader import LoadReport
 from seektrain.models.kernels import Kernels
 
 
@@ -89,7 +90,7 @@ class ModelFamily:
     keep_fp32: Callable[[nn.Module], None]  # after a cast to a low dtype: restore what must stay fp32
     # (local shards, cfg, Hugging Face folder) -> LoadReport: fill a rank's local tensors (the boxes of
     # the full tensors it holds) from the folder, reading only those slices (``models/hf_slice_reader.py``)
-    load_hf: Callable[[list, ModelConfig, str], object]
+    load_hf: Callable[[list, ModelConfig, str], LoadReport]
     costs: FamilyCosts
     # preset name -> a builder of its config (``model.preset=`` finds it through ``get_preset``)
     presets: Mapping[str, Callable[[], Any]] = field(default_factory=dict)

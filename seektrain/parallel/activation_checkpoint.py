@@ -27,6 +27,7 @@ recomputed layer draws the masks of its forward.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import nn
@@ -118,13 +119,15 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, preserve_rng_sta
     every = checkpoint_every(mode)
     if not every:
         return 0
-    extra = {}
+    extra: dict[str, Any] = {}  # keyword arguments of torch.utils.checkpoint.checkpoint
     if mode == SELECTIVE:
         ignore_profiler_ops()
         extra["context_fn"] = selective_contexts
     wrapped = 0
-    for key, layer in list(model.layers.items()):
+    layers = model.layers
+    assert isinstance(layers, nn.ModuleDict), "a family model keeps its decoder layers in a ModuleDict"
+    for key, layer in list(layers.items()):
         if int(key) % every == 0:
-            model.layers[key] = checkpoint_wrapper(layer, preserve_rng_state=preserve_rng_state, **extra)
+            layers[key] = checkpoint_wrapper(layer, preserve_rng_state=preserve_rng_state, **extra)
             wrapped += 1
     return wrapped

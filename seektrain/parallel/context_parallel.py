@@ -65,7 +65,8 @@ def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh) -> int:
     for module in model.modules():
         kernels = getattr(module, "kernels", None)
         if isinstance(kernels, Kernels):
-            module.kernels = dataclasses.replace(kernels, attention=attention, document_mask=document_mask)
+            swap = dataclasses.replace(kernels, attention=attention, document_mask=document_mask)
+            module.kernels = swap  # type: ignore[assignment]  # nn.Module.__setattr__ is typed Tensor | Module
             swapped += hasattr(module, "o_proj")
     return swapped
 

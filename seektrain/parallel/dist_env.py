@@ -128,7 +128,7 @@ def gather_node_facts() -> list[dict]:
     version or launch-option mismatch is a ValueError of one line on every rank, before any model is built."""
     facts = [node_facts()]
     if dist.is_initialized() and dist.get_world_size() > 1:
-        facts = [None] * dist.get_world_size()
+        facts = [{} for _ in range(dist.get_world_size())]  # placeholders: all_gather_object replaces each
         dist.all_gather_object(facts, node_facts())
     problem = mismatched_versions(facts) or mismatched_launch(facts)
     if problem:

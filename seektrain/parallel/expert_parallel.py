@@ -115,6 +115,7 @@ class ExpertParallelExperts(GroupedExperts):
     ) -> torch.Tensor:
         if self.tp == 1:
             return super().forward(x_ND, weights_NK, idx_NK, counts_E)
+        assert self.tp_mesh is not None  # tp > 1: built with the tp mesh
         group, t = self.tp_mesh.get_group(), self.tp_mesh.get_local_rank()
         # The output is a partial sum over tp ranks, so the gradients reaching the router's weights and
         # the routed tokens are partial too: sum them (the router itself sees full gradients).

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from seektrain.models import LINEAR, REPLICATED, Weight
+from seektrain.models import LINEAR, REPLICATED, Weight, config_of
+from seektrain.models.kernels import Kernels
 from seektrain.models.registry import family_of, is_family_model
 from seektrain.plan.fp8_flops import experts_convert, linear_kept
 
@@ -79,7 +80,7 @@ def float8_targets(model: nn.Module, recipe: str, experts: bool) -> Float8Choice
     modules of ``model`` (whole model or pipeline stage) and its routed experts, as its shape description
     (``models/deepseek/shapes.py``) types them. ``experts``: the device can run FP8 grouped GEMMs
     (``fp8_grouped_gemm_supported``)."""
-    described = family_of(model).weights(model.cfg) if is_family_model(model) else {}
+    described = family_of(model).weights(config_of(model)) if is_family_model(model) else {}
     choice = Float8Choice()
     for name, module in model.named_modules():
         if type(module) is nn.Linear:
@@ -131,8 +132,10 @@ def apply_float8(model: nn.Module, recipe: str, experts: bool) -> Float8Choice:
         quantize_(model, Float8TrainingOpConfig(), filter_fn=lambda module, fqn: fqn in names)
         for name in choice.experts:
             grouped = model.get_submodule(name)
-            multiple = math.lcm(grouped.kernels.expert_row_multiple, EXPERT_ROW_MULTIPLE)
-            grouped.kernels = dataclasses.replace(grouped.kernels, expert_row_multiple=multiple)
+            kernels = grouped.kernels
+            assert isinstance(kernels, Kernels), f"{name}: routed experts hold their Kernels"
+            multiple = math.lcm(kernels.expert_row_multiple, EXPERT_ROW_MULTIPLE)
+            grouped.kernels = dataclasses.replace(kernels, expert_row_multiple=multiple)
         # on the root: expert and tensor parallelism replace the experts modules, the root stays
         model.register_state_dict_post_hook(_plain_expert_tensors)
     return choice

@@ -52,9 +52,10 @@ def _data_parallel_sizes(model: nn.Module) -> tuple[int, int]:
             continue
         shard = replicate = 1
         mesh = param.device_mesh
-        for dim, placement in zip(mesh.mesh_dim_names or (), param.placements):
+        names = mesh.mesh_dim_names or ()
+        for dim, placement in zip(names, param.placements):
             if dim in DATA_PARALLEL_DIMS:
-                size = mesh.size(mesh.mesh_dim_names.index(dim))
+                size = mesh.size(names.index(dim))
                 if placement.is_replicate():
                     replicate *= size
                 elif _shards(placement):
@@ -70,7 +71,7 @@ def _tensor_parallel(model: nn.Module) -> tuple[int, int]:
         if not isinstance(param, DTensor) or "tp" not in (param.device_mesh.mesh_dim_names or ()):
             continue
         mesh = param.device_mesh
-        i = mesh.mesh_dim_names.index("tp")
+        i = (mesh.mesh_dim_names or ()).index("tp")
         if _shards(param.placements[i]):
             degree, count = max(degree, mesh.size(i)), count + 1
     return degree, count
@@ -109,8 +110,9 @@ def _lora(model: nn.Module) -> dict | None:
     trainable, frozen = trainable_counts(model)
     tp_sharded = 0
     for _, p in adapters:
-        names = (p.device_mesh.mesh_dim_names or ()) if isinstance(p, DTensor) else ()
-        tp_sharded += "tp" in names and _shards(p.placements[names.index("tp")])
+        if isinstance(p, DTensor):
+            names = p.device_mesh.mesh_dim_names or ()
+            tp_sharded += "tp" in names and _shards(p.placements[names.index("tp")])
     holders = {name.rsplit(".", 1)[0] for name, _ in adapters}
     return {
         "adapters": len(adapters),
@@ -128,7 +130,7 @@ def _lora(model: nn.Module) -> dict | None:
     }
 
 
-def _data_parallel_kind(model: nn.Module, units: list[nn.Module], replicate: int) -> str:
+def _data_parallel_kind(model: nn.Module, units: list[FSDPModule], replicate: int) -> str:
     from torch.distributed._composable.replicate_with_fsdp import ReplicateModule
 
     if isinstance(model, DistributedDataParallel):

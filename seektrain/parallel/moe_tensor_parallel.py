@@ -23,10 +23,12 @@ Letters: N tokens, K experts per token, E experts, L experts on this rank, D hid
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Partial, Placement, Replicate
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate
 from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
@@ -34,6 +36,11 @@ from seektrain.models import GroupedExperts, MoE, grouped_swiglu
 from seektrain.models.lora import expert_adapters
 from seektrain.parallel.expert_parallel import ExpertParallelExperts, shard_expert_weights
 from seektrain.parallel.tp_styles import SumGrad
+
+
+def _local(w: torch.Tensor) -> torch.Tensor:
+    """This rank's experts of a weight ``shard_expert_weights`` made a DTensor ``Shard(0)``."""
+    return cast(DTensor, w).to_local()
 
 
 class TensorParallelExperts(GroupedExperts):
@@ -49,7 +56,7 @@ class TensorParallelExperts(GroupedExperts):
         self, x_ND: torch.Tensor, weights_NK: torch.Tensor, idx_NK: torch.Tensor, counts_E: torch.Tensor
     ) -> torch.Tensor:
         group = self.tp_mesh.get_group()
-        w1, w2 = self.gate_up_proj.to_local(), self.down_proj.to_local()
+        w1, w2 = _local(self.gate_up_proj), _local(self.down_proj)
         L = w1.shape[0]
         e0 = self.tp_mesh.get_local_rank() * L
         # The output is a partial sum over tp ranks, so the gradients reaching the router's weights and
@@ -63,7 +70,7 @@ class TensorParallelExperts(GroupedExperts):
         lo, mine = torch.stack([counts_E[:e0].sum(), counts_E[e0 : e0 + L].sum()]).tolist()
         order = order[lo : lo + mine]  # slots routed to my experts
         token = order // top_k
-        adapters = expert_adapters(self, lambda w: w.to_local())
+        adapters = expert_adapters(self, _local)
         y = grouped_swiglu(x_ND[token], counts_E[e0 : e0 + L], w1, w2, self.kernels, adapters)
         y = y * weights_NK.flatten()[order].unsqueeze(-1).to(y.dtype)
         return torch.zeros_like(x_ND).index_add_(0, token, y.to(x_ND.dtype))

@@ -25,7 +25,7 @@ from torch import nn
 from seektrain.checkpoint.local_shards import local_shards
 from seektrain.models import init_adapters
 from seektrain.models.lora import add_adapters, freeze_base, is_adapter
-from seektrain.models.registry import family_of, is_family_model, model_blocks
+from seektrain.models.registry import config_of, family_of, is_family_model, model_blocks
 from seektrain.models.safetensors_slices import HFWeightsError
 from seektrain.parallel.activation_checkpoint import apply_activation_checkpointing
 from seektrain.parallel.data_parallel import apply_ddp, apply_fsdp, fsdp_mixed_precision
@@ -71,6 +71,7 @@ def _parallelize_part(part: nn.Module, plan, meshes: Meshes, device: torch.devic
     if plan.ep > 1:
         from seektrain.parallel.expert_parallel import apply_expert_parallel
 
+        assert meshes.ep is not None  # build_meshes makes it when plan.ep > 1
         apply_expert_parallel(part, meshes.ep, meshes.tp if plan.tp > 1 else None)
     if plan.tp > 1:
         from seektrain.parallel.tensor_parallel import apply_tensor_parallel
@@ -88,6 +89,7 @@ def _parallelize_part(part: nn.Module, plan, meshes: Meshes, device: torch.devic
         if plan.ep > 1:  # experts first, on their own mesh; the per-layer FSDP then skips them
             from seektrain.parallel.expert_parallel import shard_experts
 
+            assert meshes.efsdp is not None  # build_meshes makes it when plan.ep > 1
             shard_experts(part, meshes.efsdp, mp, plan.reshard_after_forward, offload)
         apply_fsdp(part, meshes.fsdp, mp, plan.reshard_after_forward, offload)
         plan.platform.configure_fsdp(part, mp)
@@ -139,7 +141,7 @@ def parallelize_model(
         # and stay with the compute on the device.
         part.to_empty(device="cpu" if plan.cpu_offload else device)
         if hf_path is None:
-            part.init_weights(plan.job.train.seed)
+            part.init_weights(plan.job.train.seed)  # type: ignore[operator]  # nn.Module's stubs: Tensor | Module; families have it
         else:
             reports.append(load_pretrained(part, hf_path, plan.job.train.seed))
             log.info(reports[-1].describe(f"model.hf_path={hf_path}"))
@@ -182,7 +184,7 @@ def load_pretrained(part: nn.Module, hf_path: str, seed: int):
     """Fill a materialised (possibly sharded) model part from a Hugging Face folder, this rank's slices
     only, through its family's loader; LoRA adapters, which no release holds, are initialised new.
     Returns the loader's report (bytes, seconds)."""
-    report = family_of(part).load_hf(local_shards(part), part.cfg, hf_path)
+    report = family_of(part).load_hf(local_shards(part), config_of(part), hf_path)
     missing = [name for name in report.not_loaded if not is_adapter(name)]
     if missing:
         raise HFWeightsError(
@@ -195,4 +197,5 @@ def load_pretrained(part: nn.Module, hf_path: str, seed: int):
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The family model (``Transformer``...) inside DDP (FSDP2 and checkpoint wrappers keep the module itself)."""
-    return model.module if hasattr(model, "module") and is_family_model(model.module) else model
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, nn.Module) and is_family_model(inner) else model

@@ -60,7 +60,10 @@ def build_stage_model(
 def _to_wire(_module, _args, output: ModelOutput) -> tuple[torch.Tensor, ...]:
     """The schedule takes tuples of tensors only (it sends them, and checks the last stage's too): a
     stage before the last returns its ``ModelOutput.hidden``, the last its logits then each MTP depth's."""
-    return output.hidden or (output.logits, *output.mtp)
+    if output.hidden:
+        return output.hidden
+    assert output.logits is not None, "the last stage returns its logits"
+    return (output.logits, *output.mtp)
 
 
 def from_wire(output: tuple[torch.Tensor, ...] | torch.Tensor) -> ModelOutput:

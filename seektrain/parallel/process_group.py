@@ -49,7 +49,7 @@ def init_distributed(settings=None) -> DistEnv:
     from seektrain.parallel.dist_env import apply_settings, choose_backend, gather_node_facts
 
     if settings is None or isinstance(settings, (int, float)):
-        settings = DistSection(**({} if settings is None else {"collective_timeout_s": float(settings)}))
+        settings = DistSection() if settings is None else DistSection(collective_timeout_s=float(settings))
     timeout_s = settings.collective_timeout_s
     apply_settings(settings)
     own_env: tuple[str, ...] = ()

@@ -198,6 +198,7 @@ class _RingAttention(torch.autograd.Function):
                 travelling = _start_hop(dkv, group) if cp > 1 else dkv
                 if pending is not None:
                     kv = _finish_hop(pending, kv)
+            assert travelling is not None  # cp >= 1: the loop ran and set it
             dkv = _finish_hop(travelling, dkv) if cp > 1 else travelling  # home: every rank's share summed
         dk, dv = dkv[..., :kd], dkv[..., kd : kd + vd]
         k_t, v_t = ctx.dtypes

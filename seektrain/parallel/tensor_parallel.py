@@ -44,7 +44,7 @@ from seektrain.models import (
     VOCAB_EMBEDDING,
     VOCAB_HEAD,
 )
-from seektrain.models.registry import FamilyCosts, family_of
+from seektrain.models.registry import FamilyCosts, config_of, family_of
 from seektrain.parallel.moe_tensor_parallel import MoETensorParallel
 from seektrain.parallel.tp_styles import AdaptedColwise, AdaptedRowwise, LocalParams, SumGrad
 
@@ -54,9 +54,9 @@ def _reduce_partial_grads(model: nn.Module) -> None:
     sum it once per backward, so optimizers and clipping see ordinary replicated gradients. (FSDP, when
     applied on top, replaces the parameters and does this itself.)"""
 
-    def hook(param: torch.Tensor) -> None:
+    def hook(param: torch.Tensor) -> None:  # registered on DTensor parameters only
         grad = param.grad
-        if isinstance(grad, DTensor) and grad.placements != param.placements:
+        if isinstance(grad, DTensor) and isinstance(param, DTensor) and grad.placements != param.placements:
             param.grad = grad.redistribute(placements=param.placements)
 
     for param in model.parameters():
@@ -102,7 +102,6 @@ def _block_plan(
 ) -> dict:
     """The styles of one decoder block's containers: attention and the MLP take the all-gathered input
     (an MoE block: ``MoETensorParallel``); its leaves' styles come from the shape description."""
-    gather = dict(input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True)
     # attention's positional inputs (x, cos, sin, document mask): RoPE's tables and the mask cover the
     # whole sequence (a decoding cache comes as a keyword, never under TP)
     plan = {
@@ -113,7 +112,9 @@ def _block_plan(
         ),
         f"{prefix}.mlp": MoETensorParallel(seq, sp)
         if costs.is_moe_block(block)
-        else PrepareModuleInput(**gather),
+        else PrepareModuleInput(
+            input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True
+        ),
     }
     # columns every head shares (MLA's decoupled RoPE key): each rank's heads contribute only part of
     # their gradient
@@ -131,7 +132,9 @@ def transformer_tp_plan(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> dict
     seq = Shard(1) if sp else Replicate()
     costs = family_of(model).costs
     plan: dict[str, ParallelStyle] = {}
-    for name, layer in model.layers.items():
+    layers = model.layers
+    assert isinstance(layers, nn.ModuleDict), "a family model keeps its decoder layers in a ModuleDict"
+    for name, layer in layers.items():
         plan.update(_block_plan(layer, f"layers.{name}", seq, sp, tp_mesh, costs))
     for k, mtp in enumerate(getattr(model, "mtp", None) or []):
         plan.update(_block_plan(mtp.block, f"mtp.{k}.block", seq, sp, tp_mesh, costs))
@@ -143,7 +146,7 @@ def weight_styles(model: nn.Module, sp: bool) -> dict[str, ParallelStyle]:
     """One style per weight of the family's shape description that ``model`` (possibly a pipeline stage)
     holds: the leaves of any family's plan, whatever its block containers need."""
     seq = Shard(1) if sp else Replicate()
-    weights = family_of(model).weights(model.cfg)
+    weights = family_of(model).weights(config_of(model))
     return {
         w.path: _LEAF_STYLES[w.tp](seq, sp)
         for w in weights.values()
@@ -166,6 +169,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     for name, param in model.named_parameters():  # torch's SequenceParallel drops requires_grad
         if name in frozen:
             param.requires_grad_(False)
-    if model.cfg.tie_word_embeddings and model.embed_tokens is not None and model.norm is not None:
-        model.lm_head.weight = model.embed_tokens.weight  # both vocabulary-sharded: Shard(0)
+    if config_of(model).tie_word_embeddings and model.embed_tokens is not None and model.norm is not None:
+        embed, head = model.embed_tokens, model.lm_head
+        assert isinstance(embed, nn.Module) and isinstance(head, nn.Module)  # last stage's embedding, head
+        head.weight = embed.weight  # both vocabulary-sharded: Shard(0)
     _reduce_partial_grads(model)

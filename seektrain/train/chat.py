@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from seektrain.data.chat_template import ChatTemplate, load_chat_template
 from seektrain.data.turn_end import stop_token_ids
@@ -18,13 +19,16 @@ from seektrain.errors import UserError
 from seektrain.models import Transformer
 from seektrain.train.generate import stream_tokens
 
+if TYPE_CHECKING:
+    from seektrain.data.tokenizer import Tokenizer
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass
 class ChatModel:
     model: Transformer
-    tokenizer: object
+    tokenizer: Tokenizer
     template: ChatTemplate
     stop_ids: list[int]
     source: str  # the checkpoint or Hugging Face folder the weights came from
@@ -137,7 +141,7 @@ def load_hf_chat(folder: Path, builtin_template: str | None = None) -> ChatModel
     return _chat_model(from_pretrained(folder, what="--hf").eval(), tokenizer, template, str(folder))
 
 
-def _chat_model(model: Transformer, tokenizer, template: ChatTemplate, source: str) -> ChatModel:
+def _chat_model(model: Transformer, tokenizer: Tokenizer, template: ChatTemplate, source: str) -> ChatModel:
     if tokenizer.vocab_size > model.cfg.vocab_size:
         raise UserError(
             f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
@@ -151,8 +155,10 @@ class IncrementalDecoder:
     characters whole that span several tokens (byte-level BPE); an incomplete character at the end
     (U+FFFD) waits for its next byte."""
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.ids, self.sent = tokenizer, [], ""
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.sent = ""
 
     def push(self, token: int) -> str:
         self.ids.append(token)

@@ -72,6 +72,7 @@ class Evaluator:
 
     def batches(self) -> list:
         """This rank's ``eval_steps`` micro-batches from the start of the split, the same every time."""
+        assert self.loader is not None, "due() is False without a validation loader"
         self.loader.load_state_dict(self.start)
         batches = itertools.islice(iter(self.loader), self.steps)
         return [local_batch(self.plan, self.meshes, b.to(self.device)) for b in batches]

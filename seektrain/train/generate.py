@@ -7,14 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from seektrain.models import Transformer
 from seektrain.train.decode import Decoder
 
+if TYPE_CHECKING:
+    from seektrain.data.tokenizer import Tokenizer
 
-def load_run_model(run_dir: Path) -> tuple[Transformer, object, Path]:
+
+def load_run_model(run_dir: Path) -> tuple[Transformer, Tokenizer, Path]:
     """(model with the newest valid checkpoint's weights, its tokenizer, the checkpoint path).
     Only reads the run dir: a training job may be writing into it right now."""
     from seektrain.data.tokenizer import load_tokenizer
@@ -31,7 +35,9 @@ def load_run_weights(run_dir: Path) -> tuple[Transformer, Path]:
     from seektrain.checkpoint.run_files import checkpoint_model_config
 
     path = resolve_checkpoint(run_dir)
-    return load_checkpoint_model(path, checkpoint_model_config(path)), path
+    # load_checkpoint_model builds the registered family's module, typed nn.Module; this module reads it
+    # as a Transformer (cfg, forward's ModelOutput), the one family there is
+    return cast(Transformer, load_checkpoint_model(path, checkpoint_model_config(path))), path
 
 
 def run_tokenizer_spec(run_dir: Path) -> str:
@@ -69,7 +75,9 @@ def stream_tokens(
     for row in stream_batch(
         model, [prompt_ids], max_new_tokens, temperature, top_k, top_p, seed, stop_ids, use_cache
     ):
-        yield row[0]
+        token = row[0]
+        assert token is not None  # one row: the stream ends when it stops
+        yield token
 
 
 @torch.no_grad()

@@ -68,6 +68,7 @@ def step_denominators(plan, meshes, batches) -> torch.Tensor:
     (``seektrain.parallel.mesh.Meshes``)."""
     depths = plan.model.num_nextn_predict_layers if plan.use_mtp else 0
     counts = sum(trained_counts(b.labels, depths, b.document_ids) for b in batches)
+    assert isinstance(counts, torch.Tensor), "a step has at least one micro-batch"
     return global_denominators(counts, plan.dp_cp, meshes.dp_cp.get_group() if plan.dp_cp > 1 else None)
 
 
@@ -85,6 +86,7 @@ def model_loss(
     if output.loss_sum is not None:  # the fused head: cross-entropy sums already
         sums = [output.loss_sum, *output.mtp]
     else:
+        assert output.logits is not None, "a model without the fused head returns its logits"
         sums = [token_ce_sum(lg, t) for lg, t in zip((output.logits, *output.mtp), targets, strict=True)]
     if denominators is None:
         denominators = _counts(targets).clamp_min(1)

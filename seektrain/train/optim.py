@@ -12,7 +12,8 @@ from seektrain.config.schema import OptimSection
 
 def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.AdamW:
     """Norm weights, biases and 1-D tensors are not decayed (decaying them only hurts)."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.ndim >= 2 else no_decay).append(param)

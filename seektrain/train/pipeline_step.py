@@ -55,13 +55,16 @@ def pipeline_target(batch: Batch) -> torch.Tensor:
 
 def pipeline_inputs(plan, pm, batches: list[Batch], device: torch.device) -> tuple[tuple, dict, Batch]:
     """(positional arguments, keyword arguments, the concatenated batch) of one schedule call."""
+
+    def joined(name: str) -> torch.Tensor | None:
+        return None if getattr(batches[0], name) is None else torch.cat([getattr(b, name) for b in batches])
+
     cat = Batch(
-        **{
-            name: None
-            if getattr(batches[0], name) is None
-            else torch.cat([getattr(b, name) for b in batches])
-            for name in ("tokens", "labels", "positions", "document_ids", "mtp_tokens")
-        }
+        torch.cat([b.tokens for b in batches]),
+        torch.cat([b.labels for b in batches]),
+        joined("positions"),
+        joined("document_ids"),
+        joined("mtp_tokens"),
     )
     # non_blocking: a blocking copy to the device waits for the stream (the prefetched batches are pinned)
     cat = cat.to(device, non_blocking=True)

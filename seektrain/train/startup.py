@@ -295,7 +295,7 @@ def log_layout(plan: RunPlan, ctx: StepContext, data: TrainingData, env: DistEnv
         frozen,
         f": LoRA rank {plan.lora.rank} on {', '.join(plan.lora.targets)}" if plan.lora else "",
     )
-    per_rank = [None] * env.world_size
+    per_rank = [0] * env.world_size  # placeholders: all_gather_object replaces each
     dist.all_gather_object(per_rank, _local_bytes(ctx.model))
     log.info("parameter bytes per rank (MiB): %s", " ".join(f"{b / 2**20:.1f}" for b in per_rank))
 

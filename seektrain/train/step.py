@@ -14,7 +14,7 @@ range (``parallel/expert_parallel.py``, ``parallel/moe_tensor_parallel.py``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -79,8 +79,9 @@ class StepRecord:
 
 def _no_sync(model: nn.Module, last: bool):
     """DDP: skip the gradient all-reduce on all but the last micro-batch (FSDP reduces every time)."""
-    if not last and hasattr(model, "no_sync"):
-        return model.no_sync()
+    no_sync = getattr(model, "no_sync", None)
+    if not last and no_sync is not None:
+        return no_sync()
     return contextlib.nullcontext()
 
 
@@ -204,7 +205,9 @@ def train_step(ctx: StepContext, step: int) -> StepRecord:
     return StepRecord(values, verdict)
 
 
-def _step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor, params: list[torch.Tensor]) -> None:
+def _step_unless(
+    optimizer: torch.optim.Optimizer, skip: torch.Tensor, params: Sequence[torch.Tensor]
+) -> None:
     """``optimizer.step()``, which leaves parameters, moments and step counts untouched where ``skip``
     is set, decided on the device: torch's fused AdamW reads a ``found_inf`` flag (the one
     ``torch.amp.GradScaler`` hands it) and its step returns early. The flag goes to the parameters' own
@@ -214,11 +217,11 @@ def _step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor, params: l
     if params:
         home = params[0].to_local().device if isinstance(params[0], DTensor) else params[0].device
         flag = flag.to(home)
-    optimizer.found_inf = flag
+    optimizer.found_inf = flag  # type: ignore[attr-defined]  # read by fused AdamW; Optimizer's stubs lack it
     try:
         optimizer.step()
     finally:
-        del optimizer.found_inf
+        del optimizer.found_inf  # type: ignore[attr-defined]  # as above: not in Optimizer's stubs
 
 
 def _worst_imbalance(
