@@ -78,3 +78,30 @@ def test_a_second_family_is_one_entry(monkeypatch):
         dataclasses.replace(toy, pipeline=dataclasses.replace(toy.pipeline, blocks=("layers",))),
     )
     assert registry.model_blocks(model) == list(model.layers.values())
+
+
+def test_register_family_refuses_a_taken_name_arch_or_preset(monkeypatch):
+    """A second registration under the DeepSeek family's name, one of its archs or one of its presets is
+    one line naming what is taken; nothing is added."""
+    import dataclasses
+
+    deepseek = registry.get_family("deepseek")
+    monkeypatch.setattr(registry, "FAMILIES", dict(registry.FAMILIES))
+    before = set(registry.FAMILIES)
+    cases = {
+        "name": (dataclasses.replace(deepseek, archs=("toy",), presets={}), "deepseek is registered already"),
+        "arch": (
+            dataclasses.replace(deepseek, name="toy", archs=("toy", "deepseek_v3"), presets={}),
+            "deepseek_v3 is registered already",
+        ),
+        "preset": (
+            dataclasses.replace(deepseek, name="toy", archs=("toy",), presets={"tiny-v3": get_preset}),
+            "tiny-v3 is registered already",
+        ),
+    }
+    for case, (family, needle) in cases.items():
+        with pytest.raises(UserError, match=needle):
+            registry.register_family(family)
+        assert set(registry.FAMILIES) == before, case
+    ok = registry.register_family(dataclasses.replace(deepseek, name="toy", archs=("toy",), presets={}))
+    assert registry.FAMILIES["toy"] is ok
